@@ -1,0 +1,113 @@
+"""`lmrl` command line: a thin layer over the Python API.
+
+    lmrl train adder [key=value ...] [--resume] [--debug] [--no-wandb]
+    lmrl eval RUN_DIR [--checkpoint best|latest|step_N] [--size N]
+    lmrl generate RUN_DIR "123+456=" [...] [--checkpoint ...] [--temperature T]
+    lmrl presets
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+# Overrides applied by --debug: every stage runs, each for a few seconds.
+DEBUG_OVERRIDES = [
+    "sft.steps=4", "sft.examples=64", "sft.batch_size=32",
+    "train.steps=4", "train.rollout_size=32", "train.log_every=1", "train.eval_every=2", "train.ckpt_every=2",
+    "eval.size=64", "eval.batch_size=64",
+]
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="lmrl", description="RL post-training of language models")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    t = sub.add_parser("train", help="train from a preset or YAML file, with key=value overrides")
+    t.add_argument("config", nargs="?", default="adder", help="preset name (adder, multiplier, ...) or YAML path")
+    t.add_argument("overrides", nargs="*", help="config overrides such as train.steps=50 optim.lr=3e-4")
+    t.add_argument("--resume", action="store_true", help="continue from the latest checkpoint in the run dir")
+    t.add_argument("--debug", action="store_true", help="a run of seconds that exercises every stage")
+    t.add_argument("--no-wandb", action="store_true", help="turn Weights & Biases logging off")
+
+    e = sub.add_parser("eval", help="held-out accuracy of a run's model")
+    e.add_argument("run_dir", type=Path)
+    e.add_argument("--checkpoint", default="latest", help="latest (default), best, step_N, or a checkpoint path")
+    e.add_argument("--size", type=int, default=None, help="number of held-out problems (default: eval.size)")
+
+    g = sub.add_parser("generate", help="complete prompts with a run's model")
+    g.add_argument("run_dir", type=Path)
+    g.add_argument("prompts", nargs="+")
+    g.add_argument("--checkpoint", default="latest")
+    g.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
+
+    sub.add_parser("presets", help="list the named presets")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = _parser()
+    # Overrides may come before or after flags (`train adder --debug train.steps=5`).
+    args, extra = parser.parse_known_args(argv)
+    unknown = [e for e in extra if args.command != "train" or e.startswith("-") or "=" not in e]
+    if unknown:
+        parser.error(f"unrecognized arguments: {' '.join(unknown)}")
+    if extra:
+        args.overrides = list(args.overrides) + extra
+    from .config import ConfigError
+    from .train.loop import TrainingError
+    from .train.rewards import RewardError
+
+    try:
+        return {"train": _train, "eval": _eval, "generate": _generate, "presets": _presets}[args.command](args)
+    except (ConfigError, TrainingError, RewardError, FileNotFoundError, NotADirectoryError, PermissionError) as e:
+        print(f"lmrl {args.command}: error: {e}", file=sys.stderr)
+        return 2 if isinstance(e, ConfigError) else 1
+
+
+def _train(args) -> int:
+    from .config import load_config
+    from .train.loop import RLTrainer
+
+    overrides = list(args.overrides)
+    if args.debug:
+        overrides = DEBUG_OVERRIDES + overrides
+    if args.resume:
+        overrides.append("run.resume=auto")
+    if args.no_wandb:
+        overrides.append("run.wandb=false")
+    cfg = load_config(args.config, overrides)
+    if args.debug and not any(o.startswith(("run.name=", "run.dir=")) for o in args.overrides):
+        cfg.run.name += "-debug"
+    summary = RLTrainer(cfg).train()
+    return 130 if summary.get("interrupted") else 0
+
+
+def _eval(args) -> int:
+    from .train.inspect import load_run
+
+    run = load_run(args.run_dir, args.checkpoint)
+    print(json.dumps(run.evaluate(args.size), indent=2))
+    return 0
+
+
+def _generate(args) -> int:
+    from .train.inspect import load_run
+
+    run = load_run(args.run_dir, args.checkpoint)
+    for prompt, completion, answer in run.generate(args.prompts, temperature=args.temperature):
+        print(f"{prompt}{completion}    (answer {answer})")
+    return 0
+
+
+def _presets(args) -> int:
+    from .config import list_presets
+
+    print("\n".join(list_presets()))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,353 @@
+"""Configuration: one dataclass per section, YAML presets, `a.b=c` overrides, validation.
+
+    cfg = load_config("adder", ["train.steps=50", "optim.lr=3e-4"])
+    cfg = AdderRLConfig()            # the same preset, by its class-style name
+
+A preset is `lmrl/configs/<name>.yaml` (the repo's `configs/` links there). A YAML file may start
+from another preset with `base: <name>`. Every error names the key and where it came from, and
+suggests the nearest valid key.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import os
+import tempfile
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Sequence
+
+import yaml
+
+PRESET_DIR = Path(__file__).parent / "configs"
+PRESET_ALIASES = {"AdderRLConfig": "adder", "MultiplierRLConfig": "multiplier"}
+ALGORITHMS = ["reinforce"]  # later algorithms add their names here
+
+
+class ConfigError(ValueError):
+    """A config problem, explained in one line that names the key and its source."""
+
+
+def _f(default, help: str, **kw):
+    if isinstance(default, (list, dict)):
+        return field(default_factory=lambda: type(default)(default), metadata={"help": help}, **kw)
+    return field(default=default, metadata={"help": help}, **kw)
+
+
+@dataclass
+class RunConfig:
+    name: str = _f("adder", "run name; the run dir defaults to runs/<name>")
+    dir: str | None = _f(None, "run directory (default runs/<name>)")
+    seed: int = _f(1337, "seed for weights, prompts and sampling")
+    device: str = _f("auto", "auto | cpu | cuda | cuda:N")
+    resume: str = _f("never", "never | auto (continue from the latest checkpoint in the run dir)")
+    wandb: bool = _f(False, "log to Weights & Biases (needs the wandb extra)")
+    wandb_project: str = _f("lmrl", "Weights & Biases project")
+    wandb_mode: str = _f("offline", "online | offline")
+    tensorboard: bool = _f(True, "write TensorBoard events to <run dir>/tb")
+    progress: bool = _f(True, "show a progress bar")
+    threads: int = _f(0, "torch CPU threads (0 = torch's default)")
+
+
+@dataclass
+class ModelConfig:
+    type: str = _f("gpt", "gpt (the built-in GPT)")
+    n_layer: int = _f(4, "transformer blocks")
+    n_head: int = _f(8, "attention heads")
+    n_embd: int = _f(256, "embedding width")
+    n_position: int = _f(64, "longest sequence the model sees")
+    dropout: float = _f(0.0, "dropout probability")
+
+
+@dataclass
+class TaskConfig:
+    name: str = _f("addition", "addition | multiplication")
+    ndigit: int = _f(3, "digits per operand")
+    use_format: bool = _f(True, "prompt as 123+456= (False: bare digits 123456)")
+    reverse_answer: bool = _f(True, "write the answer least-significant digit first")
+    reward: str = _f("exact", "exact (1/0) | digits (fraction of digits right)")
+    heldout_size: int = _f(1000, "problems reserved for evaluation, never trained on")
+
+
+@dataclass
+class SFTConfig:
+    steps: int = _f(0, "warm-up steps (0 = no warm-up)")
+    examples: int = _f(0, "distinct labeled problems the warm-up may see")
+    batch_size: int = _f(256, "warm-up batch size (summed over ranks)")
+    lr: float = _f(1e-3, "warm-up peak learning rate (cosine decay to schedule.min_lr_ratio)")
+    weight_decay: float = _f(0.01, "warm-up AdamW weight decay")
+    warmup_steps: int = _f(0, "linear LR warm-up steps of the warm-up stage")
+
+
+@dataclass
+class AlgoConfig:
+    name: str = _f("reinforce", "RL algorithm: " + " | ".join(ALGORITHMS))
+    baseline_decay: float = _f(0.9, "moving-average baseline: b <- decay*b + (1-decay)*mean reward")
+
+
+@dataclass
+class OptimConfig:
+    lr: float = _f(1e-4, "RL peak learning rate")
+    weight_decay: float = _f(0.01, "AdamW weight decay")
+    betas: list = _f([0.9, 0.99], "AdamW betas [beta1, beta2]")
+    eps: float = _f(1e-8, "AdamW epsilon")
+
+
+@dataclass
+class ScheduleConfig:
+    name: str = _f("constant", "RL LR schedule: constant | cosine")
+    warmup_steps: int = _f(0, "linear LR warm-up steps")
+    min_lr_ratio: float = _f(0.1, "cosine floor as a fraction of the peak LR")
+
+
+@dataclass
+class TrainConfig:
+    steps: int = _f(200, "RL updates")
+    rollout_size: int = _f(256, "completions sampled per update (summed over ranks)")
+    temperature: float = _f(1.0, "sampling temperature")
+    top_k: int = _f(0, "sample from the k most likely tokens (0 = off)")
+    ga_steps: int = _f(1, "gradient-accumulation micro-batches per update")
+    grad_clip: float = _f(1.0, "max gradient norm (0 = off)")
+    log_every: int = _f(10, "log metrics every N steps")
+    eval_every: int = _f(50, "held-out evaluation every N RL steps")
+    ckpt_every: int = _f(50, "checkpoint every N steps")
+    keep_checkpoints: int = _f(2, "step checkpoints kept (0 = all)")
+    max_nonfinite: int = _f(5, "consecutive NaN/inf losses that stop the run")
+
+
+@dataclass
+class EvalConfig:
+    size: int = _f(1000, "held-out problems evaluated")
+    batch_size: int = _f(500, "evaluation batch size")
+
+
+@dataclass
+class Config:
+    run: RunConfig = field(default_factory=RunConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    task: TaskConfig = field(default_factory=TaskConfig)
+    sft: SFTConfig = field(default_factory=SFTConfig)
+    algo: AlgoConfig = field(default_factory=AlgoConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    schedule: ScheduleConfig = field(default_factory=ScheduleConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+
+    @property
+    def run_dir(self) -> Path:
+        return Path(self.run.dir or f"runs/{self.run.name}")
+
+
+# -- loading -------------------------------------------------------------------------------------
+def list_presets() -> list[str]:
+    return sorted(p.stem for p in PRESET_DIR.glob("*.yaml"))
+
+
+def _preset_path(source: str | Path) -> Path:
+    source = str(source)
+    source = PRESET_ALIASES.get(source, source)
+    path = Path(source)
+    if path.suffix in (".yaml", ".yml") or path.exists():
+        if not path.exists():
+            raise ConfigError(f"config file {path} does not exist")
+        return path
+    if (PRESET_DIR / f"{source}.yaml").exists():
+        return PRESET_DIR / f"{source}.yaml"
+    names = list_presets() + list(PRESET_ALIASES)
+    near = difflib.get_close_matches(source, names, n=1)
+    hint = f"; did you mean {near[0]!r}?" if near else ""
+    raise ConfigError(f"unknown preset {source!r}{hint} (available: {', '.join(list_presets())})")
+
+
+def _read_yaml(path: Path, seen: tuple = ()) -> list[tuple[dict, str]]:
+    """The layers of a YAML config, base presets first, each with its file name for errors."""
+    if path.resolve() in seen:
+        raise ConfigError(f"{path}: 'base' presets form a cycle")
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{path}: not valid YAML: {e}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: expected a mapping of sections, got {type(data).__name__}")
+    layers = []
+    if "base" in data:
+        layers = _read_yaml(_preset_path(data.pop("base")), seen + (path.resolve(),))
+    return layers + [(data, str(path))]
+
+
+def load_config(source: str | Path | None = None, overrides: Sequence[str] = ()) -> Config:
+    """A validated Config from a preset name / alias / YAML path (None = defaults) plus overrides."""
+    cfg = Config()
+    if source is not None:
+        for data, where in _read_yaml(_preset_path(source)):
+            _apply_mapping(cfg, data, where)
+    for item in overrides:
+        key, sep, raw = item.partition("=")
+        if not sep or not key:
+            raise ConfigError(f"override {item!r} must look like section.key=value")
+        _set(cfg, key.strip(), yaml.safe_load(raw) if raw.strip() else "", f"override {item}")
+    validate(cfg)
+    return cfg
+
+
+def config_from_dict(data: dict, where: str = "<dict>") -> Config:
+    cfg = Config()
+    _apply_mapping(cfg, data, where)
+    validate(cfg)
+    return cfg
+
+
+def config_to_dict(cfg: Config) -> dict:
+    return dataclasses.asdict(cfg)
+
+
+def save_config(cfg: Config, path: str | Path) -> None:
+    """Writes the resolved config as YAML, atomically (temp file, then rename)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    with os.fdopen(fd, "w") as f:
+        yaml.safe_dump(config_to_dict(cfg), f, sort_keys=False)
+    os.replace(tmp, path)
+
+
+def _apply_mapping(cfg: Config, data: dict, where: str) -> None:
+    for section, values in data.items():
+        if not isinstance(values, dict):
+            _set(cfg, str(section), values, where)  # reports an unknown section or a bare key
+            continue
+        for key, value in values.items():
+            _set(cfg, f"{section}.{key}", value, where)
+
+
+def _set(cfg: Config, dotted: str, value: Any, where: str) -> None:
+    section, _, key = dotted.partition(".")
+    sections = [f.name for f in dataclasses.fields(Config)]
+    if section not in sections:
+        raise ConfigError(f"unknown section {section!r} in {where}{_suggest(section, sections)}")
+    sub = getattr(cfg, section)
+    keys = [f.name for f in dataclasses.fields(sub)]
+    if not key:
+        raise ConfigError(f"{where}: {section!r} is a section; set a key such as {section}.{keys[0]}")
+    if key not in keys:
+        full = [f"{s}.{f.name}" for s in sections for f in dataclasses.fields(getattr(cfg, s))]
+        raise ConfigError(f"unknown key {dotted!r} in {where}{_suggest(dotted, full)}")
+    ftype = typing.get_type_hints(type(sub))[key]
+    setattr(sub, key, _coerce(value, ftype, dotted, where))
+
+
+def _suggest(name: str, options: list[str]) -> str:
+    near = difflib.get_close_matches(name, options, n=1, cutoff=0.5)
+    return f"; did you mean {near[0]!r}?" if near else ""
+
+
+def _coerce(value: Any, ftype, key: str, where: str):
+    """Checks a YAML value against the field's type; ints widen to float, '1e-4' becomes 1e-4."""
+    optional = isinstance(ftype, types.UnionType) and type(None) in ftype.__args__
+    if optional:
+        if value is None:
+            return None
+        ftype = next(a for a in ftype.__args__ if a is not type(None))
+    bad = ConfigError(f"{key} must be {_type_name(ftype)}, got {value!r} (from {where})")
+    if ftype is bool:
+        if not isinstance(value, bool):
+            raise bad
+        return value
+    if ftype is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise bad
+        return value
+    if ftype is float:
+        if isinstance(value, str):
+            try:
+                return float(value)
+            except ValueError:
+                raise bad from None
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise bad
+        return float(value)
+    if ftype is str:
+        if not isinstance(value, str):
+            raise bad
+        return value
+    if ftype is list:
+        if not isinstance(value, list):
+            raise bad
+        return value
+    return value
+
+
+def _type_name(t) -> str:
+    return {bool: "true or false", int: "an int", float: "a number", str: "a string", list: "a list"}.get(t, str(t))
+
+
+# -- validation ----------------------------------------------------------------------------------
+CHOICES = {
+    "run.resume": ["never", "auto"],
+    "run.wandb_mode": ["online", "offline"],
+    "model.type": ["gpt"],
+    "task.name": ["addition", "multiplication"],
+    "task.reward": ["exact", "digits"],
+    "schedule.name": ["constant", "cosine"],
+    "algo.name": ALGORITHMS,
+}
+
+
+def arithmetic_seq_len(task: TaskConfig) -> int:
+    """Positions an arithmetic problem needs: prompt + answer."""
+    prompt = 2 * task.ndigit + (2 if task.use_format else 0)
+    answer = task.ndigit + 1 if task.name == "addition" else 2 * task.ndigit
+    return prompt + answer
+
+
+def validate(cfg: Config) -> None:
+    for dotted, options in CHOICES.items():
+        section, key = dotted.split(".")
+        value = getattr(getattr(cfg, section), key)
+        if value not in options:
+            raise ConfigError(f"{dotted}={value!r} is not one of {', '.join(options)}{_suggest(str(value), options)}")
+    checks = [
+        (cfg.train.steps >= 0, "train.steps must be >= 0"),
+        (cfg.train.rollout_size > 0, "train.rollout_size must be > 0"),
+        (cfg.train.temperature > 0, "train.temperature must be > 0"),
+        (cfg.train.ga_steps >= 1, "train.ga_steps must be >= 1"),
+        (cfg.train.rollout_size % cfg.train.ga_steps == 0,
+         f"train.rollout_size={cfg.train.rollout_size} must be divisible by train.ga_steps={cfg.train.ga_steps}"),
+        (min(cfg.train.log_every, cfg.train.eval_every, cfg.train.ckpt_every) >= 1,
+         "train.log_every, eval_every and ckpt_every must be >= 1"),
+        (0 <= cfg.algo.baseline_decay < 1, "algo.baseline_decay must be in [0, 1)"),
+        (cfg.model.n_embd % cfg.model.n_head == 0,
+         f"model.n_embd={cfg.model.n_embd} must be divisible by model.n_head={cfg.model.n_head}"),
+        (cfg.task.ndigit >= 1, "task.ndigit must be >= 1"),
+        (cfg.task.heldout_size >= 1, "task.heldout_size must be >= 1"),
+        (1 <= cfg.eval.size <= cfg.task.heldout_size,
+         f"eval.size={cfg.eval.size} must be between 1 and task.heldout_size={cfg.task.heldout_size}"),
+        (cfg.sft.steps >= 0 and cfg.sft.examples >= 0, "sft.steps and sft.examples must be >= 0"),
+        (cfg.sft.steps == 0 or cfg.sft.examples > 0, "sft.steps > 0 needs sft.examples > 0 (the label budget)"),
+        (len(cfg.optim.betas) == 2 and all(0 <= b < 1 for b in cfg.optim.betas),
+         f"optim.betas must be two numbers in [0, 1), got {cfg.optim.betas}"),
+    ]
+    for ok, msg in checks:
+        if not ok:
+            raise ConfigError(msg)
+    need = arithmetic_seq_len(cfg.task)
+    if need > cfg.model.n_position:
+        raise ConfigError(f"task.ndigit={cfg.task.ndigit} needs {need} positions but model.n_position is "
+                          f"{cfg.model.n_position}")
+    if cfg.task.heldout_size >= 10 ** (2 * cfg.task.ndigit):
+        raise ConfigError(f"task.heldout_size={cfg.task.heldout_size} leaves no training problems for "
+                          f"ndigit={cfg.task.ndigit}")
+
+
+# -- presets by class-style name -----------------------------------------------------------------
+def AdderRLConfig(*overrides: str) -> Config:
+    """The `adder` preset: 4 layers, 8 heads, 256 dims, 3-digit addition."""
+    return load_config("adder", overrides)
+
+
+def MultiplierRLConfig(*overrides: str) -> Config:
+    """The `multiplier` preset: 6 layers, 8 heads, 256 dims, 2-digit multiplication."""
+    return load_config("multiplier", overrides)

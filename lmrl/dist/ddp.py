@@ -1,0 +1,87 @@
+"""torchrun helpers: one process per device, gradients averaged by DDP, rank 0 logs and saves.
+
+`torchrun --nproc_per_node=N -m lmrl train adder` sets RANK/WORLD_SIZE/LOCAL_RANK; without them
+everything here degrades to a single process with no process group."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+
+@dataclass(frozen=True)
+class DistInfo:
+    rank: int = 0
+    world_size: int = 1
+    local_rank: int = 0
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def enabled(self) -> bool:
+        return self.world_size > 1
+
+
+def resolve_device(preference: str, info: DistInfo) -> torch.device:
+    """'auto' → this rank's GPU when CUDA is present, else CPU; 'cuda' → cuda:<local_rank>."""
+    if preference == "auto":
+        preference = "cuda" if torch.cuda.is_available() else "cpu"
+    if preference == "cuda":
+        if not torch.cuda.is_available():
+            raise RuntimeError("run.device=cuda but no CUDA device is visible; use run.device=cpu or auto")
+        return torch.device("cuda", info.local_rank)
+    return torch.device(preference)
+
+
+def init_distributed(preference: str = "auto") -> tuple[DistInfo, torch.device]:
+    """Joins the torchrun process group when launched by torchrun (gloo on CPU, nccl on GPU)."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world <= 1:
+        info = DistInfo()
+        return info, resolve_device(preference, info)
+    info = DistInfo(int(os.environ["RANK"]), world, int(os.environ.get("LOCAL_RANK", "0")))
+    device = resolve_device(preference, info)
+    if not dist.is_initialized():
+        backend = "nccl" if device.type == "cuda" else "gloo"
+        if device.type == "cuda":
+            torch.cuda.set_device(device)
+        dist.init_process_group(backend=backend)
+    return info, device
+
+
+def all_reduce_sum(t: torch.Tensor) -> torch.Tensor:
+    """Sum over ranks (in place); identity in a single process."""
+    if dist.is_available() and dist.is_initialized():
+        dist.all_reduce(t, op=dist.ReduceOp.SUM)
+    return t
+
+
+def all_reduce_mean(t: torch.Tensor) -> torch.Tensor:
+    if dist.is_available() and dist.is_initialized():
+        dist.all_reduce(t, op=dist.ReduceOp.SUM)
+        t /= dist.get_world_size()
+    return t
+
+
+def barrier() -> None:
+    if dist.is_available() and dist.is_initialized():
+        dist.barrier()
+
+
+def shutdown() -> None:
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def broadcast_object(obj):
+    """Rank 0's `obj` on every rank (any picklable value); identity in a single process."""
+    if dist.is_available() and dist.is_initialized():
+        box = [obj]
+        dist.broadcast_object_list(box, src=0)
+        return box[0]
+    return obj

@@ -1,0 +1,248 @@
+"""The built-in GPT: a small decoder-only transformer written from scratch, with a KV cache for
+batched sampling, and the character tokenizer it is trained with.
+
+The model follows nanoGPT (pre-norm blocks, GELU MLP, learned positions, tied input/output
+embeddings). Sampling returns the log-probability of every token it drew, which the RL loop uses
+for its metrics and the off-policy algorithms use as "old" log-probs.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+class CharTokenizer:
+    """Maps each character of a fixed alphabet to one id. No merges, no unknowns: an unknown
+    character is an error that names it, so a task can never train on silently dropped text."""
+
+    def __init__(self, chars: str):
+        if len(set(chars)) != len(chars):
+            raise ValueError(f"tokenizer alphabet has repeated characters: {chars!r}")
+        self.chars = chars
+        self.stoi = {c: i for i, c in enumerate(chars)}
+
+    @property
+    def vocab_size(self) -> int:
+        return len(self.chars)
+
+    def encode(self, text: str) -> list[int]:
+        try:
+            return [self.stoi[c] for c in text]
+        except KeyError as e:
+            raise ValueError(f"character {e.args[0]!r} in {text!r} is not in the tokenizer alphabet {self.chars!r}") from None
+
+    def decode(self, ids) -> str:
+        return "".join(self.chars[i] for i in (ids.tolist() if torch.is_tensor(ids) else ids))
+
+    def save(self, path: Path) -> None:
+        Path(path).write_text(json.dumps({"chars": self.chars}))
+
+    @classmethod
+    def load(cls, path: Path) -> "CharTokenizer":
+        return cls(json.loads(Path(path).read_text())["chars"])
+
+
+@dataclass
+class GPTConfig:
+    vocab_size: int = 16  # alphabet size of the character tokenizer
+    n_position: int = 64  # longest sequence (prompt + completion) the model can see
+    n_layer: int = 4
+    n_head: int = 8
+    n_embd: int = 256
+    dropout: float = 0.0
+
+
+class KVCache:
+    """Preallocated keys and values for every layer: (L, B, nh, T_max, hs) each.
+    `length` is how many positions are filled; all sequences in the batch share it."""
+
+    def __init__(self, cfg: GPTConfig, batch: int, max_len: int, device, dtype):
+        hs = cfg.n_embd // cfg.n_head
+        shape = (cfg.n_layer, batch, cfg.n_head, max_len, hs)
+        self.k = torch.empty(shape, device=device, dtype=dtype)
+        self.v = torch.empty(shape, device=device, dtype=dtype)
+        self.length = 0
+
+
+class CausalSelfAttention(nn.Module):
+    def __init__(self, cfg: GPTConfig):
+        super().__init__()
+        self.n_head = cfg.n_head
+        self.c_attn = nn.Linear(cfg.n_embd, 3 * cfg.n_embd)
+        self.c_proj = nn.Linear(cfg.n_embd, cfg.n_embd)
+        self.dropout = cfg.dropout
+        self.resid_dropout = nn.Dropout(cfg.dropout)
+
+    def forward(self, x, cache: KVCache | None = None, layer: int = 0):
+        B, T, C = x.shape
+        q, k, v = self.c_attn(x).split(C, dim=2)
+        q, k, v = (t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2) for t in (q, k, v))  # (B, nh, T, hs)
+        if cache is None:
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=self.dropout if self.training else 0.0)
+        else:
+            start = cache.length
+            cache.k[layer, :, :, start : start + T] = k
+            cache.v[layer, :, :, start : start + T] = v
+            k = cache.k[layer, :, :, : start + T]
+            v = cache.v[layer, :, :, : start + T]  # (B, nh, start+T, hs)
+            # A prefill (start == 0) is causal; a one-token decode step sees every cached position.
+            # Multi-token appends after a prefill are not needed by the samplers, so not supported.
+            assert start == 0 or T == 1, "KV cache appends one token at a time after the prefill"
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=start == 0)
+        y = y.transpose(1, 2).contiguous().view(B, T, C)
+        return self.resid_dropout(self.c_proj(y))
+
+
+class MLP(nn.Module):
+    def __init__(self, cfg: GPTConfig):
+        super().__init__()
+        self.c_fc = nn.Linear(cfg.n_embd, 4 * cfg.n_embd)
+        self.c_proj = nn.Linear(4 * cfg.n_embd, cfg.n_embd)
+        self.dropout = nn.Dropout(cfg.dropout)
+
+    def forward(self, x):
+        return self.dropout(self.c_proj(F.gelu(self.c_fc(x))))
+
+
+class Block(nn.Module):
+    def __init__(self, cfg: GPTConfig):
+        super().__init__()
+        self.ln_1 = nn.LayerNorm(cfg.n_embd)
+        self.attn = CausalSelfAttention(cfg)
+        self.ln_2 = nn.LayerNorm(cfg.n_embd)
+        self.mlp = MLP(cfg)
+
+    def forward(self, x, cache=None, layer=0):
+        x = x + self.attn(self.ln_1(x), cache, layer)
+        return x + self.mlp(self.ln_2(x))
+
+
+class GPT(nn.Module):
+    def __init__(self, cfg: GPTConfig):
+        super().__init__()
+        self.config = cfg
+        self.wte = nn.Embedding(cfg.vocab_size, cfg.n_embd)
+        self.wpe = nn.Embedding(cfg.n_position, cfg.n_embd)
+        self.drop = nn.Dropout(cfg.dropout)
+        self.h = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layer))
+        self.ln_f = nn.LayerNorm(cfg.n_embd)
+        self.lm_head = nn.Linear(cfg.n_embd, cfg.vocab_size, bias=False)
+        self.lm_head.weight = self.wte.weight  # weight tying, as in GPT-2
+        self.apply(self._init_weights)
+        for name, p in self.named_parameters():  # scaled init of residual projections (GPT-2)
+            if name.endswith("c_proj.weight"):
+                nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * cfg.n_layer))
+
+    @staticmethod
+    def _init_weights(m):
+        if isinstance(m, nn.Linear):
+            nn.init.normal_(m.weight, mean=0.0, std=0.02)
+            if m.bias is not None:
+                nn.init.zeros_(m.bias)
+        elif isinstance(m, nn.Embedding):
+            nn.init.normal_(m.weight, mean=0.0, std=0.02)
+
+    def num_params(self) -> int:
+        return sum(p.numel() for p in self.parameters())
+
+    def forward(self, idx: torch.Tensor, cache: KVCache | None = None, last_only: bool = False) -> torch.Tensor:
+        """idx (B, T) token ids → logits (B, T, V), or (B, 1, V) with `last_only`.
+        With a cache, positions continue from `cache.length` and the cache is extended by T."""
+        B, T = idx.shape
+        start = cache.length if cache is not None else 0
+        if start + T > self.config.n_position:
+            raise ValueError(f"sequence of {start + T} tokens exceeds model.n_position={self.config.n_position}")
+        pos = torch.arange(start, start + T, device=idx.device)
+        x = self.drop(self.wte(idx) + self.wpe(pos))  # (B, T, C)
+        for i, block in enumerate(self.h):
+            x = block(x, cache, i)
+        if cache is not None:
+            cache.length += T
+        if last_only:  # at inference only the last position's logits are needed
+            x = x[:, -1:]
+        return self.lm_head(self.ln_f(x))
+
+    @torch.no_grad()
+    def generate(
+        self,
+        prompt: torch.Tensor,
+        max_new_tokens: int,
+        *,
+        temperature: float = 1.0,
+        top_k: int = 0,
+        greedy: bool = False,
+        use_cache: bool = True,
+        generator: torch.Generator | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Sample `max_new_tokens` after each row of `prompt` (B, T), all prompts the same length.
+
+        Returns (tokens (B, N), logprobs (B, N)): the sampled ids and their log-probabilities under
+        the distribution they were drawn from (logits / temperature, after top-k). Greedy decoding
+        reports the log-probs of the temperature-1 distribution. `use_cache=False` recomputes the
+        whole prefix every step; it exists to check and benchmark the cache."""
+        if max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+        if not greedy and temperature <= 0:
+            raise ValueError(f"temperature must be > 0 when sampling (got {temperature}); use greedy=True instead")
+        B, T = prompt.shape
+        cache = KVCache(self.config, B, T + max_new_tokens, prompt.device, self.wte.weight.dtype) if use_cache else None
+        seq, tokens, logps = prompt, [], []
+        step_input = prompt
+        for _ in range(max_new_tokens):
+            logits = self(step_input if use_cache else seq, cache, last_only=True)[:, -1].float()  # (B, V)
+            if not greedy:
+                logits = logits / temperature
+                if top_k:
+                    kth = torch.topk(logits, min(top_k, logits.size(-1))).values[:, -1:]
+                    logits = logits.masked_fill(logits < kth, float("-inf"))
+            logp = F.log_softmax(logits, dim=-1)
+            if greedy:
+                nxt = logp.argmax(dim=-1, keepdim=True)
+            else:
+                nxt = torch.multinomial(logp.exp(), 1, generator=generator)
+            tokens.append(nxt)
+            logps.append(logp.gather(-1, nxt))
+            step_input = nxt
+            if not use_cache:
+                seq = torch.cat([seq, nxt], dim=1)
+        return torch.cat(tokens, 1), torch.cat(logps, 1)
+
+    def save_pretrained(self, directory: Path, tokenizer: CharTokenizer | None = None) -> None:
+        """Writes config.json + model.safetensors (+ tokenizer.json) — loadable by `from_pretrained`."""
+        from safetensors.torch import save_model
+
+        directory = Path(directory)
+        directory.mkdir(parents=True, exist_ok=True)
+        (directory / "config.json").write_text(json.dumps(asdict(self.config), indent=2))
+        save_model(self, str(directory / "model.safetensors"))
+        if tokenizer is not None:
+            tokenizer.save(directory / "tokenizer.json")
+
+    @classmethod
+    def from_pretrained(cls, directory: Path, map_location: str = "cpu") -> "GPT":
+        from safetensors.torch import load_model
+
+        directory = Path(directory)
+        model = cls(GPTConfig(**json.loads((directory / "config.json").read_text()))).to(map_location)
+        load_model(model, str(directory / "model.safetensors"), device=str(map_location))
+        return model
+
+
+def sequence_logprobs(model: nn.Module, input_ids: torch.Tensor, n_completion: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Log-probs (B, N) and entropies (B, N) of the last `n_completion` tokens of `input_ids` (B, T)
+    given everything before them, under the model's temperature-1 distribution, with gradients."""
+    if not 1 <= n_completion < input_ids.size(1):
+        raise ValueError(f"n_completion must be in [1, {input_ids.size(1) - 1}], got {n_completion}")
+    logits = model(input_ids[:, :-1])[:, -n_completion:].float()  # (B, N, V): position t predicts t+1
+    logp_all = F.log_softmax(logits, dim=-1)
+    targets = input_ids[:, -n_completion:]
+    logp = logp_all.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+    entropy = -(logp_all.exp() * logp_all).sum(-1)
+    return logp, entropy

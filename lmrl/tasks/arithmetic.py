@@ -1,0 +1,130 @@
+"""Addition and multiplication of `ndigit`-digit numbers, as text.
+
+Encoding. Operands are zero-padded to `ndigit` digits, so every prompt has the same length
+(`012+345=` with `use_format`, `012345` without). The answer is zero-padded to its widest value
+(ndigit+1 digits for a sum, 2·ndigit for a product) and, with `reverse_answer` (the default),
+written least-significant digit first: 12+345=357 becomes `012+345=7530`. Reversed, each digit
+depends only on digits the model has already read or written, in the order carries propagate,
+which is what makes the task learnable for a small left-to-right model (minGPT's adder makes the
+same choice).
+
+Split. Problems are numbered `a·10^ndigit + b`. A fixed-seed draw of `heldout_size` of them is the
+held-out set; training draws from everything else, so the two never overlap, whatever the run seed.
+
+Reward. `score` is a verifier: it reads the operands back from the prompt text and checks the
+completion against the true result. RL never needs a label, only the prompt.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from ..models.gpt import CharTokenizer
+
+HELDOUT_SEED = 20240607  # fixed so every run, whatever its seed, evaluates the same problems
+OPS = {"addition": "+", "multiplication": "*"}
+
+
+@dataclass(frozen=True)
+class Batch:
+    """Problems as operand tensors plus their tokenized prompts (B, prompt_len)."""
+
+    a: torch.Tensor
+    b: torch.Tensor
+    prompts: torch.Tensor
+
+
+class ArithmeticTask:
+    def __init__(self, name: str = "addition", ndigit: int = 3, use_format: bool = True,
+                 reverse_answer: bool = True, reward: str = "exact", heldout_size: int = 1000):
+        if name not in OPS:
+            raise ValueError(f"task.name must be one of {sorted(OPS)}, got {name!r}")
+        if reward not in ("exact", "digits"):
+            raise ValueError(f"task.reward must be 'exact' or 'digits', got {reward!r}")
+        self.name, self.ndigit, self.use_format = name, ndigit, use_format
+        self.reverse_answer, self.reward = reverse_answer, reward
+        self.op = OPS[name]
+        self.tokenizer = CharTokenizer("0123456789" + self.op + "=")
+        self.prompt_len = 2 * ndigit + (2 if use_format else 0)
+        self.answer_len = ndigit + 1 if name == "addition" else 2 * ndigit
+        self.space = 10 ** (2 * ndigit)  # number of distinct problems
+        if heldout_size >= self.space:
+            raise ValueError(f"task.heldout_size={heldout_size} leaves no training problems out of {self.space}")
+        g = torch.Generator().manual_seed(HELDOUT_SEED)
+        ids = torch.randint(self.space, (heldout_size * 2,), generator=g).unique()  # unique() sorts: reshuffle
+        ids = ids[torch.randperm(len(ids), generator=g)][:heldout_size]
+        self.heldout_ids = ids.sort().values
+        assert len(self.heldout_ids) == heldout_size, "held-out draw produced too few unique problems"
+
+    @property
+    def seq_len(self) -> int:
+        return self.prompt_len + self.answer_len
+
+    # -- text ------------------------------------------------------------------------------------
+    def prompt_text(self, a: int, b: int) -> str:
+        x, y = f"{a:0{self.ndigit}d}", f"{b:0{self.ndigit}d}"
+        return f"{x}{self.op}{y}=" if self.use_format else x + y
+
+    def operands(self, prompt: str) -> tuple[int, int]:
+        """Reads (a, b) back from a prompt: the verifier's only input besides the completion."""
+        digits = prompt.replace(self.op, "").replace("=", "")
+        return int(digits[: self.ndigit]), int(digits[self.ndigit :])
+
+    def result(self, a: int, b: int) -> int:
+        return a + b if self.op == "+" else a * b
+
+    def target(self, a: int, b: int) -> str:
+        """The labeled answer string (what SFT trains on and the verifier expects)."""
+        s = f"{self.result(a, b):0{self.answer_len}d}"
+        return s[::-1] if self.reverse_answer else s
+
+    def decode_answer(self, completion: str) -> str:
+        """The completion as the number a person reads (undoes the reversal)."""
+        return completion[::-1] if self.reverse_answer else completion
+
+    # -- sampling --------------------------------------------------------------------------------
+    def _split(self, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        base = 10**self.ndigit
+        return ids // base, ids % base
+
+    def sample_train_ids(self, n: int, generator: torch.Generator) -> torch.Tensor:
+        """`n` problem ids drawn uniformly from the training split (never a held-out problem)."""
+        out = torch.empty(0, dtype=torch.long)
+        while len(out) < n:
+            ids = torch.randint(self.space, (2 * (n - len(out)) + 8,), generator=generator)
+            out = torch.cat([out, ids[~torch.isin(ids, self.heldout_ids)]])
+        return out[:n]
+
+    def batch(self, ids: torch.Tensor) -> Batch:
+        a, b = self._split(ids)
+        prompts = [self.prompt_text(x, y) for x, y in zip(a.tolist(), b.tolist())]
+        return Batch(a, b, torch.tensor([self.tokenizer.encode(p) for p in prompts]))
+
+    def labeled(self, ids: torch.Tensor) -> torch.Tensor:
+        """Full prompt+answer token rows (B, seq_len) for supervised training."""
+        a, b = self._split(ids)
+        rows = [self.prompt_text(x, y) + self.target(x, y) for x, y in zip(a.tolist(), b.tolist())]
+        return torch.tensor([self.tokenizer.encode(r) for r in rows])
+
+    # -- reward ----------------------------------------------------------------------------------
+    def score(self, prompt: str, completion: str) -> float:
+        """1.0 for an exact answer, else 0.0; with reward='digits', the fraction of answer digits
+        in the right place (partial credit)."""
+        return self._reward(completion, self.target(*self.operands(prompt)))
+
+    def _reward(self, completion: str, expected: str) -> float:
+        if self.reward == "exact":
+            return float(completion == expected)
+        return sum(c == e for c, e in zip(completion, expected)) / len(expected)
+
+    def score_batch(self, prompts: torch.Tensor, completions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Rewards (B,) and exact-match flags (B,) for token tensors."""
+        rewards, exact = [], []
+        for p, c in zip(prompts, completions):
+            completion = self.tokenizer.decode(c)
+            expected = self.target(*self.operands(self.tokenizer.decode(p)))
+            rewards.append(self._reward(completion, expected))
+            exact.append(float(completion == expected))
+        return torch.tensor(rewards), torch.tensor(exact)

@@ -1,0 +1,254 @@
+"""Atomic, resumable checkpoints: weights, optimizer, scheduler, RNG and trainer state.
+
+Layout of one checkpoint, `<run_dir>/checkpoints/step_<N>/`:
+
+    model.safetensors    model.state_dict(), tied tensors stored once (safetensors save_model)
+    optimizer.pt         optimizer.state_dict()            (only if an optimizer was given)
+    scheduler.pt         scheduler.state_dict()            (only if a scheduler was given)
+    rng.pt               python / numpy / torch / CUDA / named-generator RNG states
+    trainer_state.json   whatever the trainer needs to resume; written last, so its presence
+                         marks a complete checkpoint
+
+Every save goes into `.tmp-<name>-<pid>/` next to its final name, is fsynced, and is then
+renamed into place, so a killed run leaves either the old checkpoint or the new one, never half
+of one. Everything is loaded with `torch.load(weights_only=True)`: no pickled code runs on load.
+One process (rank 0) is assumed to write to a checkpoints dir at a time.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import re
+import shutil
+import warnings
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from safetensors.torch import load_model, save_model
+
+MODEL_FILE = "model.safetensors"
+OPTIMIZER_FILE = "optimizer.pt"
+SCHEDULER_FILE = "scheduler.pt"
+RNG_FILE = "rng.pt"
+TRAINER_STATE_FILE = "trainer_state.json"
+
+_STEP_DIR = re.compile(r"step_(\d+)")
+_TMP_PREFIX = ".tmp-"
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint on disk does not match what it is being loaded into."""
+
+
+# --- RNG state -------------------------------------------------------------------------------
+# Everything is turned into tensors, ints, floats and lists so that it loads under
+# torch.load(weights_only=True), which refuses numpy arrays.
+
+def capture_rng_state(generators: dict[str, torch.Generator] | None = None) -> dict[str, Any]:
+    """Snapshot python `random`, numpy's global RNG, torch CPU/CUDA RNGs and named generators."""
+    version, mt_state, gauss_next = random.getstate()
+    np_kind, np_keys, np_pos, np_has_gauss, np_cached = np.random.get_state()
+    state: dict[str, Any] = {
+        "python": {"version": version, "state": torch.tensor(mt_state, dtype=torch.int64),
+                   "gauss_next": gauss_next},
+        "numpy": {"kind": np_kind, "keys": torch.from_numpy(np_keys.astype(np.int64)),
+                  "pos": int(np_pos), "has_gauss": int(np_has_gauss), "cached_gaussian": float(np_cached)},
+        "torch": torch.get_rng_state(),
+        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
+        "generators": {name: g.get_state() for name, g in (generators or {}).items()},
+    }
+    return state
+
+
+def restore_rng_state(state: dict[str, Any], generators: dict[str, torch.Generator] | None = None) -> None:
+    """Put back what `capture_rng_state` took; each given generator must be in `state`."""
+    missing = sorted(set(generators or {}) - set(state["generators"]))
+    if missing:
+        raise CheckpointError(f"no saved RNG state for generator(s) {missing}; "
+                              f"saved: {sorted(state['generators'])}")
+    py = state["python"]
+    random.setstate((py["version"], tuple(int(x) for x in py["state"].tolist()), py["gauss_next"]))
+    npst = state["numpy"]
+    np.random.set_state((npst["kind"], npst["keys"].numpy().astype(np.uint32), npst["pos"],
+                         npst["has_gauss"], npst["cached_gaussian"]))
+    torch.set_rng_state(state["torch"])
+    cuda = state["cuda"]
+    if cuda and torch.cuda.is_available():
+        if len(cuda) != torch.cuda.device_count():
+            warnings.warn(f"checkpoint has CUDA RNG states for {len(cuda)} device(s), this process sees "
+                          f"{torch.cuda.device_count()}; restoring the first ones only")
+        for i, s in enumerate(cuda[: torch.cuda.device_count()]):
+            torch.cuda.set_rng_state(s, i)
+    for name, g in (generators or {}).items():
+        g.set_state(state["generators"][name])
+
+
+# --- listing ---------------------------------------------------------------------------------
+
+def _step_of(path: Path) -> int | None:
+    m = _STEP_DIR.fullmatch(path.name)
+    return int(m.group(1)) if m else None
+
+
+def list_checkpoints(ckpt_dir: Path) -> list[Path]:
+    """Complete `step_<N>` dirs in `ckpt_dir`, sorted by N (numerically, not by name)."""
+    ckpt_dir = Path(ckpt_dir)
+    if not ckpt_dir.is_dir():
+        return []
+    found = [p for p in ckpt_dir.iterdir()
+             if p.is_dir() and _step_of(p) is not None and (p / TRAINER_STATE_FILE).is_file()]
+    return sorted(found, key=_step_of)
+
+
+def latest_checkpoint(ckpt_dir: Path) -> Path | None:
+    """The complete `step_<N>` dir with the highest N, or None if there is none."""
+    found = list_checkpoints(ckpt_dir)
+    return found[-1] if found else None
+
+
+# --- saving ----------------------------------------------------------------------------------
+
+def _fsync(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)  # works for dirs too, on POSIX
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _torch_save(obj: Any, path: Path) -> None:
+    with open(path, "wb") as f:
+        torch.save(obj, f)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def _write_atomically(final: Path, write_files) -> Path:
+    """Run `write_files(tmp_dir)`, then swap `tmp_dir` in as `final` (replacing any old one)."""
+    parent = final.parent
+    parent.mkdir(parents=True, exist_ok=True)
+    tmp = parent / f"{_TMP_PREFIX}{final.name}-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
+    try:
+        write_files(tmp)
+        _fsync(tmp)
+        if final.exists():
+            # rename() cannot replace a non-empty dir: move the old one aside first. A crash
+            # between the two renames loses this step, and resume falls back to the one before.
+            old = parent / f"{_TMP_PREFIX}{final.name}-{os.getpid()}-old"
+            shutil.rmtree(old, ignore_errors=True)
+            os.rename(final, old)
+            os.rename(tmp, final)
+            shutil.rmtree(old)
+        else:
+            os.rename(tmp, final)
+        _fsync(parent)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return final
+
+
+def _write_model_and_state(tmp: Path, model: torch.nn.Module, state_json: str) -> None:
+    save_model(model, str(tmp / MODEL_FILE))
+    _fsync(tmp / MODEL_FILE)
+    # trainer_state.json goes last: its presence is what marks the checkpoint complete.
+    with open(tmp / TRAINER_STATE_FILE, "w") as f:
+        f.write(state_json)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def _to_json(trainer_state: dict) -> str:
+    try:
+        return json.dumps(trainer_state, indent=2)
+    except TypeError as e:
+        raise TypeError(f"trainer_state must be JSON-serialisable (plain numbers, str, lists, dicts; "
+                        f"call .item() on tensors): {e}") from None
+
+
+def save_checkpoint(ckpt_dir: Path, step: int, *, model: torch.nn.Module, optimizer=None, scheduler=None,
+                    generators: dict[str, torch.Generator] | None = None, trainer_state: dict,
+                    keep: int = 2) -> Path:
+    """Atomically write `ckpt_dir/step_<step>/`, then prune to the `keep` newest (keep<=0: keep all).
+
+    The checkpoint just written always survives pruning, even if higher steps exist (a run restarted
+    from scratch in the same dir); the other `keep - 1` slots go to the highest steps. `best/` and
+    anything not named `step_<N>` is never pruned. Stale `.tmp-*` dirs of killed saves are removed.
+    """
+    ckpt_dir = Path(ckpt_dir)
+    state_json = _to_json(trainer_state)  # fail before touching the disk
+    if ckpt_dir.is_dir():
+        for stale in ckpt_dir.glob(f"{_TMP_PREFIX}*"):
+            shutil.rmtree(stale, ignore_errors=True)
+
+    def write_files(tmp: Path) -> None:
+        if optimizer is not None:
+            _torch_save(optimizer.state_dict(), tmp / OPTIMIZER_FILE)
+        if scheduler is not None:
+            _torch_save(scheduler.state_dict(), tmp / SCHEDULER_FILE)
+        _torch_save(capture_rng_state(generators), tmp / RNG_FILE)
+        _write_model_and_state(tmp, model, state_json)
+
+    path = _write_atomically(ckpt_dir / f"step_{step}", write_files)
+    if keep > 0:
+        others = [p for p in list_checkpoints(ckpt_dir) if p != path]
+        for old in others[: max(len(others) - (keep - 1), 0)]:
+            shutil.rmtree(old)
+    return path
+
+
+def save_weights(path: Path, model: torch.nn.Module, *, trainer_state: dict) -> Path:
+    """Atomically write a weights-only checkpoint (e.g. `checkpoints/best/`): model + trainer_state.json."""
+    path = Path(path)
+    state_json = _to_json(trainer_state)
+    return _write_atomically(path, lambda tmp: _write_model_and_state(tmp, model, state_json))
+
+
+# --- loading ---------------------------------------------------------------------------------
+
+def _require(path: Path, what: str) -> Path:
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} not found: cannot restore the {what} from this checkpoint "
+                                f"(files present: {sorted(p.name for p in path.parent.iterdir())})")
+    return path
+
+
+def load_checkpoint(path: Path, *, model: torch.nn.Module, optimizer=None, scheduler=None,
+                    generators: dict[str, torch.Generator] | None = None,
+                    map_location: str | torch.device = "cpu", restore_rng: bool = True) -> dict:
+    """Restore everything given from the checkpoint dir `path`; return its trainer_state.
+
+    Model keys are checked strictly. A weights-only save (`best/`) has no rng.pt: load it with
+    `restore_rng=False`.
+    """
+    path = Path(path)
+    if not path.is_dir():
+        raise FileNotFoundError(f"checkpoint dir {path} does not exist")
+    state_file = path / TRAINER_STATE_FILE
+    if not state_file.is_file():
+        raise CheckpointError(f"{path} is incomplete (no {TRAINER_STATE_FILE}); probably a save that was "
+                              f"killed. Use latest_checkpoint() to find a complete one.")
+    trainer_state = json.loads(state_file.read_text())
+
+    model_file = _require(path / MODEL_FILE, "model")
+    missing, unexpected = load_model(model, model_file, strict=False, device=str(map_location))
+    if missing or unexpected:
+        raise CheckpointError(f"{model_file} does not match {type(model).__name__}: "
+                              f"missing keys {sorted(missing)}, unexpected keys {sorted(unexpected)}")
+    if optimizer is not None:
+        optimizer.load_state_dict(torch.load(_require(path / OPTIMIZER_FILE, "optimizer"),
+                                             map_location=map_location, weights_only=True))
+    if scheduler is not None:
+        scheduler.load_state_dict(torch.load(_require(path / SCHEDULER_FILE, "scheduler"),
+                                             map_location=map_location, weights_only=True))
+    if restore_rng:
+        # RNG states are CPU byte tensors whatever the device: torch.set_rng_state insists.
+        rng = torch.load(_require(path / RNG_FILE, "RNG state"), map_location="cpu", weights_only=True)
+        restore_rng_state(rng, generators)
+    return trainer_state

@@ -1,0 +1,68 @@
+"""Loading a finished (or running) run back for `lmrl eval` and `lmrl generate`."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from ..config import Config, load_config
+from ..models import build_model
+from ..rollout.local import sample
+from ..tasks import build_task
+from . import checkpoint as ckpt
+from .evaluate import evaluate
+
+
+def resolve_checkpoint(run_dir: Path, which: str) -> Path:
+    """'latest', 'best', 'step_N' (inside run_dir/checkpoints) or a path to a checkpoint dir."""
+    ckpt_dir = Path(run_dir) / "checkpoints"
+    if which == "latest":
+        path = ckpt.latest_checkpoint(ckpt_dir)
+        if path is None:
+            raise FileNotFoundError(f"no checkpoint in {ckpt_dir}")
+        return path
+    path = ckpt_dir / which if (ckpt_dir / which).exists() else Path(which)
+    if not (path / ckpt.MODEL_FILE).exists():
+        raise FileNotFoundError(f"checkpoint {which!r} not found (looked for {path / ckpt.MODEL_FILE})")
+    return path
+
+
+@dataclass
+class LoadedRun:
+    config: Config
+    checkpoint: Path
+    model: torch.nn.Module
+    task: object
+
+    def evaluate(self, size: int | None = None) -> dict:
+        n = size or self.config.eval.size
+        metrics = evaluate(self.model, self.task, self.task.heldout_ids[:n], batch_size=self.config.eval.batch_size)
+        return {"checkpoint": str(self.checkpoint), "heldout_problems": min(n, len(self.task.heldout_ids)), **metrics}
+
+    def generate(self, prompts: list[str], temperature: float = 0.0):
+        """(prompt, completion, answer as read) for each prompt; greedy when temperature is 0."""
+        tok = self.task.tokenizer
+        ids = [tok.encode(p) for p in prompts]
+        if len({len(i) for i in ids}) != 1 or len(ids[0]) != self.task.prompt_len:
+            example = self.task.prompt_text(123 % 10**self.task.ndigit, 45)
+            raise ValueError(f"prompts must look like {example!r} ({self.task.prompt_len} characters each)")
+        ro = sample(self.model, torch.tensor(ids), self.task.answer_len, greedy=temperature == 0,
+                    temperature=temperature or 1.0)
+        for p, c in zip(prompts, ro.completions):
+            text = tok.decode(c)
+            yield p, text, self.task.decode_answer(text).lstrip("0") or "0"
+
+
+def load_run(run_dir: Path, which: str = "latest") -> LoadedRun:
+    run_dir = Path(run_dir)
+    if not (run_dir / "config.yaml").exists():
+        raise FileNotFoundError(f"{run_dir} is not a run dir (no config.yaml)")
+    cfg = load_config(run_dir / "config.yaml")
+    task = build_task(cfg.task)
+    model = build_model(cfg.model, task.tokenizer.vocab_size)
+    path = resolve_checkpoint(run_dir, which)
+    ckpt.load_checkpoint(path, model=model, restore_rng=False)
+    model.eval()
+    return LoadedRun(cfg, path, model, task)

@@ -1,0 +1,342 @@
+"""The RL trainer: a supervised warm-up on a budget of labeled problems, then REINFORCE on the
+task's reward alone.
+
+    trainer = RLTrainer(load_config("adder", ["train.steps=100"]))
+    summary = trainer.train()   # {"warmup_accuracy": ..., "final_accuracy": ..., ...}
+
+One global step counter runs through both stages (warm-up steps 1..S, RL steps S+1..S+R), so
+metrics.jsonl, TensorBoard and checkpoints share one axis. A checkpoint after step N holds
+everything the next step reads — weights, optimizer, scheduler, baseline, every RNG — so a run
+resumed from it writes the same metrics as one that never stopped.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+from contextlib import nullcontext
+from pathlib import Path
+from typing import Callable, Sequence
+
+import torch
+import torch.nn.functional as F
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+from ..algos.advantages import baseline_advantages, update_moving_baseline
+from ..algos.losses import reinforce_loss
+from ..config import Config, save_config
+from ..dist.ddp import all_reduce_sum, barrier, broadcast_object, init_distributed
+from ..models import build_model
+from ..models.gpt import sequence_logprobs
+from ..rollout.local import Rollout, sample
+from ..tasks import build_task
+from . import checkpoint as ckpt
+from .evaluate import evaluate
+from .rewards import RewardFn, score_rollout
+from .run_dir import RunLog, prepare_run_dir
+from .schedule import make_scheduler
+
+
+class TrainingError(RuntimeError):
+    """The run cannot go on (e.g. repeated non-finite losses); the last checkpoint is intact."""
+
+
+class RLTrainer:
+    """Wires a policy, a task and a reward into the warm-up + RL loop described by a `Config`.
+
+    model: a policy with `generate` and a forward returning logits (default: the built-in GPT
+        built from `config.model`). task: prompts and verifier (default: from `config.task`).
+    reward_fn: optional `f(prompts: list[str], completions: list[str]) -> list[float]`, TRL-style;
+        default is the task's own verifier."""
+
+    def __init__(self, config: Config, *, model=None, task=None, reward_fn: RewardFn | None = None):
+        self.config = cfg = config
+        self.dist, self.device = init_distributed(cfg.run.device)
+        if cfg.run.threads:
+            torch.set_num_threads(cfg.run.threads)
+        self.task = task if task is not None else build_task(cfg.task)
+        torch.manual_seed(cfg.run.seed)  # identical initial weights on every rank
+        model = model if model is not None else build_model(cfg.model, self.task.tokenizer.vocab_size)
+        self.model = model.to(self.device)
+        self.reward_fn = reward_fn
+        self.run_dir = Path(broadcast_object(str(prepare_run_dir(cfg)) if self.dist.is_main else None))
+        cfg.run.dir = str(self.run_dir)
+        self.ckpt_dir = self.run_dir / "checkpoints"
+        seed = cfg.run.seed + 7919 * self.dist.rank  # each rank draws its own prompts and samples
+        self.generators = {
+            "data": torch.Generator().manual_seed(seed),
+            "sample": torch.Generator(device=self.device).manual_seed(seed + 1),
+        }
+        # The warm-up's label budget: `sft.examples` distinct training problems, fixed by the seed.
+        pool_gen = torch.Generator().manual_seed(cfg.run.seed)
+        self.sft_pool = self.task.sample_train_ids(cfg.sft.examples, pool_gen).unique() if cfg.sft.steps else None
+        self.state = {"step": 0, "stage": "sft" if cfg.sft.steps else "rl", "baseline": None,
+                      "nonfinite_total": 0, "nonfinite_run": 0, "time": {"sft": 0.0, "rl": 0.0},
+                      "warmup_accuracy": None, "best": {"accuracy": -1.0, "step": 0}, "history": []}
+        self._stop_requested = False
+        self.log: RunLog | None = None
+
+    # -- public ----------------------------------------------------------------------------------
+    @property
+    def total_steps(self) -> int:
+        return self.config.sft.steps + self.config.train.steps
+
+    def train(self) -> dict:
+        cfg = self.config
+        resumed_from = self._maybe_resume()
+        if self.dist.is_main:
+            save_config(cfg, self.run_dir / "config.yaml")
+            self.log = RunLog(self.run_dir, cfg, total_steps=self.total_steps, resume_step=self.state["step"])
+            if resumed_from:
+                self.log.info(f"resumed from {resumed_from} (step {self.state['step']})")
+            self.log.info(f"run dir {self.run_dir} | {self.model.num_params() / 1e6:.2f}M parameters | "
+                          f"device {self.device} | world size {self.dist.world_size}")
+        previous = signal.signal(signal.SIGINT, self._on_sigint) if self._in_main_thread() else None
+        try:
+            if self.state["stage"] == "sft":
+                self._run_sft()
+            if self.state["stage"] == "rl" and not self._stop_requested:
+                self._run_rl()
+            if self._stop_requested:
+                self._save_checkpoint()
+                self._info(f"interrupted: checkpoint saved at step {self.state['step']}; continue with --resume")
+                return {"interrupted": True, "step": self.state["step"]}
+            return self._finish()
+        finally:
+            if previous is not None:
+                signal.signal(signal.SIGINT, previous)
+            if self.log is not None:
+                self.log.close()
+
+    # -- stages ----------------------------------------------------------------------------------
+    def _run_sft(self):
+        cfg, task = self.config, self.task
+        rows = task.labeled(self.sft_pool)  # the only place labels are read
+        self.sft_rows = rows
+        self._make_optimizer(cfg.sft.lr, cfg.sft.weight_decay, cfg.sft.steps, "cosine", cfg.sft.warmup_steps)
+        self._restore_pending()
+        bs = cfg.sft.batch_size // self.dist.world_size
+        while self.state["step"] < cfg.sft.steps and not self._stop_requested:
+            t0 = time.perf_counter()
+            idx = torch.randint(len(rows), (bs,), generator=self.generators["data"])
+            x = rows[idx].to(self.device)
+            logits = self.train_model(x[:, :-1])[:, -task.answer_len:]  # (B, N, V): answer positions only
+            loss = F.cross_entropy(logits.reshape(-1, logits.size(-1)).float(), x[:, -task.answer_len:].reshape(-1))
+            metrics = self._apply_update(loss, "sft")
+            metrics["sft/accuracy"] = (logits.argmax(-1) == x[:, -task.answer_len:]).all(-1).float().mean().item()
+            self._end_step("sft", metrics, time.perf_counter() - t0, tokens=x.numel())
+        if self.state["step"] >= cfg.sft.steps and not self._stop_requested:
+            acc = self._evaluate()["eval/accuracy"]
+            self.state["warmup_accuracy"] = acc
+            self.state["stage"] = "rl"
+            self._info(f"warm-up done: held-out accuracy {acc:.3f} from {len(self.sft_pool)} labeled problems")
+            self._log(self.state["step"], {"eval/warmup_accuracy": acc})
+            self.optimizer = None
+            self._save_checkpoint()
+
+    def _run_rl(self):
+        cfg, task = self.config, self.task
+        self._make_optimizer(cfg.optim.lr, cfg.optim.weight_decay, cfg.train.steps, cfg.schedule.name,
+                             cfg.schedule.warmup_steps, betas=tuple(cfg.optim.betas), eps=cfg.optim.eps)
+        self._restore_pending()
+        if self.state["warmup_accuracy"] is None:  # no warm-up: the starting point is the initial model
+            self.state["warmup_accuracy"] = self._evaluate()["eval/accuracy"]
+        n_local = cfg.train.rollout_size // self.dist.world_size
+        while self.state["step"] < self.total_steps and not self._stop_requested:
+            t0 = time.perf_counter()
+            batch = task.batch(task.sample_train_ids(n_local, self.generators["data"]))
+            ro = sample(self.model, batch.prompts.to(self.device), task.answer_len, temperature=cfg.train.temperature,
+                        top_k=cfg.train.top_k, generator=self.generators["sample"])
+            rewards, exact = score_rollout(task, ro, self.reward_fn)
+            metrics = self._reinforce_update(ro, rewards, exact)
+            self._end_step("rl", metrics, time.perf_counter() - t0, tokens=ro.sequences.numel())
+
+    def _reinforce_update(self, ro: Rollout, rewards: torch.Tensor, exact: torch.Tensor) -> dict:
+        cfg = self.config
+        stats = all_reduce_sum(torch.tensor([rewards.sum(), exact.sum(), len(rewards)], dtype=torch.float64,
+                                            device=self.device)).cpu()
+        mean_reward = stats[0].item() / stats[2].item()
+        old_b = self.state["baseline"] if self.state["baseline"] is not None else mean_reward
+        advantages = baseline_advantages(rewards, old_b).to(self.device)
+        self.state["baseline"] = update_moving_baseline(self.state["baseline"], mean_reward, cfg.algo.baseline_decay)
+        ga = cfg.train.ga_steps
+        seqs, entropy_sum = ro.sequences, 0.0
+        loss_total = torch.zeros((), device=self.device)
+        for i, idx in enumerate(torch.arange(len(ro)).chunk(ga)):
+            sync = nullcontext() if (i == ga - 1 or not isinstance(self.train_model, DDP)) else self.train_model.no_sync()
+            with sync:
+                logp, entropy = sequence_logprobs(self.train_model, seqs[idx], ro.completions.size(1))
+                loss = reinforce_loss(logp, advantages[idx], ro.mask[idx]) * (len(idx) / len(ro))
+                loss.backward()
+            loss_total += loss.detach()
+            entropy_sum += (entropy * ro.mask[idx]).sum().item()
+        metrics = self._apply_update(loss_total, "train", backward_done=True)
+        metrics.update({"train/policy_loss": metrics.pop("train/loss"),
+                        "train/accuracy": stats[1].item() / stats[2].item(), "train/avg_reward": mean_reward,
+                        "train/baseline": self.state["baseline"], "train/advantage_mean": advantages.mean().item(),
+                        "train/entropy": entropy_sum / ro.mask.sum().item(),
+                        "rollout/reward_mean": mean_reward, "rollout/length_mean": ro.mask.sum(1).mean().item()})
+        return metrics
+
+    # -- shared step machinery -------------------------------------------------------------------
+    def _make_optimizer(self, lr, weight_decay, steps, schedule, warmup, betas=(0.9, 0.99), eps=1e-8):
+        self.train_model = DDP(self.model) if self.dist.enabled else self.model
+        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=lr, weight_decay=weight_decay, betas=betas,
+                                           eps=eps)
+        self.scheduler = make_scheduler(self.optimizer, total_steps=steps, name=schedule, warmup_steps=warmup,
+                                        min_lr_ratio=self.config.schedule.min_lr_ratio)
+
+    def _restore_pending(self):
+        """After a resume, load what the stage needs once it exists: optimizer and scheduler (when
+        the checkpoint has them) and every RNG."""
+        path, self._resume_path = self._resume_path, None
+        if path is None:
+            return
+        has_optim = (path / "optimizer.pt").exists()
+        ckpt.load_checkpoint(path, model=self.model, optimizer=self.optimizer if has_optim else None,
+                             scheduler=self.scheduler if has_optim else None, generators=self.generators,
+                             map_location=self.device)
+        if self.dist.enabled:  # one file holds rank 0's streams: give every rank its own again
+            for i, g in enumerate(self.generators.values()):
+                g.manual_seed(self.config.run.seed + 7919 * self.dist.rank + 31 * self.state["step"] + i)
+
+    def _apply_update(self, loss: torch.Tensor, prefix: str, backward_done: bool = False) -> dict:
+        """Backward (unless done), clip, step — or skip the update when the loss or gradient is not
+        finite (counted; `train.max_nonfinite` in a row stops the run)."""
+        cfg = self.config
+        if not backward_done:
+            loss.backward()
+        clip = cfg.train.grad_clip if cfg.train.grad_clip > 0 else float("inf")
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), clip)
+        flag = torch.tensor([float(not (torch.isfinite(loss) and torch.isfinite(grad_norm)))], device=self.device)
+        nonfinite = all_reduce_sum(flag).item() > 0
+        lr = self.optimizer.param_groups[0]["lr"]
+        if nonfinite:
+            self.state["nonfinite_total"] += 1
+            self.state["nonfinite_run"] += 1
+            self._info(f"step {self.state['step'] + 1}: non-finite loss or gradient, update skipped "
+                       f"({self.state['nonfinite_run']} in a row)")
+            if self.state["nonfinite_run"] >= cfg.train.max_nonfinite:
+                raise TrainingError(f"{self.state['nonfinite_run']} non-finite losses in a row at step "
+                                    f"{self.state['step'] + 1}; stopped. The last good checkpoint is in {self.ckpt_dir}")
+        else:
+            self.optimizer.step()
+            self.state["nonfinite_run"] = 0
+        self.optimizer.zero_grad(set_to_none=True)
+        self.scheduler.step()
+        return {f"{prefix}/loss": loss.item(), f"{prefix}/lr": lr, f"{prefix}/grad_norm": grad_norm.item(),
+                f"{prefix}/nonfinite_skipped": self.state["nonfinite_total"]}
+
+    def _end_step(self, stage: str, metrics: dict, seconds: float, tokens: int):
+        cfg = self.config
+        self.state["step"] += 1
+        self.state["time"][stage] += seconds
+        step = self.state["step"]
+        world = self.dist.world_size
+        metrics.update({"perf/tokens_per_s": tokens * world / max(seconds, 1e-9), "time/step_s": seconds})
+        stage_step = step if stage == "sft" else step - cfg.sft.steps
+        stage_total = cfg.sft.steps if stage == "sft" else cfg.train.steps
+        last = stage_step == stage_total
+        if stage == "rl" and (stage_step % cfg.train.eval_every == 0 or last):
+            metrics.update(self._evaluate())
+        if stage_step % cfg.train.log_every == 0 or last or "eval/accuracy" in metrics:
+            self._log(step, metrics, stage=stage, stage_step=stage_step, stage_total=stage_total)
+        if self.log is not None:
+            self.log.advance(step)
+        if stage_step % cfg.train.ckpt_every == 0 and not last:
+            self._save_checkpoint()
+
+    def _evaluate(self) -> dict:
+        cfg = self.config
+        metrics = evaluate(self.model, self.task, self.task.heldout_ids[: cfg.eval.size], batch_size=cfg.eval.batch_size,
+                           device=self.device, rank=self.dist.rank, world_size=self.dist.world_size)
+        acc, step = metrics["eval/accuracy"], self.state["step"]
+        self.state["history"].append([step, acc])
+        if acc > self.state["best"]["accuracy"]:
+            self.state["best"] = {"accuracy": acc, "step": step}
+            if self.dist.is_main:
+                ckpt.save_weights(self.ckpt_dir / "best", self.model, trainer_state={"step": step, "eval/accuracy": acc})
+        return metrics
+
+    def _save_checkpoint(self):
+        if self.dist.is_main:
+            ckpt.save_checkpoint(self.ckpt_dir, self.state["step"], model=self.model, optimizer=self.optimizer,
+                                 scheduler=self.scheduler if self.optimizer is not None else None,
+                                 generators=self.generators, trainer_state=self.state,
+                                 keep=self.config.train.keep_checkpoints)
+        barrier()
+
+    def _maybe_resume(self) -> Path | None:
+        """With run.resume=auto, load weights and trainer state from the latest checkpoint now; the
+        optimizer, scheduler and RNG follow in `_restore_pending` once the stage has built them."""
+        self._resume_path = None
+        if self.config.run.resume != "auto":
+            return None
+        latest = ckpt.latest_checkpoint(self.ckpt_dir)
+        if latest is None:
+            return None
+        self.state = ckpt.load_checkpoint(latest, model=self.model, map_location=self.device, restore_rng=False)
+        self._resume_path = latest
+        return latest
+
+    def _finish(self) -> dict:
+        final = self._evaluate_cached()
+        summary = {
+            "warmup_accuracy": self.state["warmup_accuracy"],
+            "final_accuracy": final,
+            "rl_gain": None if self.state["warmup_accuracy"] is None else final - self.state["warmup_accuracy"],
+            "best": self.state["best"],
+            "sft_examples": 0 if self.sft_pool is None else len(self.sft_pool),
+            "sft_steps": self.config.sft.steps,
+            "rl_steps": self.config.train.steps,
+            "eval_size": min(self.config.eval.size, len(self.task.heldout_ids)),
+            "time_s": {**{k: round(v, 2) for k, v in self.state["time"].items()},
+                       "total": round(sum(self.state["time"].values()), 2)},
+            "nonfinite_skipped": self.state["nonfinite_total"],
+        }
+        if self.dist.is_main:
+            self._save_checkpoint_final()
+            tmp = self.run_dir / "summary.json.tmp"
+            tmp.write_text(json.dumps(summary, indent=2))
+            os.replace(tmp, self.run_dir / "summary.json")
+            self._info(f"held-out accuracy: warm-up {summary['warmup_accuracy']:.3f} → final {final:.3f} "
+                       f"| {summary['time_s']['total']:.0f}s | summary in {self.run_dir / 'summary.json'}")
+        barrier()
+        return summary
+
+    def _evaluate_cached(self) -> float:
+        history = self.state["history"]
+        if history and history[-1][0] == self.state["step"]:
+            return history[-1][1]
+        return self._evaluate()["eval/accuracy"]
+
+    def _save_checkpoint_final(self):
+        latest = ckpt.latest_checkpoint(self.ckpt_dir)
+        if latest is None or latest.name != f"step_{self.state['step']}":
+            ckpt.save_checkpoint(self.ckpt_dir, self.state["step"], model=self.model, optimizer=self.optimizer,
+                                 scheduler=self.scheduler if self.optimizer is not None else None,
+                                 generators=self.generators, trainer_state=self.state,
+                                 keep=self.config.train.keep_checkpoints)
+
+    # -- small helpers ---------------------------------------------------------------------------
+    def _log(self, step: int, metrics: dict, **console):
+        if self.log is not None:
+            self.log.log(step, metrics, **console)
+
+    def _info(self, msg: str):
+        if self.log is not None:
+            self.log.info(msg)
+
+    def _on_sigint(self, signum, frame):
+        if self._stop_requested:  # a second Ctrl-C stops at once
+            raise KeyboardInterrupt
+        self._stop_requested = True
+        self._info("Ctrl-C: finishing this step, then saving a checkpoint (press again to stop at once)")
+
+    @staticmethod
+    def _in_main_thread() -> bool:
+        import threading
+
+        return threading.current_thread() is threading.main_thread()

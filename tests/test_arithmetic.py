@@ -1,0 +1,66 @@
+import torch
+
+from lmrl.tasks.arithmetic import ArithmeticTask
+
+
+def test_addition_prompt_and_reversed_zero_padded_answer():
+    t = ArithmeticTask("addition", ndigit=3)
+    assert t.prompt_text(12, 345) == "012+345="
+    assert t.target(12, 345) == "7530"  # 0357 written least-significant digit first
+    assert t.answer_len == 4 and t.prompt_len == 8
+
+
+def test_multiplication_answer_has_2n_digits():
+    t = ArithmeticTask("multiplication", ndigit=2)
+    assert t.prompt_text(7, 86) == "07*86="
+    assert t.target(7, 86) == "2060"  # 602 -> 0602 -> reversed
+    assert t.answer_len == 4
+
+
+def test_unformatted_prompt_and_unreversed_answer():
+    t = ArithmeticTask("addition", ndigit=2, use_format=False, reverse_answer=False)
+    assert t.prompt_text(5, 99) == "0599"
+    assert t.target(5, 99) == "104"
+    assert t.operands("0599") == (5, 99)
+
+
+def test_exact_reward_is_all_or_nothing():
+    t = ArithmeticTask(reward="exact")
+    assert t.score("012+345=", "7530") == 1.0
+    assert t.score("012+345=", "7531") == 0.0
+
+
+def test_digit_reward_gives_partial_credit_per_position():
+    t = ArithmeticTask(reward="digits")
+    assert t.score("012+345=", "7530") == 1.0
+    assert t.score("012+345=", "7500") == 0.75
+    assert t.score("012+345=", "0000") == 0.25  # the leading zero (last reversed digit) is right
+
+
+def test_verifier_reads_operands_from_the_prompt_only():
+    t = ArithmeticTask()
+    rows = t.batch(torch.tensor([12_345, 999_999]))
+    completions = torch.tensor([t.tokenizer.encode("7530"), t.tokenizer.encode("8991")])
+    rewards, exact = t.score_batch(rows.prompts, completions)
+    assert exact.tolist() == [1.0, 1.0] and rewards.tolist() == [1.0, 1.0]
+
+
+def test_heldout_is_fixed_and_training_never_draws_from_it():
+    t1, t2 = ArithmeticTask(heldout_size=1000), ArithmeticTask(heldout_size=1000)
+    assert torch.equal(t1.heldout_ids, t2.heldout_ids) and len(t1.heldout_ids.unique()) == 1000
+    train = t1.sample_train_ids(200_000, torch.Generator().manual_seed(0))
+    assert not torch.isin(train, t1.heldout_ids).any()
+    assert len(train) == 200_000
+
+
+def test_small_space_training_draws_avoid_heldout():
+    t = ArithmeticTask(ndigit=1, heldout_size=50)  # 100 problems, half held out
+    train = t.sample_train_ids(1000, torch.Generator().manual_seed(1))
+    assert set(train.tolist()).isdisjoint(set(t.heldout_ids.tolist()))
+    assert len(set(train.tolist())) == 50
+
+
+def test_labeled_rows_are_prompt_then_answer():
+    t = ArithmeticTask()
+    rows = t.labeled(torch.tensor([12_345]))
+    assert t.tokenizer.decode(rows[0]) == "012+345=7530"

@@ -1,0 +1,170 @@
+"""The built-in GPT: the KV cache changes speed, never results; generate's log-probs are those of
+the distribution it drew from; top-k, the position limit, weight tying, checkpoints, tokenizer."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from lmrl.models.gpt import GPT, CharTokenizer, GPTConfig, sequence_logprobs
+
+VOCAB, N_POSITION = 12, 16
+
+
+def tiny_model(seed: int = 0) -> GPT:
+    """2 layers, 2 heads, 32 dims, random weights scaled up from GPT-2's std 0.02 so that the next
+    token depends strongly on content and position: a cache that mixes up positions or drops
+    context then changes which tokens are drawn, instead of hiding in a near-uniform distribution."""
+    torch.manual_seed(seed)
+    model = GPT(GPTConfig(vocab_size=VOCAB, n_position=N_POSITION, n_layer=2, n_head=2, n_embd=32))
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if not name.endswith(("ln_1.weight", "ln_2.weight", "ln_f.weight")):
+                p.mul_(25.0)
+    return model.eval()
+
+
+def prompts(batch: int = 5, length: int = 4, seed: int = 1) -> torch.Tensor:
+    return torch.randint(VOCAB, (batch, length), generator=torch.Generator().manual_seed(seed))
+
+
+def assert_close(actual: torch.Tensor, expected: torch.Tensor, atol: float = 1e-5) -> None:
+    # torch.testing.assert_close would do, but its first call spends ~1 s importing
+    assert actual.shape == expected.shape, f"shape {tuple(actual.shape)} != {tuple(expected.shape)}"
+    diff = (actual - expected).abs().max().item()
+    assert diff <= atol, f"max abs difference {diff:.3g} > {atol}"
+
+
+def next_token_logits(model: GPT, prompt: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+    """Logits (B, N, V) that predicted each generated token, recomputed on the full sequence."""
+    full = torch.cat([prompt, tokens], dim=1)
+    with torch.no_grad():
+        return model(full[:, :-1])[:, -tokens.size(1):]
+
+
+# -- the KV cache ----------------------------------------------------------------------------------
+def test_greedy_with_cache_matches_recomputing_the_prefix_token_for_token():
+    model, p = tiny_model(), prompts()
+    cached, cached_logp = model.generate(p, 8, greedy=True, use_cache=True)
+    uncached, uncached_logp = model.generate(p, 8, greedy=True, use_cache=False)
+    assert cached.shape == (5, 8)
+    assert torch.equal(cached, uncached)
+    assert_close(cached_logp, uncached_logp)
+    assert len({tuple(row) for row in cached.tolist()}) > 1, "prompts should lead to different completions"
+
+
+def test_sampling_with_cache_draws_the_same_tokens_as_without_given_the_same_generator():
+    model, p = tiny_model(), prompts()
+    cached, cached_logp = model.generate(p, 8, use_cache=True, generator=torch.Generator().manual_seed(7))
+    uncached, uncached_logp = model.generate(p, 8, use_cache=False, generator=torch.Generator().manual_seed(7))
+    assert torch.equal(cached, uncached)
+    assert_close(cached_logp, uncached_logp)
+
+
+def test_same_seeded_generator_reproduces_samples_and_another_seed_does_not():
+    model, p = tiny_model(), prompts()
+    a, _ = model.generate(p, 8, generator=torch.Generator().manual_seed(7))
+    b, _ = model.generate(p, 8, generator=torch.Generator().manual_seed(7))
+    c, _ = model.generate(p, 8, generator=torch.Generator().manual_seed(8))
+    assert torch.equal(a, b)
+    assert not torch.equal(a, c)
+
+
+# -- log-probs -------------------------------------------------------------------------------------
+def test_generate_logprobs_at_temperature_1_equal_sequence_logprobs_of_the_full_sequence():
+    model, p = tiny_model(), prompts()
+    tokens, logp = model.generate(p, 8, temperature=1.0, generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        expected, _ = sequence_logprobs(model, torch.cat([p, tokens], dim=1), n_completion=8)
+    assert_close(logp, expected)
+
+
+def test_greedy_logprobs_are_those_of_the_temperature_1_distribution():
+    model, p = tiny_model(), prompts()
+    tokens, logp = model.generate(p, 8, greedy=True, temperature=0.5)  # greedy ignores temperature
+    with torch.no_grad():
+        expected, _ = sequence_logprobs(model, torch.cat([p, tokens], dim=1), n_completion=8)
+    assert_close(logp, expected)
+
+
+def test_generate_logprobs_at_temperature_half_are_log_softmax_of_logits_over_half():
+    model, p = tiny_model(), prompts()
+    tokens, logp = model.generate(p, 8, temperature=0.5, generator=torch.Generator().manual_seed(3))
+    scaled = F.log_softmax(next_token_logits(model, p, tokens) / 0.5, dim=-1)
+    assert_close(logp, scaled.gather(-1, tokens.unsqueeze(-1)).squeeze(-1))
+    with torch.no_grad():
+        unscaled, _ = sequence_logprobs(model, torch.cat([p, tokens], dim=1), n_completion=8)
+    assert not torch.allclose(logp, unscaled, atol=1e-3), "temperature must change the reported log-probs"
+
+
+# -- top-k -----------------------------------------------------------------------------------------
+def test_top_k_1_sampling_equals_greedy():
+    model, p = tiny_model(), prompts()
+    greedy, _ = model.generate(p, 8, greedy=True)
+    top1, top1_logp = model.generate(p, 8, top_k=1, generator=torch.Generator().manual_seed(5))
+    assert torch.equal(top1, greedy)
+    assert torch.all(top1_logp == 0.0), "the only token left after top-1 has probability 1"
+
+
+def test_top_k_never_draws_outside_the_k_most_likely_and_renormalises_over_them():
+    k = 3
+    model, p = tiny_model(), prompts(batch=16)
+    tokens, logp = model.generate(p, 8, top_k=k, generator=torch.Generator().manual_seed(5))
+    logits = next_token_logits(model, p, tokens)  # (B, N, V)
+    top_logits, top_ids = logits.topk(k, dim=-1)
+    assert (top_ids == tokens.unsqueeze(-1)).any(-1).all(), "a token outside the top-k was drawn"
+    drawn = logits.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
+    assert_close(logp, drawn - top_logits.logsumexp(-1))
+    rank = (logits > drawn.unsqueeze(-1)).sum(-1)  # 0 for the most likely token
+    assert set(rank.unique().tolist()) == set(range(k)), "sampling should reach every one of the top k"
+
+
+# -- shape limits, weights, checkpoints ------------------------------------------------------------
+def test_forward_rejects_sequences_longer_than_n_position():
+    model = tiny_model()
+    model(torch.zeros(2, N_POSITION, dtype=torch.long))  # exactly n_position fits
+    with pytest.raises(ValueError, match="n_position"):
+        model(torch.zeros(2, N_POSITION + 1, dtype=torch.long))
+
+
+@pytest.mark.parametrize("use_cache", [True, False])
+def test_generate_rejects_prompt_plus_completion_longer_than_n_position(use_cache):
+    model, p = tiny_model(), prompts(length=N_POSITION - 3)
+    model.generate(p, 3, greedy=True, use_cache=use_cache)  # fills n_position exactly
+    with pytest.raises(ValueError, match="n_position"):
+        model.generate(p, 5, greedy=True, use_cache=use_cache)
+
+
+def test_lm_head_is_tied_to_the_token_embedding():
+    model = tiny_model()
+    assert model.lm_head.weight is model.wte.weight
+
+
+def test_save_pretrained_then_from_pretrained_gives_identical_logits(tmp_path):
+    model, tok = tiny_model(), CharTokenizer("0123456789+=")
+    model.save_pretrained(tmp_path / "ckpt", tokenizer=tok)
+    loaded = GPT.from_pretrained(tmp_path / "ckpt").eval()
+    assert loaded.config == model.config
+    assert loaded.lm_head.weight is loaded.wte.weight
+    x = prompts(length=8)
+    with torch.no_grad():
+        assert torch.equal(loaded(x), model(x))
+    assert CharTokenizer.load(tmp_path / "ckpt" / "tokenizer.json").chars == tok.chars
+
+
+# -- the tokenizer ---------------------------------------------------------------------------------
+def test_char_tokenizer_encode_decode_round_trip():
+    tok = CharTokenizer("0123456789+=")
+    ids = tok.encode("012+345=7530")
+    assert ids[:4] == [0, 1, 2, 10] and tok.vocab_size == 12
+    assert tok.decode(ids) == "012+345=7530"
+    assert tok.decode(torch.tensor(ids)) == "012+345=7530"
+
+
+def test_char_tokenizer_unknown_character_error_names_it():
+    with pytest.raises(ValueError, match="'x'"):
+        CharTokenizer("0123456789+=").encode("12x3")
+
+
+def test_char_tokenizer_rejects_repeated_alphabet():
+    with pytest.raises(ValueError, match="repeated"):
+        CharTokenizer("01231")
