@@ -1,3 +1,4 @@
+import io
 import json
 import logging
 import sys
@@ -175,7 +176,7 @@ FULL = {"train/policy_loss": 0.2341, "train/accuracy": 0.75, "train/avg_reward":
 
 
 def console(total_steps=200):
-    return ConsoleSink(logging.getLogger("lmrl.test.console"), total_steps=total_steps)
+    return ConsoleSink(logging.getLogger("tests.console"), total_steps=total_steps)
 
 
 def test_console_line_matches_the_documented_example():
@@ -194,7 +195,7 @@ def test_console_prefers_policy_loss_and_shows_eval_last():
 
 
 def test_console_prints_nothing_for_metrics_it_does_not_show(caplog):
-    logger = logging.getLogger("lmrl.test.console")
+    logger = logging.getLogger("tests.console")
     with caplog.at_level(logging.INFO, logger=logger.name):
         sink = ConsoleSink(logger, total_steps=10)
         sink.log(3, {"eval/warmup_accuracy": 0.5})
@@ -261,10 +262,23 @@ def test_metrics_logger_closes_every_sink_even_when_one_fails():
     assert b.closed
 
 
-def test_progress_starts_at_initial_and_can_be_disabled():
+class FakeTerminal(io.StringIO):
+    def isatty(self):
+        return True
+
+
+def test_progress_starts_at_initial_and_can_be_disabled(monkeypatch):
+    monkeypatch.setattr(sys, "stderr", FakeTerminal())
     bar = progress(100, initial=40, desc="rl", enabled=True)
-    assert (bar.n, bar.total, bar.disable) == (40, 100, False)
+    assert (bar.n, bar.total) == (40, 100) and not bar.disable
     bar.close()
     off = progress(100, enabled=False)
     assert off.disable
     off.close()
+
+
+def test_progress_is_off_when_stderr_is_not_a_terminal(monkeypatch):
+    monkeypatch.setattr(sys, "stderr", io.StringIO())
+    bar = progress(100, enabled=True)
+    assert bar.disable
+    bar.close()

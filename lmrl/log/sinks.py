@@ -243,5 +243,7 @@ class MetricsLogger:
 
 def progress(total: int, initial: int = 0, desc: str | None = None, enabled: bool = True) -> tqdm:
     """A step progress bar that starts at `initial` (for resumed runs); `enabled=False` (other
-    ranks, --quiet) turns it into a no-op with the same interface."""
-    return tqdm(total=total, initial=initial, desc=desc, disable=not enabled, dynamic_ncols=True, unit="step")
+    ranks, run.progress=false) turns it into a no-op with the same interface, as does a stderr
+    that is not a terminal (CI logs, redirected output)."""
+    return tqdm(total=total, initial=initial, desc=desc, disable=None if enabled else True, dynamic_ncols=True,
+                unit="step")

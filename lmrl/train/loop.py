@@ -128,11 +128,9 @@ class RLTrainer:
             metrics["sft/accuracy"] = (logits.argmax(-1) == x[:, -task.answer_len:]).all(-1).float().mean().item()
             self._end_step("sft", metrics, time.perf_counter() - t0, tokens=x.numel())
         if self.state["step"] >= cfg.sft.steps and not self._stop_requested:
-            acc = self._evaluate()["eval/accuracy"]
-            self.state["warmup_accuracy"] = acc
             self.state["stage"] = "rl"
-            self._info(f"warm-up done: held-out accuracy {acc:.3f} from {len(self.sft_pool)} labeled problems")
-            self._log(self.state["step"], {"eval/warmup_accuracy": acc})
+            self._info(f"warm-up done: held-out accuracy {self.state['warmup_accuracy']:.3f} from "
+                       f"{len(self.sft_pool)} labeled problems")
             self.optimizer = None
             self._save_checkpoint()
 
@@ -241,12 +239,15 @@ class RLTrainer:
         last = stage_step == stage_total
         if stage == "rl" and (stage_step % cfg.train.eval_every == 0 or last):
             metrics.update(self._evaluate())
+        if stage == "sft" and last:  # the warm-up's result, which RL is measured against
+            metrics.update(self._evaluate())
+            self.state["warmup_accuracy"] = metrics["eval/warmup_accuracy"] = metrics["eval/accuracy"]
         if stage_step % cfg.train.log_every == 0 or last or "eval/accuracy" in metrics:
             self._log(step, metrics, stage=stage, stage_step=stage_step, stage_total=stage_total)
         if self.log is not None:
             self.log.advance(step)
-        if stage_step % cfg.train.ckpt_every == 0 and not last:
-            self._save_checkpoint()
+        if stage_step % cfg.train.ckpt_every == 0 and not last and self.state["nonfinite_run"] == 0:
+            self._save_checkpoint()  # never during a run of skipped updates: the last one stays a good one
 
     def _evaluate(self) -> dict:
         cfg = self.config

@@ -1,0 +1,28 @@
+"""Shared fixtures: a tiny arithmetic config that trains in a second or two on a CPU."""
+
+from __future__ import annotations
+
+import pytest
+
+from lmrl.config import load_config
+
+# 2-digit addition on a 1-layer, 32-dim GPT: every stage runs in seconds. Partial-credit reward, so
+# advantages and losses are non-zero even though the model learns little.
+TINY = [
+    "model.n_layer=1", "model.n_head=2", "model.n_embd=32", "model.n_position=16",
+    "task.ndigit=2", "task.heldout_size=100", "task.reward=digits",
+    "sft.steps=4", "sft.examples=40", "sft.batch_size=16", "sft.warmup_steps=1",
+    "train.steps=6", "train.rollout_size=16", "train.log_every=1", "train.eval_every=3", "train.ckpt_every=2",
+    "eval.size=50", "eval.batch_size=50",
+    "run.progress=false", "run.tensorboard=false", "run.threads=1",
+]
+
+
+@pytest.fixture
+def tiny_config(tmp_path):
+    """`tiny_config(*overrides, dir=...)`: the adder preset shrunk by TINY, in its own run dir."""
+
+    def make(*overrides: str, dir=None):
+        return load_config("adder", TINY + [f"run.dir={dir or tmp_path / 'run'}", *overrides])
+
+    return make

@@ -1,0 +1,88 @@
+"""Configs: presets and their aliases, overrides, `base:` inheritance, and one-line errors that
+name the key, its source and the nearest valid key."""
+
+import pytest
+import yaml
+
+from lmrl.config import (AdderRLConfig, ConfigError, MultiplierRLConfig, config_from_dict, config_to_dict,
+                         list_presets, load_config, save_config)
+
+
+def test_adder_preset_matches_the_spec():
+    cfg = load_config("adder")
+    m = cfg.model
+    assert (m.n_layer, m.n_head, m.n_embd, m.n_position) == (4, 8, 256, 64)
+    assert (cfg.task.name, cfg.task.ndigit) == ("addition", 3)
+    assert cfg.sft.steps > 0 and cfg.sft.examples > 0  # a label-budgeted warm-up, then RL
+    assert cfg.algo.name == "reinforce"
+
+
+def test_multiplier_preset_matches_the_spec():
+    cfg = load_config("multiplier")
+    m = cfg.model
+    assert (m.n_layer, m.n_head, m.n_embd, m.n_position) == (6, 8, 256, 128)
+    assert (cfg.task.name, cfg.task.ndigit) == ("multiplication", 2)
+
+
+def test_class_style_names_and_paths_give_the_same_config():
+    by_name = config_to_dict(load_config("adder"))
+    assert config_to_dict(AdderRLConfig()) == by_name
+    assert config_to_dict(load_config("AdderRLConfig")) == by_name
+    assert config_to_dict(load_config("configs/adder.yaml")) == by_name
+    assert config_to_dict(MultiplierRLConfig()) == config_to_dict(load_config("multiplier"))
+    assert {"adder", "multiplier"} <= set(list_presets())
+
+
+def test_overrides_are_parsed_as_yaml_values():
+    cfg = load_config("adder", ["train.steps=7", "optim.lr=3e-4", "task.use_format=false", "optim.betas=[0.8, 0.9]",
+                                "run.name=x"])
+    assert cfg.train.steps == 7 and cfg.optim.lr == 3e-4 and cfg.task.use_format is False
+    assert cfg.optim.betas == [0.8, 0.9] and cfg.run.name == "x"
+    assert isinstance(load_config("adder", ["optim.lr=1"]).optim.lr, float)  # ints widen to float
+
+
+def test_base_inheritance_and_yaml_round_trip(tmp_path):
+    path = tmp_path / "mine.yaml"
+    path.write_text("base: adder\ntrain:\n  steps: 3\n")
+    cfg = load_config(path)
+    assert cfg.train.steps == 3 and cfg.model.n_layer == 4
+    save_config(cfg, tmp_path / "saved.yaml")
+    again = config_from_dict(yaml.safe_load((tmp_path / "saved.yaml").read_text()))
+    assert config_to_dict(again) == config_to_dict(cfg)
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (["train.stpes=5"], "unknown key 'train.stpes' in override train.stpes=5; did you mean 'train.steps'?"),
+    (["trian.steps=5"], "unknown section 'trian' in override trian.steps=5; did you mean 'train'?"),
+    (["train.steps=five"], "train.steps must be an int, got 'five' (from override train.steps=five)"),
+    (["train.steps=1.5"], "train.steps must be an int, got 1.5"),
+    (["task.use_format=maybe"], "task.use_format must be true or false, got 'maybe'"),
+    (["train.steps"], "override 'train.steps' must look like section.key=value"),
+    (["task.ndigit=40"], "task.ndigit=40 needs 123 positions but model.n_position is 64"),
+    (["algo.name=reinforc"], "algo.name='reinforc' is not one of reinforce; did you mean 'reinforce'?"),
+    (["train.rollout_size=10", "train.ga_steps=3"], "must be divisible by train.ga_steps=3"),
+    (["sft.examples=0"], "sft.steps > 0 needs sft.examples > 0"),
+])
+def test_bad_overrides_fail_with_a_message_naming_the_key(overrides, message):
+    with pytest.raises(ConfigError) as e:
+        load_config("adder", overrides)
+    assert message in str(e.value)
+    assert "\n" not in str(e.value)
+
+
+def test_unknown_preset_suggests_the_nearest():
+    with pytest.raises(ConfigError, match=r"unknown preset 'addr'; did you mean 'adder'\?"):
+        load_config("addr")
+
+
+def test_errors_in_a_yaml_file_name_the_file(tmp_path):
+    path = tmp_path / "bad.yaml"
+    path.write_text("train:\n  rollout_sise: 8\n")
+    with pytest.raises(ConfigError, match=rf"unknown key 'train.rollout_sise' in {path}; did you mean "
+                                          r"'train.rollout_size'\?"):
+        load_config(path)
+    path.write_text("train: [1, 2\n")
+    with pytest.raises(ConfigError, match=rf"{path}: not valid YAML"):
+        load_config(path)
+    with pytest.raises(ConfigError, match="does not exist"):
+        load_config(tmp_path / "missing.yaml")

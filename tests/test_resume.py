@@ -1,0 +1,89 @@
+"""Exact resume: a run stopped by SIGKILL (or Ctrl-C) and resumed writes the same metrics as a
+run that never stopped. Timing metrics (perf/*, time/*) are the only values allowed to differ."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+
+import pytest
+
+from lmrl.train import checkpoint as ckpt
+from lmrl.train.loop import RLTrainer
+
+from .conftest import TINY
+
+# Trains the tiny config in a child process and kills it with SIGKILL right after step KILL_AT.
+CHILD = """
+import os, signal, sys
+from lmrl.config import load_config
+from lmrl.train.loop import RLTrainer
+overrides, kill_at = sys.argv[1:-1], int(sys.argv[-1])
+trainer = RLTrainer(load_config("adder", overrides))
+end_step = trainer._end_step
+def end_step_then_die(*args, **kwargs):
+    end_step(*args, **kwargs)
+    if trainer.state["step"] == kill_at:
+        os.kill(os.getpid(), signal.SIGKILL)
+trainer._end_step = end_step_then_die
+trainer.train()
+"""
+
+VOLATILE = ("perf/", "time/")
+
+
+def stable_metrics(run_dir):
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return [{k: v for k, v in r.items() if not k.startswith(VOLATILE)} for r in rows]
+
+
+def run_child(overrides, kill_at):
+    return subprocess.run([sys.executable, "-c", CHILD, *overrides, str(kill_at)], capture_output=True, text=True,
+                          timeout=300)
+
+
+@pytest.mark.parametrize("kill_at, resumes_from", [(3, "step_2"), (9, "step_8")])  # in the warm-up, in RL
+def test_a_run_killed_with_sigkill_resumes_exactly(tmp_path, kill_at, resumes_from):
+    args = TINY + ["train.steps=8"]
+    reference = run_child(args + [f"run.dir={tmp_path / 'ref'}"], kill_at=-1)
+    assert reference.returncode == 0, reference.stderr
+
+    killed_dir = tmp_path / "killed"
+    killed = run_child(args + [f"run.dir={killed_dir}"], kill_at=kill_at)
+    assert killed.returncode == -signal.SIGKILL
+    assert ckpt.latest_checkpoint(killed_dir / "checkpoints").name == resumes_from
+    assert not (killed_dir / "summary.json").exists()
+
+    resumed = run_child(args + [f"run.dir={killed_dir}", "run.resume=auto"], kill_at=-1)
+    assert resumed.returncode == 0, resumed.stderr
+    assert f"resumed from {killed_dir / 'checkpoints' / resumes_from}" in resumed.stderr
+    assert stable_metrics(killed_dir) == stable_metrics(tmp_path / "ref")
+    ref_summary = json.loads((tmp_path / "ref" / "summary.json").read_text())
+    summary = json.loads((killed_dir / "summary.json").read_text())
+    for key in ["warmup_accuracy", "final_accuracy", "best", "sft_examples"]:
+        assert summary[key] == ref_summary[key], key
+
+
+def test_ctrl_c_saves_a_checkpoint_and_resume_continues_exactly(tiny_config, tmp_path):
+    reference = tiny_config(dir=tmp_path / "ref")
+    RLTrainer(reference).train()
+
+    cfg = tiny_config(dir=tmp_path / "interrupted")
+    calls = {"n": 0}
+
+    def reward_then_ctrl_c(prompts, completions):  # the verifier's reward, and Ctrl-C during RL step 3
+        calls["n"] += 1
+        if calls["n"] == 3:
+            os.kill(os.getpid(), signal.SIGINT)
+        return [float(t.task.score(p, c)) for p, c in zip(prompts, completions)]
+
+    t = RLTrainer(cfg, reward_fn=reward_then_ctrl_c)
+    result = t.train()
+    assert result == {"interrupted": True, "step": 7}  # the step in flight finishes, then it saves
+    assert ckpt.latest_checkpoint(cfg.run_dir / "checkpoints").name == "step_7"
+    assert "interrupted: checkpoint saved at step 7" in (cfg.run_dir / "train.log").read_text()
+
+    resumed = RLTrainer(tiny_config("run.resume=auto", dir=cfg.run_dir))
+    resumed.train()
+    assert stable_metrics(cfg.run_dir) == stable_metrics(reference.run_dir)

@@ -1,0 +1,192 @@
+"""The trainer end to end on a tiny model: what a run writes, the warm-up's label budget, RL's
+label-free reward, non-finite losses, failing reward functions, and the run dir's guards."""
+
+import json
+import math
+
+import pytest
+import torch
+
+from lmrl.config import ConfigError
+from lmrl.train import checkpoint as ckpt
+from lmrl.train import loop
+from lmrl.train.loop import RLTrainer, TrainingError
+from lmrl.train.rewards import RewardError
+
+
+def read_metrics(run_dir):
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_a_run_writes_config_metrics_log_checkpoints_and_summary(tiny_config):
+    cfg = tiny_config("run.tensorboard=true")
+    summary = RLTrainer(cfg).train()
+    run = cfg.run_dir
+    for name in ["config.yaml", "metrics.jsonl", "train.log", "summary.json"]:
+        assert (run / name).is_file(), name
+    assert list((run / "tb").glob("events.out.tfevents.*"))
+    assert ckpt.latest_checkpoint(run / "checkpoints").name == "step_10"  # 4 warm-up + 6 RL steps
+    assert (run / "checkpoints" / "best" / ckpt.MODEL_FILE).is_file()
+
+    rows = read_metrics(run)
+    assert [r["step"] for r in rows] == sorted({r["step"] for r in rows})
+    rl = [r for r in rows if "train/policy_loss" in r]
+    assert [r["step"] for r in rl] == [5, 6, 7, 8, 9, 10]
+    for key in ["train/accuracy", "train/avg_reward", "train/baseline", "train/lr", "perf/tokens_per_s"]:
+        assert all(math.isfinite(r[key]) for r in rl), key
+    assert [r["step"] for r in rows if "eval/accuracy" in r] == [4, 7, 10]
+
+    on_disk = json.loads((run / "summary.json").read_text())
+    assert on_disk == json.loads(json.dumps(summary))
+    assert on_disk["sft_examples"] == 40 and on_disk["sft_steps"] == 4 and on_disk["rl_steps"] == 6
+    assert 0 <= on_disk["warmup_accuracy"] <= 1 and 0 <= on_disk["final_accuracy"] <= 1
+    assert on_disk["rl_gain"] == pytest.approx(on_disk["final_accuracy"] - on_disk["warmup_accuracy"])
+    assert set(on_disk["time_s"]) == {"sft", "rl", "total"}
+    assert "[rl] Step 6/6 | Loss:" in (run / "train.log").read_text()
+
+
+def test_the_baseline_in_metrics_follows_the_moving_average(tiny_config):
+    cfg = tiny_config()
+    RLTrainer(cfg).train()
+    rl = [r for r in read_metrics(cfg.run_dir) if "train/baseline" in r]
+    b = rl[0]["train/avg_reward"]
+    assert rl[0]["train/baseline"] == pytest.approx(b)
+    for r in rl[1:]:
+        b = 0.9 * b + 0.1 * r["train/avg_reward"]
+        assert r["train/baseline"] == pytest.approx(b)
+
+
+def test_warmup_sees_at_most_its_label_budget_and_rl_never_reads_a_label(tiny_config, monkeypatch):
+    cfg = tiny_config("sft.examples=25", "sft.batch_size=64")
+    trainer = RLTrainer(cfg)
+    task = trainer.task
+    seen = []
+    real_labeled = task.labeled
+    monkeypatch.setattr(task, "labeled", lambda ids: seen.append(ids.clone()) or real_labeled(ids))
+    run_rl = trainer._run_rl
+
+    def rl_without_labels():
+        def refuse(*args):
+            raise AssertionError("RL read a label")
+        monkeypatch.setattr(task, "labeled", refuse)
+        monkeypatch.setattr(task, "target", refuse)  # not even through the verifier
+        run_rl()
+
+    monkeypatch.setattr(trainer, "_run_rl", rl_without_labels)
+    monkeypatch.setattr(task, "score_batch", _verifier_without_target(task))
+    trainer.train()
+    labeled_ids = torch.cat(seen)
+    assert len(seen) == 1 and len(labeled_ids.unique()) <= 25
+    assert not torch.isin(labeled_ids, task.heldout_ids).any()
+
+
+def _verifier_without_target(task):
+    """The task's verifier recomputed from the prompt text alone, so RL can run with target() gone."""
+
+    def score_batch(prompts, completions):
+        exact = []
+        for p, c in zip(prompts, completions):
+            a, b = task.operands(task.tokenizer.decode(p))
+            answer = f"{task.result(a, b):0{task.answer_len}d}"[::-1]
+            exact.append(float(task.tokenizer.decode(c) == answer))
+        return torch.tensor(exact), torch.tensor(exact)
+
+    return score_batch
+
+
+def test_a_user_reward_function_replaces_the_verifier_reward(tiny_config):
+    cfg = tiny_config()
+    calls = []
+
+    def length_reward(prompts, completions):
+        calls.append((list(prompts), list(completions)))
+        return [0.25] * len(prompts)
+
+    RLTrainer(cfg, reward_fn=length_reward).train()
+    assert len(calls) == cfg.train.steps and all(len(p) == 16 for p, _ in calls)
+    assert calls[0][0][0].endswith("=")  # prompts arrive as text
+    rl = [r for r in read_metrics(cfg.run_dir) if "train/avg_reward" in r]
+    assert all(r["train/avg_reward"] == 0.25 for r in rl)
+
+
+def test_a_nan_loss_skips_the_update_and_is_counted(tiny_config, monkeypatch):
+    cfg = tiny_config("train.steps=3", "train.eval_every=100", "train.ckpt_every=100")
+    trainer = RLTrainer(cfg)
+    real_loss = loop.reinforce_loss
+    calls = {"n": 0}
+    before = {}
+
+    def nan_on_second(*args, **kwargs):
+        calls["n"] += 1
+        loss = real_loss(*args, **kwargs)
+        if calls["n"] == 2:
+            before.update({k: v.clone() for k, v in trainer.model.state_dict().items()})
+            return loss * float("nan")
+        return loss
+
+    monkeypatch.setattr(loop, "reinforce_loss", nan_on_second)
+    real_end = trainer._end_step
+
+    def end_step(stage, metrics, *a, **k):
+        if calls["n"] == 2 and before:  # right after the NaN step: the weights did not move
+            after = trainer.model.state_dict()
+            assert all(torch.equal(before[k], after[k]) for k in before)
+            before.clear()
+        real_end(stage, metrics, *a, **k)
+
+    monkeypatch.setattr(trainer, "_end_step", end_step)
+    trainer.train()
+    rl = [r for r in read_metrics(cfg.run_dir) if "train/nonfinite_skipped" in r]
+    assert [r["train/nonfinite_skipped"] for r in rl] == [0, 1, 1]
+    assert json.loads((cfg.run_dir / "summary.json").read_text())["nonfinite_skipped"] == 1
+
+
+def test_repeated_nan_losses_stop_the_run_with_the_last_checkpoint_intact(tiny_config, monkeypatch):
+    cfg = tiny_config("train.max_nonfinite=3")
+    calls = {"n": 0}
+    real_loss = loop.reinforce_loss
+
+    def nan_after_two(*args, **kwargs):
+        calls["n"] += 1
+        loss = real_loss(*args, **kwargs)
+        return loss * float("nan") if calls["n"] > 2 else loss
+
+    monkeypatch.setattr(loop, "reinforce_loss", nan_after_two)
+    with pytest.raises(TrainingError, match="3 non-finite losses in a row at step 9"):
+        RLTrainer(cfg).train()
+    latest = ckpt.latest_checkpoint(cfg.run_dir / "checkpoints")
+    assert latest.name == "step_6"  # warm-up 4 + 2 good RL steps
+    model = RLTrainer(tiny_config("run.resume=auto", dir=cfg.run_dir)).model
+    state = ckpt.load_checkpoint(latest, model=model, restore_rng=False)
+    assert state["step"] == 6 and all(torch.isfinite(p).all() for p in model.parameters())
+
+
+def test_a_reward_function_that_raises_names_itself_and_the_sample(tiny_config):
+    cfg = tiny_config()
+
+    def broken(prompts, completions):
+        raise KeyError("oops")
+
+    with pytest.raises(RewardError, match=r"reward function .*broken raised KeyError: 'oops' \(first sample: prompt"):
+        RLTrainer(cfg, reward_fn=broken).train()
+    assert ckpt.latest_checkpoint(cfg.run_dir / "checkpoints").name == "step_4"  # the warm-up is kept
+
+
+@pytest.mark.parametrize("value", [float("nan"), "high", None])
+def test_a_reward_function_returning_a_non_number_is_refused(tiny_config, value):
+    with pytest.raises(RewardError, match="rewards must be finite numbers"):
+        RLTrainer(tiny_config(), reward_fn=lambda p, c: [value] * len(p)).train()
+
+
+def test_a_fresh_run_never_overwrites_an_explicit_run_dir(tiny_config):
+    cfg = tiny_config("train.steps=1", "sft.steps=1")
+    RLTrainer(cfg).train()
+    with pytest.raises(ConfigError, match="already holds a run; continue it with --resume"):
+        RLTrainer(tiny_config(dir=cfg.run_dir))
+
+
+def test_an_unwritable_run_dir_fails_before_training(tiny_config, tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    with pytest.raises(ConfigError, match=f"run dir {blocker / 'run'} is not writable"):
+        RLTrainer(tiny_config(dir=blocker / "run"))
