@@ -57,18 +57,21 @@ def main(argv: list[str] | None = None) -> int:
     if extra:
         args.overrides = list(args.overrides) + extra
     from .config import ConfigError
+    from .train.inspect import PromptError
     from .train.loop import TrainingError
     from .train.rewards import RewardError
 
     try:
         return {"train": _train, "eval": _eval, "generate": _generate, "presets": _presets}[args.command](args)
-    except (ConfigError, TrainingError, RewardError, FileNotFoundError, NotADirectoryError, PermissionError) as e:
+    except (ConfigError, PromptError, TrainingError, RewardError, FileNotFoundError, NotADirectoryError,
+            PermissionError) as e:
         print(f"lmrl {args.command}: error: {e}", file=sys.stderr)
         return 2 if isinstance(e, ConfigError) else 1
 
 
 def _train(args) -> int:
     from .config import load_config
+    from .dist.ddp import shutdown
     from .train.loop import RLTrainer
 
     overrides = list(args.overrides)
@@ -81,7 +84,10 @@ def _train(args) -> int:
     cfg = load_config(args.config, overrides)
     if args.debug and not any(o.startswith(("run.name=", "run.dir=")) for o in args.overrides):
         cfg.run.name += "-debug"
-    summary = RLTrainer(cfg).train()
+    try:
+        summary = RLTrainer(cfg).train()
+    finally:
+        shutdown()  # leaves the torchrun process group, if there is one
     return 130 if summary.get("interrupted") else 0
 
 

@@ -15,6 +15,10 @@ from . import checkpoint as ckpt
 from .evaluate import evaluate
 
 
+class PromptError(ValueError):
+    """A prompt the run's task cannot read."""
+
+
 def resolve_checkpoint(run_dir: Path, which: str) -> Path:
     """'latest', 'best', 'step_N' (inside run_dir/checkpoints) or a path to a checkpoint dir."""
     ckpt_dir = Path(run_dir) / "checkpoints"
@@ -47,7 +51,7 @@ class LoadedRun:
         ids = [tok.encode(p) for p in prompts]
         if len({len(i) for i in ids}) != 1 or len(ids[0]) != self.task.prompt_len:
             example = self.task.prompt_text(123 % 10**self.task.ndigit, 45)
-            raise ValueError(f"prompts must look like {example!r} ({self.task.prompt_len} characters each)")
+            raise PromptError(f"prompts must look like {example!r} ({self.task.prompt_len} characters each)")
         ro = sample(self.model, torch.tensor(ids), self.task.answer_len, greedy=temperature == 0,
                     temperature=temperature or 1.0)
         for p, c in zip(prompts, ro.completions):

@@ -1,0 +1,79 @@
+"""The command line: train / eval / generate / presets, flags mixed with overrides, and errors
+that take one line and a non-zero exit status."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+import yaml
+
+from lmrl.cli import main
+
+from .conftest import TINY
+
+
+def test_train_then_eval_and_generate(tmp_path, capsys):
+    run = tmp_path / "run"
+    assert main(["train", "adder", *TINY, f"run.dir={run}", "--no-wandb"]) == 0
+    assert yaml.safe_load((run / "config.yaml").read_text())["run"]["wandb"] is False
+    capsys.readouterr()
+
+    assert main(["eval", str(run), "--size", "20"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["heldout_problems"] == 20 and 0 <= report["eval/accuracy"] <= 1
+    assert report["checkpoint"].endswith("step_10")
+
+    assert main(["eval", str(run), "--checkpoint", "step_8"]) == 0
+    assert json.loads(capsys.readouterr().out)["checkpoint"].endswith("step_8")
+
+    assert main(["generate", str(run), "12+34=", "99+99="]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert [line.split()[0][:6] for line in lines] == ["12+34=", "99+99="]
+    assert all("(answer " in line for line in lines)
+
+
+def test_generate_rejects_a_prompt_the_task_cannot_read(tmp_path, capsys):
+    run = tmp_path / "run"
+    main(["train", "adder", *TINY, "sft.steps=1", "train.steps=1", f"run.dir={run}"])
+    capsys.readouterr()
+    assert main(["generate", str(run), "12+3="]) == 1
+    assert "prompts must look like '23+45='" in capsys.readouterr().err
+
+
+def test_debug_runs_every_stage_of_the_real_preset_in_seconds(tmp_path):
+    run = tmp_path / "debug"
+    assert main(["train", "adder", "--debug", f"run.dir={run}", "run.progress=false", "run.tensorboard=false"]) == 0
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["sft_steps"] > 0 and summary["rl_steps"] > 0
+    assert yaml.safe_load((run / "config.yaml").read_text())["model"]["n_layer"] == 4  # the preset's model
+
+
+def test_resume_flag_continues_a_run(tmp_path, capsys):
+    run = tmp_path / "run"
+    main(["train", "adder", *TINY, f"run.dir={run}"])
+    first = (run / "metrics.jsonl").read_text()
+    assert main(["train", "adder", *TINY, f"run.dir={run}", "--resume"]) == 0  # already finished: no new steps
+    assert (run / "metrics.jsonl").read_text() == first
+    assert "resumed from" in (run / "train.log").read_text()
+
+
+def test_presets_lists_the_named_configs(capsys):
+    assert main(["presets"]) == 0
+    assert {"adder", "multiplier"} <= set(capsys.readouterr().out.split())
+
+
+@pytest.mark.parametrize("args, message, status", [
+    (["train", "adderr"], "unknown preset 'adderr'; did you mean 'adder'?", 2),
+    (["train", "adder", "train.setps=3"], "unknown key 'train.setps' in override train.setps=3; did you mean "
+                                          "'train.steps'?", 2),
+    (["train", "adder", "task.ndigit=31"], "task.ndigit=31 needs 96 positions but model.n_position is 64", 2),
+    (["eval", "/nonexistent/run"], "/nonexistent/run is not a run dir (no config.yaml)", 1),
+])
+def test_bad_input_is_one_line_on_stderr_before_any_training(args, message, status, tmp_path):
+    run_dir = [f"run.dir={tmp_path / 'r'}"] if args[0] == "train" else []
+    proc = subprocess.run([sys.executable, "-m", "lmrl", *args, *run_dir], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == status
+    assert len(proc.stderr.splitlines()) == 1
+    assert proc.stderr.startswith(f"lmrl {args[0]}: error: {message}")
+    assert not (tmp_path / "r").exists()

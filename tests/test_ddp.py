@@ -1,0 +1,55 @@
+"""DDP on CPU: two torchrun processes (gloo) train the tiny config; their parameters stay
+identical, and only rank 0 writes the run dir."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+from safetensors.torch import load_file
+
+from .conftest import TINY
+
+# Each rank trains, then saves its own parameters for the test to compare.
+WORKER = """
+import sys
+from safetensors.torch import save_file
+from lmrl.config import load_config
+from lmrl.train.loop import RLTrainer
+from lmrl.dist.ddp import shutdown
+trainer = RLTrainer(load_config("adder", sys.argv[1:]))
+trainer.train()
+state = {k: v.clone() for k, v in trainer.model.state_dict().items()}  # tied weights: one copy each
+save_file(state, f"{trainer.run_dir}/params_rank{trainer.dist.rank}.safetensors")
+shutdown()
+"""
+
+
+def torchrun(tmp_path, *args):
+    return subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+                           *args], capture_output=True, text=True, timeout=300, cwd=tmp_path)
+
+
+def test_two_cpu_processes_keep_identical_parameters(tmp_path):
+    script = tmp_path / "worker.py"
+    script.write_text(WORKER)
+    run = tmp_path / "run"
+    proc = torchrun(tmp_path, str(script), *TINY, "sft.batch_size=32", "train.rollout_size=32",
+                    "train.keep_checkpoints=0", f"run.dir={run}")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    p0, p1 = (load_file(run / f"params_rank{r}.safetensors") for r in (0, 1))
+    assert p0.keys() == p1.keys()
+    assert all((p0[k] == p1[k]).all() for k in p0), "ranks diverged"
+    untrained = load_file(run / "checkpoints" / "step_2" / "model.safetensors")
+    assert any((p0[k] != untrained[k]).any() for k in untrained), "training did not change the weights"
+    assert "world size 2" in (run / "train.log").read_text()
+    steps = [json.loads(line)["step"] for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert steps == sorted(set(steps)), "a rank other than 0 wrote metrics"
+
+
+@pytest.mark.slow
+def test_torchrun_runs_the_cli(tmp_path):
+    run = tmp_path / "run"
+    proc = torchrun(tmp_path, "-m", "lmrl", "train", "adder", "--debug", f"run.dir={run}", "run.progress=false")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert json.loads((run / "summary.json").read_text())["rl_steps"] == 4
