@@ -68,7 +68,8 @@ class TaskConfig:
     ndigit: int = _f(3, "digits per operand")
     use_format: bool = _f(True, "prompt as 123+456= (False: bare digits 123456)")
     reverse_answer: bool = _f(True, "write the answer least-significant digit first")
-    reward: str = _f("exact", "exact (1/0) | digits (fraction of digits right)")
+    reward: str = _f("exact", "exact (1/0 per answer) | digits (fraction of digits right, per answer) | "
+                              "per_digit (1/0 per digit, on that digit's token)")
     heldout_size: int = _f(1000, "problems reserved for evaluation, never trained on")
 
 
@@ -290,7 +291,7 @@ CHOICES = {
     "run.wandb_mode": ["online", "offline"],
     "model.type": ["gpt"],
     "task.name": ["addition", "multiplication"],
-    "task.reward": ["exact", "digits"],
+    "task.reward": ["exact", "digits", "per_digit"],
     "schedule.name": ["constant", "cosine"],
     "algo.name": ALGORITHMS,
 }

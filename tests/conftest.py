@@ -6,11 +6,11 @@ import pytest
 
 from lmrl.config import load_config
 
-# 2-digit addition on a 1-layer, 32-dim GPT: every stage runs in seconds. Partial-credit reward, so
+# 2-digit addition on a 1-layer, 32-dim GPT: every stage runs in seconds. Per-digit token rewards, so
 # advantages and losses are non-zero even though the model learns little.
 TINY = [
     "model.n_layer=1", "model.n_head=2", "model.n_embd=32", "model.n_position=16",
-    "task.ndigit=2", "task.heldout_size=100", "task.reward=digits",
+    "task.ndigit=2", "task.heldout_size=100", "task.reward=per_digit",
     "sft.steps=4", "sft.examples=40", "sft.batch_size=16", "sft.warmup_steps=1",
     "train.steps=6", "train.rollout_size=16", "train.log_every=1", "train.eval_every=3", "train.ckpt_every=2",
     "eval.size=50", "eval.batch_size=50",

@@ -94,6 +94,9 @@ def test_generate_logprobs_at_temperature_half_are_log_softmax_of_logits_over_ha
     with torch.no_grad():
         unscaled, _ = sequence_logprobs(model, torch.cat([p, tokens], dim=1), n_completion=8)
     assert not torch.allclose(logp, unscaled, atol=1e-3), "temperature must change the reported log-probs"
+    with torch.no_grad():
+        rescored, _ = sequence_logprobs(model, torch.cat([p, tokens], dim=1), n_completion=8, temperature=0.5)
+    assert_close(logp, rescored)  # the trainer scores samples under the distribution they came from
 
 
 # -- top-k -----------------------------------------------------------------------------------------

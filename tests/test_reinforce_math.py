@@ -51,3 +51,22 @@ def test_advantages_are_treated_as_constants():
     adv = torch.tensor([2.0], requires_grad=True)
     reinforce_loss(logp, adv).backward()
     assert adv.grad is None
+
+
+def test_token_rewards_get_a_baseline_per_position():
+    b = update_moving_baseline(None, torch.tensor([1.0, 0.5]))
+    assert b.tolist() == [1.0, 0.5]
+    b = update_moving_baseline(b, torch.tensor([0.0, 1.0]), 0.9)
+    assert b.tolist() == pytest.approx([0.9, 0.55])
+    adv = baseline_advantages(torch.tensor([[1.0, 0.0], [0.0, 1.0]]), b)
+    assert torch.allclose(adv, torch.tensor([[0.1, -0.55], [-0.9, 0.45]]))
+
+
+def test_reinforce_loss_with_token_advantages_credits_each_token_with_its_own():
+    logp = torch.tensor([[-1.0, -2.0], [-0.5, -0.5]])
+    adv = torch.tensor([[1.0, -1.0], [0.0, 2.0]])
+    # -((-1*1 + -2*-1) + (-0.5*0 + -0.5*2)) / 2 = -((1) + (-1)) / 2 = 0
+    assert reinforce_loss(logp, adv).item() == pytest.approx(0.0)
+    # a sequence advantage equals the same value on every token
+    seq = torch.tensor([2.0, -1.0])
+    assert reinforce_loss(logp, seq).item() == pytest.approx(reinforce_loss(logp, seq[:, None].expand(2, 2)).item())

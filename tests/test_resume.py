@@ -65,25 +65,33 @@ def test_a_run_killed_with_sigkill_resumes_exactly(tmp_path, kill_at, resumes_fr
         assert summary[key] == ref_summary[key], key
 
 
-def test_ctrl_c_saves_a_checkpoint_and_resume_continues_exactly(tiny_config, tmp_path):
-    reference = tiny_config(dir=tmp_path / "ref")
-    RLTrainer(reference).train()
-
-    cfg = tiny_config(dir=tmp_path / "interrupted")
+def partial_credit_reward(task, ctrl_c_at_call=None):
+    """The verifier's partial credit as a user reward function; sends Ctrl-C during call N."""
     calls = {"n": 0}
 
-    def reward_then_ctrl_c(prompts, completions):  # the verifier's reward, and Ctrl-C during RL step 3
+    def reward(prompts, completions):
         calls["n"] += 1
-        if calls["n"] == 3:
+        if calls["n"] == ctrl_c_at_call:
             os.kill(os.getpid(), signal.SIGINT)
-        return [float(t.task.score(p, c)) for p, c in zip(prompts, completions)]
+        return [task.score(p, c) for p, c in zip(prompts, completions)]
 
-    t = RLTrainer(cfg, reward_fn=reward_then_ctrl_c)
-    result = t.train()
+    return reward
+
+
+def test_ctrl_c_saves_a_checkpoint_and_resume_continues_exactly(tiny_config, tmp_path):
+    reference = RLTrainer(tiny_config("task.reward=digits", dir=tmp_path / "ref"))
+    reference.reward_fn = partial_credit_reward(reference.task)
+    reference.train()
+
+    cfg = tiny_config("task.reward=digits", dir=tmp_path / "interrupted")
+    trainer = RLTrainer(cfg)
+    trainer.reward_fn = partial_credit_reward(trainer.task, ctrl_c_at_call=3)  # during RL step 3
+    result = trainer.train()
     assert result == {"interrupted": True, "step": 7}  # the step in flight finishes, then it saves
     assert ckpt.latest_checkpoint(cfg.run_dir / "checkpoints").name == "step_7"
     assert "interrupted: checkpoint saved at step 7" in (cfg.run_dir / "train.log").read_text()
 
-    resumed = RLTrainer(tiny_config("run.resume=auto", dir=cfg.run_dir))
+    resumed = RLTrainer(tiny_config("task.reward=digits", "run.resume=auto", dir=cfg.run_dir))
+    resumed.reward_fn = partial_credit_reward(resumed.task)
     resumed.train()
     assert stable_metrics(cfg.run_dir) == stable_metrics(reference.run_dir)

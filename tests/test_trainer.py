@@ -46,7 +46,7 @@ def test_a_run_writes_config_metrics_log_checkpoints_and_summary(tiny_config):
 
 
 def test_the_baseline_in_metrics_follows_the_moving_average(tiny_config):
-    cfg = tiny_config()
+    cfg = tiny_config("task.reward=digits")
     RLTrainer(cfg).train()
     rl = [r for r in read_metrics(cfg.run_dir) if "train/baseline" in r]
     b = rl[0]["train/avg_reward"]
@@ -54,6 +54,17 @@ def test_the_baseline_in_metrics_follows_the_moving_average(tiny_config):
     for r in rl[1:]:
         b = 0.9 * b + 0.1 * r["train/avg_reward"]
         assert r["train/baseline"] == pytest.approx(b)
+
+
+def test_token_rewards_keep_one_baseline_per_answer_position(tiny_config):
+    cfg = tiny_config("train.steps=2")
+    trainer = RLTrainer(cfg)
+    trainer.train()
+    rl = [r for r in read_metrics(cfg.run_dir) if "train/baseline" in r]
+    baseline = trainer.state["baseline"]
+    assert isinstance(baseline, list) and len(baseline) == trainer.task.answer_len
+    assert rl[-1]["train/baseline"] == pytest.approx(sum(baseline) / len(baseline))
+    assert rl[0]["train/baseline"] == pytest.approx(rl[0]["train/avg_reward"])  # starts at the first batch mean
 
 
 def test_warmup_sees_at_most_its_label_budget_and_rl_never_reads_a_label(tiny_config, monkeypatch):

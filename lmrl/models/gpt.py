@@ -235,12 +235,14 @@ class GPT(nn.Module):
         return model
 
 
-def sequence_logprobs(model: nn.Module, input_ids: torch.Tensor, n_completion: int) -> tuple[torch.Tensor, torch.Tensor]:
+def sequence_logprobs(model: nn.Module, input_ids: torch.Tensor, n_completion: int,
+                      temperature: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
     """Log-probs (B, N) and entropies (B, N) of the last `n_completion` tokens of `input_ids` (B, T)
-    given everything before them, under the model's temperature-1 distribution, with gradients."""
+    given everything before them, with gradients, under the distribution the tokens were sampled
+    from: softmax(logits / temperature)."""
     if not 1 <= n_completion < input_ids.size(1):
         raise ValueError(f"n_completion must be in [1, {input_ids.size(1) - 1}], got {n_completion}")
-    logits = model(input_ids[:, :-1])[:, -n_completion:].float()  # (B, N, V): position t predicts t+1
+    logits = model(input_ids[:, :-1])[:, -n_completion:].float() / temperature  # (B, N, V): t predicts t+1
     logp_all = F.log_softmax(logits, dim=-1)
     targets = input_ids[:, -n_completion:]
     logp = logp_all.gather(-1, targets.unsqueeze(-1)).squeeze(-1)

@@ -12,7 +12,12 @@ Split. Problems are numbered `a·10^ndigit + b`. A fixed-seed draw of `heldout_s
 held-out set; training draws from everything else, so the two never overlap, whatever the run seed.
 
 Reward. `score` is a verifier: it reads the operands back from the prompt text and checks the
-completion against the true result. RL never needs a label, only the prompt.
+completion against the true result. RL never needs a label, only the prompt. Three kinds:
+`exact` (1 if the whole answer is right, else 0), `digits` (the fraction of answer digits in the
+right place, one number per answer) and `per_digit` (the same credit given token by token: each
+answer digit is rewarded 1 or 0 on its own token, so REINFORCE credits each digit with its own
+outcome instead of the whole answer's; reversed answers make each digit's correctness depend
+only on that token).
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ from ..models.gpt import CharTokenizer
 
 HELDOUT_SEED = 20240607  # fixed so every run, whatever its seed, evaluates the same problems
 OPS = {"addition": "+", "multiplication": "*"}
+REWARDS = ("exact", "digits", "per_digit")
 
 
 @dataclass(frozen=True)
@@ -41,8 +47,8 @@ class ArithmeticTask:
                  reverse_answer: bool = True, reward: str = "exact", heldout_size: int = 1000):
         if name not in OPS:
             raise ValueError(f"task.name must be one of {sorted(OPS)}, got {name!r}")
-        if reward not in ("exact", "digits"):
-            raise ValueError(f"task.reward must be 'exact' or 'digits', got {reward!r}")
+        if reward not in REWARDS:
+            raise ValueError(f"task.reward must be one of {', '.join(REWARDS)}, got {reward!r}")
         self.name, self.ndigit, self.use_format = name, ndigit, use_format
         self.reverse_answer, self.reward = reverse_answer, reward
         self.op = OPS[name]
@@ -57,6 +63,11 @@ class ArithmeticTask:
         ids = ids[torch.randperm(len(ids), generator=g)][:heldout_size]
         self.heldout_ids = ids.sort().values
         assert len(self.heldout_ids) == heldout_size, "held-out draw produced too few unique problems"
+
+    @property
+    def token_rewards(self) -> bool:
+        """True when score_batch's rewards are per token, shape (B, answer_len)."""
+        return self.reward == "per_digit"
 
     @property
     def seq_len(self) -> int:
@@ -110,21 +121,22 @@ class ArithmeticTask:
 
     # -- reward ----------------------------------------------------------------------------------
     def score(self, prompt: str, completion: str) -> float:
-        """1.0 for an exact answer, else 0.0; with reward='digits', the fraction of answer digits
-        in the right place (partial credit)."""
-        return self._reward(completion, self.target(*self.operands(prompt)))
-
-    def _reward(self, completion: str, expected: str) -> float:
+        """1.0 for an exact answer, else 0.0; with reward='digits' or 'per_digit', the fraction of
+        answer digits in the right place (partial credit)."""
+        expected = self.target(*self.operands(prompt))
         if self.reward == "exact":
             return float(completion == expected)
         return sum(c == e for c, e in zip(completion, expected)) / len(expected)
 
     def score_batch(self, prompts: torch.Tensor, completions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Rewards (B,) and exact-match flags (B,) for token tensors."""
-        rewards, exact = [], []
-        for p, c in zip(prompts, completions):
-            completion = self.tokenizer.decode(c)
-            expected = self.target(*self.operands(self.tokenizer.decode(p)))
-            rewards.append(self._reward(completion, expected))
-            exact.append(float(completion == expected))
-        return torch.tensor(rewards), torch.tensor(exact)
+        """Rewards and exact-match flags (B,) for token tensors. Rewards are (B,), or (B, answer_len)
+        with reward='per_digit' (1 where that digit is right)."""
+        expected = torch.tensor([self.tokenizer.encode(self.target(*self.operands(self.tokenizer.decode(p))))
+                                 for p in prompts]).view(len(prompts), -1)
+        right = completions == expected  # (B, N): which digits are right
+        exact = right.all(1).float()
+        if self.reward == "exact":
+            return exact, exact
+        if self.reward == "digits":
+            return right.float().mean(1), exact
+        return right.float(), exact

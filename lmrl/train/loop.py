@@ -18,7 +18,6 @@ import signal
 import time
 from contextlib import nullcontext
 from pathlib import Path
-from typing import Callable, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -37,6 +36,10 @@ from .evaluate import evaluate
 from .rewards import RewardFn, score_rollout
 from .run_dir import RunLog, prepare_run_dir
 from .schedule import make_scheduler
+
+
+def _mean(x) -> float:
+    return sum(x) / len(x) if isinstance(x, list) else x
 
 
 class TrainingError(RuntimeError):
@@ -152,28 +155,40 @@ class RLTrainer:
             self._end_step("rl", metrics, time.perf_counter() - t0, tokens=ro.sequences.numel())
 
     def _reinforce_update(self, ro: Rollout, rewards: torch.Tensor, exact: torch.Tensor) -> dict:
+        """rewards (B,) per completion, or (B, N) per token (then the baseline is one per position)."""
         cfg = self.config
-        stats = all_reduce_sum(torch.tensor([rewards.sum(), exact.sum(), len(rewards)], dtype=torch.float64,
-                                            device=self.device)).cpu()
-        mean_reward = stats[0].item() / stats[2].item()
-        old_b = self.state["baseline"] if self.state["baseline"] is not None else mean_reward
-        advantages = baseline_advantages(rewards, old_b).to(self.device)
-        self.state["baseline"] = update_moving_baseline(self.state["baseline"], mean_reward, cfg.algo.baseline_decay)
+        # Sums over every rank: [reward sum per position (1 or N values), exact matches, count].
+        per_position = rewards.double().sum(0).reshape(-1)
+        stats = all_reduce_sum(torch.cat([per_position, torch.tensor([exact.sum(), len(rewards)], dtype=torch.float64)])
+                               .to(self.device)).cpu()
+        count = stats[-1].item()
+        batch_mean = stats[:-2] / count  # (1,) or (N,)
+        mean_reward = batch_mean.mean().item()  # per completion: the fraction earned
+        if rewards.dim() == 1:
+            batch_mean = batch_mean.item()
+        baseline = self.state["baseline"]
+        if isinstance(baseline, list):  # token rewards: stored as a list in the JSON trainer state
+            baseline = torch.tensor(baseline, dtype=torch.float64)
+        old_b = baseline if baseline is not None else batch_mean
+        advantages = baseline_advantages(rewards.double(), old_b).float().to(self.device)
+        baseline = update_moving_baseline(baseline, batch_mean, cfg.algo.baseline_decay)
+        self.state["baseline"] = baseline.tolist() if isinstance(baseline, torch.Tensor) else baseline
         ga = cfg.train.ga_steps
         seqs, entropy_sum = ro.sequences, 0.0
         loss_total = torch.zeros((), device=self.device)
         for i, idx in enumerate(torch.arange(len(ro)).chunk(ga)):
             sync = nullcontext() if (i == ga - 1 or not isinstance(self.train_model, DDP)) else self.train_model.no_sync()
             with sync:
-                logp, entropy = sequence_logprobs(self.train_model, seqs[idx], ro.completions.size(1))
+                logp, entropy = sequence_logprobs(self.train_model, seqs[idx], ro.completions.size(1),
+                                                  cfg.train.temperature)  # the distribution sampled from
                 loss = reinforce_loss(logp, advantages[idx], ro.mask[idx]) * (len(idx) / len(ro))
                 loss.backward()
             loss_total += loss.detach()
             entropy_sum += (entropy * ro.mask[idx]).sum().item()
         metrics = self._apply_update(loss_total, "train", backward_done=True)
         metrics.update({"train/policy_loss": metrics.pop("train/loss"),
-                        "train/accuracy": stats[1].item() / stats[2].item(), "train/avg_reward": mean_reward,
-                        "train/baseline": self.state["baseline"], "train/advantage_mean": advantages.mean().item(),
+                        "train/accuracy": stats[-2].item() / count, "train/avg_reward": mean_reward,
+                        "train/baseline": _mean(self.state["baseline"]), "train/advantage_mean": advantages.mean().item(),
                         "train/entropy": entropy_sum / ro.mask.sum().item(),
                         "rollout/reward_mean": mean_reward, "rollout/length_mean": ro.mask.sum(1).mean().item()})
         return metrics

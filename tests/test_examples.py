@@ -1,0 +1,18 @@
+"""Every script in examples/ runs (in its --quick form) and reports what it trained."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+EXAMPLES = sorted((Path(__file__).parent.parent / "examples").glob("*.py"))
+
+
+@pytest.mark.parametrize("script", EXAMPLES, ids=[p.name for p in EXAMPLES])
+def test_example_runs(script, tmp_path):
+    proc = subprocess.run([sys.executable, str(script), "--quick"], cwd=tmp_path, capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "after RL" in proc.stdout
+    assert list((tmp_path / "runs").glob("*/summary.json"))
