@@ -41,7 +41,9 @@ def test_a_run_writes_config_metrics_log_checkpoints_and_summary(tiny_config):
     assert on_disk["sft_examples"] == 40 and on_disk["sft_steps"] == 4 and on_disk["rl_steps"] == 6
     assert 0 <= on_disk["warmup_accuracy"] <= 1 and 0 <= on_disk["final_accuracy"] <= 1
     assert on_disk["rl_gain"] == pytest.approx(on_disk["final_accuracy"] - on_disk["warmup_accuracy"])
-    assert set(on_disk["time_s"]) == {"sft", "rl", "total"}
+    times = on_disk["time_s"]
+    assert set(times) == {"sft", "rl", "eval", "total"}
+    assert times["total"] >= times["sft"] + times["rl"] + times["eval"] > 0
     assert "[rl] Step 6/6 | Loss:" in (run / "train.log").read_text()
 
 

@@ -76,7 +76,7 @@ class RLTrainer:
         pool_gen = torch.Generator().manual_seed(cfg.run.seed)
         self.sft_pool = self.task.sample_train_ids(cfg.sft.examples, pool_gen).unique() if cfg.sft.steps else None
         self.state = {"step": 0, "stage": "sft" if cfg.sft.steps else "rl", "baseline": None,
-                      "nonfinite_total": 0, "nonfinite_run": 0, "time": {"sft": 0.0, "rl": 0.0},
+                      "nonfinite_total": 0, "nonfinite_run": 0, "time": {"sft": 0.0, "rl": 0.0, "eval": 0.0, "wall": 0.0},
                       "warmup_accuracy": None, "best": {"accuracy": -1.0, "step": 0}, "history": []}
         self._stop_requested = False
         self.log: RunLog | None = None
@@ -88,6 +88,7 @@ class RLTrainer:
 
     def train(self) -> dict:
         cfg = self.config
+        self._clock = time.perf_counter()  # wall time is summed over sessions (a resumed run adds on)
         resumed_from = self._maybe_resume()
         if self.dist.is_main:
             save_config(cfg, self.run_dir / "config.yaml")
@@ -264,10 +265,17 @@ class RLTrainer:
         if stage_step % cfg.train.ckpt_every == 0 and not last and self.state["nonfinite_run"] == 0:
             self._save_checkpoint()  # never during a run of skipped updates: the last one stays a good one
 
+    def _tick_wall_clock(self):
+        now = time.perf_counter()
+        self.state["time"]["wall"] += now - self._clock
+        self._clock = now
+
     def _evaluate(self) -> dict:
         cfg = self.config
+        start = time.perf_counter()
         metrics = evaluate(self.model, self.task, self.task.heldout_ids[: cfg.eval.size], batch_size=cfg.eval.batch_size,
                            device=self.device, rank=self.dist.rank, world_size=self.dist.world_size)
+        self.state["time"]["eval"] += time.perf_counter() - start
         acc, step = metrics["eval/accuracy"], self.state["step"]
         self.state["history"].append([step, acc])
         if acc > self.state["best"]["accuracy"]:
@@ -277,6 +285,7 @@ class RLTrainer:
         return metrics
 
     def _save_checkpoint(self):
+        self._tick_wall_clock()
         if self.dist.is_main:
             ckpt.save_checkpoint(self.ckpt_dir, self.state["step"], model=self.model, optimizer=self.optimizer,
                                  scheduler=self.scheduler if self.optimizer is not None else None,
@@ -299,6 +308,8 @@ class RLTrainer:
 
     def _finish(self) -> dict:
         final = self._evaluate_cached()
+        self._tick_wall_clock()
+        times = self.state["time"]
         summary = {
             "warmup_accuracy": self.state["warmup_accuracy"],
             "final_accuracy": final,
@@ -308,8 +319,9 @@ class RLTrainer:
             "sft_steps": self.config.sft.steps,
             "rl_steps": self.config.train.steps,
             "eval_size": min(self.config.eval.size, len(self.task.heldout_ids)),
-            "time_s": {**{k: round(v, 2) for k, v in self.state["time"].items()},
-                       "total": round(sum(self.state["time"].values()), 2)},
+            # sft / rl: the steps themselves; eval: held-out evaluations; total: wall clock of the run
+            "time_s": {"sft": round(times["sft"], 2), "rl": round(times["rl"], 2), "eval": round(times["eval"], 2),
+                       "total": round(times["wall"], 2)},
             "nonfinite_skipped": self.state["nonfinite_total"],
         }
         if self.dist.is_main:
