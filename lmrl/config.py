@@ -338,6 +338,10 @@ def validate(cfg: Config) -> None:
     if need > cfg.model.n_position:
         raise ConfigError(f"task.ndigit={cfg.task.ndigit} needs {need} positions but model.n_position is "
                           f"{cfg.model.n_position}")
+    training_problems = 10 ** (2 * cfg.task.ndigit) - cfg.task.heldout_size
+    if cfg.sft.examples > training_problems:
+        raise ConfigError(f"sft.examples={cfg.sft.examples} is more than the {max(training_problems, 0)} training "
+                          f"problems of ndigit={cfg.task.ndigit} with task.heldout_size={cfg.task.heldout_size}")
     if cfg.task.heldout_size >= 10 ** (2 * cfg.task.ndigit):
         raise ConfigError(f"task.heldout_size={cfg.task.heldout_size} leaves no training problems for "
                           f"ndigit={cfg.task.ndigit}")

@@ -1,3 +1,4 @@
+import pytest
 import torch
 
 from lmrl.tasks.arithmetic import ArithmeticTask
@@ -64,3 +65,15 @@ def test_labeled_rows_are_prompt_then_answer():
     t = ArithmeticTask()
     rows = t.labeled(torch.tensor([12_345]))
     assert t.tokenizer.decode(rows[0]) == "012+345=7530"
+
+
+def test_distinct_train_ids_are_exactly_n_different_training_problems():
+    t = ArithmeticTask(name="multiplication", ndigit=2)  # 10,000 problems, 1,000 held out
+    ids = t.sample_distinct_train_ids(8000, torch.Generator().manual_seed(0))
+    assert len(ids) == 8000 and len(ids.unique()) == 8000
+    assert not torch.isin(ids, t.heldout_ids).any()
+    again = t.sample_distinct_train_ids(8000, torch.Generator().manual_seed(0))
+    assert torch.equal(ids, again)  # a function of the seed
+    assert not torch.equal(ids[:50].sort().values, ids[:50])  # random order, not sorted
+    with pytest.raises(ValueError, match="asked for 9001 distinct training problems but only 9000 exist"):
+        t.sample_distinct_train_ids(9001, torch.Generator())

@@ -86,3 +86,8 @@ def test_errors_in_a_yaml_file_name_the_file(tmp_path):
         load_config(path)
     with pytest.raises(ConfigError, match="does not exist"):
         load_config(tmp_path / "missing.yaml")
+
+
+def test_a_label_budget_larger_than_the_training_split_is_refused():
+    with pytest.raises(ConfigError, match="sft.examples=9500 is more than the 9000 training problems of ndigit=2"):
+        load_config("multiplier", ["sft.examples=9500"])

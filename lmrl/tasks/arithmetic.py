@@ -108,6 +108,20 @@ class ArithmeticTask:
             out = torch.cat([out, ids[~torch.isin(ids, self.heldout_ids)]])
         return out[:n]
 
+    def sample_distinct_train_ids(self, n: int, generator: torch.Generator) -> torch.Tensor:
+        """`n` different training problems in random order: a label budget of exactly n."""
+        available = self.space - len(self.heldout_ids)
+        if n > available:
+            raise ValueError(f"asked for {n} distinct training problems but only {available} exist "
+                             f"(ndigit={self.ndigit}, heldout_size={len(self.heldout_ids)})")
+        out = torch.empty(0, dtype=torch.long)
+        while len(out) < n:
+            drawn = torch.cat([out, self.sample_train_ids(2 * (n - len(out)) + 8, generator)])
+            uniq, inverse = drawn.unique(return_inverse=True)
+            first = torch.full((len(uniq),), len(drawn)).scatter_reduce(0, inverse, torch.arange(len(drawn)), "amin")
+            out = drawn[first.sort().values]  # each problem once, in the order first drawn
+        return out[:n]
+
     def batch(self, ids: torch.Tensor) -> Batch:
         a, b = self._split(ids)
         prompts = [self.prompt_text(x, y) for x, y in zip(a.tolist(), b.tolist())]

@@ -74,7 +74,7 @@ class RLTrainer:
         }
         # The warm-up's label budget: `sft.examples` distinct training problems, fixed by the seed.
         pool_gen = torch.Generator().manual_seed(cfg.run.seed)
-        self.sft_pool = self.task.sample_train_ids(cfg.sft.examples, pool_gen).unique() if cfg.sft.steps else None
+        self.sft_pool = self.task.sample_distinct_train_ids(cfg.sft.examples, pool_gen) if cfg.sft.steps else None
         self.state = {"step": 0, "stage": "sft" if cfg.sft.steps else "rl", "baseline": None,
                       "nonfinite_total": 0, "nonfinite_run": 0, "time": {"sft": 0.0, "rl": 0.0, "eval": 0.0, "wall": 0.0},
                       "warmup_accuracy": None, "best": {"accuracy": -1.0, "step": 0}, "history": []}
