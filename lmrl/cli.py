@@ -9,6 +9,7 @@
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import sys
 from pathlib import Path
@@ -82,6 +83,11 @@ def _train(args) -> int:
     if args.no_wandb:
         overrides.append("run.wandb=false")
     cfg = load_config(args.config, overrides)
+    if cfg.run.wandb and importlib.util.find_spec("wandb") is None:  # say so before any training
+        from .config import ConfigError
+        from .log.sinks import WANDB_MISSING
+
+        raise ConfigError(WANDB_MISSING)
     if args.debug and not any(o.startswith(("run.name=", "run.dir=")) for o in args.overrides):
         cfg.run.name += "-debug"
     try:

@@ -1,6 +1,7 @@
 """The command line: train / eval / generate / presets, flags mixed with overrides, and errors
 that take one line and a non-zero exit status."""
 
+import importlib.util
 import json
 import subprocess
 import sys
@@ -76,4 +77,11 @@ def test_bad_input_is_one_line_on_stderr_before_any_training(args, message, stat
     assert proc.returncode == status
     assert len(proc.stderr.splitlines()) == 1
     assert proc.stderr.startswith(f"lmrl {args[0]}: error: {message}")
+    assert not (tmp_path / "r").exists()
+
+
+@pytest.mark.skipif(importlib.util.find_spec("wandb") is not None, reason="wandb is installed here")
+def test_wandb_without_its_extra_is_a_one_line_error(tmp_path, capsys):
+    assert main(["train", "adder", "run.wandb=true", f"run.dir={tmp_path / 'r'}"]) == 2
+    assert "needs the 'wandb' extra: pip install 'lmrl[wandb]'" in capsys.readouterr().err
     assert not (tmp_path / "r").exists()
