@@ -44,18 +44,19 @@ def main() -> None:
     args = ap.parse_args()
     out = args.out or Path(tempfile.mkdtemp(prefix="lmrl-bench-"))
 
+    def sft_only(steps: int, name: str) -> tuple[dict, float]:
+        return run_arm(args.preset, args.overrides + [f"sft.steps={steps}", "train.steps=0"], out / name)
+
     rows = []
     rl, rl_wall = run_arm(args.preset, args.overrides, out / "sft_reinforce")
     # SFT only, for as long as (b) took: a first guess from (b)'s warm-up speed, then one correction
     # from the guess's own wall time (a run's first steps are slower than its later ones).
     sft_steps = max(int(rl_wall * rl["sft_steps"] / rl["time_s"]["sft"]), rl["sft_steps"])
-    sft, sft_wall = run_arm(args.preset, args.overrides + [f"sft.steps={sft_steps}", "train.steps=0"],
-                            out / "sft_only_guess")
+    sft, sft_wall = sft_only(sft_steps, "sft_only_guess")
     if abs(sft_wall - rl_wall) > 0.05 * rl_wall:
         rows.append(("(a') SFT only, 1st try", sft, sft_wall, f"{sft_steps} SFT"))
         sft_steps = int(sft_steps * rl_wall / sft_wall)
-        sft, sft_wall = run_arm(args.preset, args.overrides + [f"sft.steps={sft_steps}", "train.steps=0"],
-                                out / "sft_only")
+        sft, sft_wall = sft_only(sft_steps, "sft_only")
     rows.insert(0, ("(a) SFT only", sft, sft_wall, f"{sft_steps} SFT"))
     rows.append(("(b) SFT + REINFORCE", rl, rl_wall, f"{rl['sft_steps']} SFT + {rl['rl_steps']} RL"))
     grpo = f"{args.preset}-grpo"

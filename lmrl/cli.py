@@ -71,7 +71,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _train(args) -> int:
-    from .config import load_config
+    from .config import ConfigError, load_config
     from .dist.ddp import shutdown
     from .train.loop import RLTrainer
 
@@ -84,7 +84,6 @@ def _train(args) -> int:
         overrides.append("run.wandb=false")
     cfg = load_config(args.config, overrides)
     if cfg.run.wandb and importlib.util.find_spec("wandb") is None:  # say so before any training
-        from .config import ConfigError
         from .log.sinks import WANDB_MISSING
 
         raise ConfigError(WANDB_MISSING)

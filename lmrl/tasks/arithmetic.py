@@ -65,11 +65,6 @@ class ArithmeticTask:
         assert len(self.heldout_ids) == heldout_size, "held-out draw produced too few unique problems"
 
     @property
-    def token_rewards(self) -> bool:
-        """True when score_batch's rewards are per token, shape (B, answer_len)."""
-        return self.reward == "per_digit"
-
-    @property
     def seq_len(self) -> int:
         return self.prompt_len + self.answer_len
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import statistics
 import time
 from contextlib import nullcontext
 from pathlib import Path
@@ -36,10 +37,6 @@ from .evaluate import evaluate
 from .rewards import RewardFn, score_rollout
 from .run_dir import RunLog, prepare_run_dir
 from .schedule import make_scheduler
-
-
-def _mean(x) -> float:
-    return sum(x) / len(x) if isinstance(x, list) else x
 
 
 class TrainingError(RuntimeError):
@@ -163,17 +160,13 @@ class RLTrainer:
         stats = all_reduce_sum(torch.cat([per_position, torch.tensor([exact.sum(), len(rewards)], dtype=torch.float64)])
                                .to(self.device)).cpu()
         count = stats[-1].item()
-        batch_mean = stats[:-2] / count  # (1,) or (N,)
+        batch_mean = stats[:-2] / count  # (1,) or (N,): broadcasts against rewards (B,) or (B, N)
         mean_reward = batch_mean.mean().item()  # per completion: the fraction earned
-        if rewards.dim() == 1:
-            batch_mean = batch_mean.item()
-        baseline = self.state["baseline"]
-        if isinstance(baseline, list):  # token rewards: stored as a list in the JSON trainer state
-            baseline = torch.tensor(baseline, dtype=torch.float64)
+        # The baseline lives in the JSON trainer state as a list: one value, or one per position.
+        baseline = None if self.state["baseline"] is None else torch.tensor(self.state["baseline"], dtype=torch.float64)
         old_b = baseline if baseline is not None else batch_mean
         advantages = baseline_advantages(rewards.double(), old_b).float().to(self.device)
-        baseline = update_moving_baseline(baseline, batch_mean, cfg.algo.baseline_decay)
-        self.state["baseline"] = baseline.tolist() if isinstance(baseline, torch.Tensor) else baseline
+        self.state["baseline"] = update_moving_baseline(baseline, batch_mean, cfg.algo.baseline_decay).tolist()
         ga = cfg.train.ga_steps
         seqs, entropy_sum = ro.sequences, 0.0
         loss_total = torch.zeros((), device=self.device)
@@ -189,7 +182,7 @@ class RLTrainer:
         metrics = self._apply_update(loss_total, "train", backward_done=True)
         metrics.update({"train/policy_loss": metrics.pop("train/loss"),
                         "train/accuracy": stats[-2].item() / count, "train/avg_reward": mean_reward,
-                        "train/baseline": _mean(self.state["baseline"]), "train/advantage_mean": advantages.mean().item(),
+                        "train/baseline": statistics.fmean(self.state["baseline"]), "train/advantage_mean": advantages.mean().item(),
                         "train/entropy": entropy_sum / ro.mask.sum().item(),
                         "rollout/reward_mean": mean_reward, "rollout/length_mean": ro.mask.sum(1).mean().item()})
         return metrics
@@ -253,11 +246,10 @@ class RLTrainer:
         stage_step = step if stage == "sft" else step - cfg.sft.steps
         stage_total = cfg.sft.steps if stage == "sft" else cfg.train.steps
         last = stage_step == stage_total
-        if stage == "rl" and (stage_step % cfg.train.eval_every == 0 or last):
+        if last or (stage == "rl" and stage_step % cfg.train.eval_every == 0):
             metrics.update(self._evaluate())
-        if stage == "sft" and last:  # the warm-up's result, which RL is measured against
-            metrics.update(self._evaluate())
-            self.state["warmup_accuracy"] = metrics["eval/warmup_accuracy"] = metrics["eval/accuracy"]
+            if stage == "sft":  # the warm-up's result, which RL is measured against
+                self.state["warmup_accuracy"] = metrics["eval/warmup_accuracy"] = metrics["eval/accuracy"]
         if stage_step % cfg.train.log_every == 0 or last or "eval/accuracy" in metrics:
             self._log(step, metrics, stage=stage, stage_step=stage_step, stage_total=stage_total)
         if self.log is not None:
