@@ -24,7 +24,7 @@ import yaml
 
 PRESET_DIR = Path(__file__).parent / "configs"
 PRESET_ALIASES = {"AdderRLConfig": "adder", "MultiplierRLConfig": "multiplier"}
-ALGORITHMS = ["reinforce"]  # later algorithms add their names here
+ALGORITHMS = ["reinforce", "rloo", "grpo", "ppo"]
 
 
 class ConfigError(ValueError):
@@ -55,6 +55,8 @@ class RunConfig:
 @dataclass
 class ModelConfig:
     type: str = _f("gpt", "gpt (the built-in GPT)")
+    init_from: str | None = _f(None, "start from these weights: a checkpoint dir (e.g. runs/x/checkpoints/step_200) "
+                                     "or a .safetensors file")
     n_layer: int = _f(4, "transformer blocks")
     n_head: int = _f(8, "attention heads")
     n_embd: int = _f(256, "embedding width")
@@ -86,7 +88,29 @@ class SFTConfig:
 @dataclass
 class AlgoConfig:
     name: str = _f("reinforce", "RL algorithm: " + " | ".join(ALGORITHMS))
-    baseline_decay: float = _f(0.9, "moving-average baseline: b <- decay*b + (1-decay)*mean reward")
+    baseline_decay: float = _f(0.9, "reinforce: moving-average baseline b <- decay*b + (1-decay)*mean reward")
+    group_size: int = _f(1, "completions sampled per prompt (G); rloo and grpo need >= 2")
+    adv_mode: str = _f("grpo", "grpo group advantage: raw (A=r) | grpo ((r-mean)/(std+eps)) | grpo_no_std (r-mean)")
+    adv_eps: float = _f(1e-6, "eps in the grpo advantage's denominator")
+    normalize_advantages: bool = _f(False, "whiten advantages over the batch (mean 0, std 1)")
+    clip_range_left: float = _f(0.2, "ratio clipped below at 1 - clip_range_left")
+    clip_range_right: float = _f(0.2, "ratio clipped above at 1 + clip_range_right (DAPO's clip-higher: 0.28)")
+    loss_level: str = _f("token", "loss aggregation: token (mean over all valid tokens) | sequence (mean per "
+                                  "sequence, then over sequences) | constant (sum / (B * loss_constant), Dr. GRPO)")
+    loss_constant: float = _f(0.0, "normaliser for loss_level=constant (0 = the completion length budget)")
+    ppo_epochs: int = _f(1, "passes over each rollout batch")
+    minibatch_size: int = _f(0, "completions per optimizer step within a pass (0 = the whole rollout)")
+    kl_coef: float = _f(0.0, "beta: weight of KL(policy || reference); > 0 loads a frozen reference")
+    kl_estimator: str = _f("k3", "KL estimator: k1 | k2 | k3")
+    kl_in_reward: bool = _f(False, "subtract beta*KL from the reward (PPO/RLHF style) instead of adding it to the loss")
+    kl_target: float = _f(0.0, "adaptive KL: per-completion KL the coefficient steers towards (0 = fixed beta)")
+    kl_horizon: int = _f(10000, "adaptive KL: horizon (in completions) of the coefficient's adjustment")
+    ent_coef: float = _f(0.0, "entropy bonus weight")
+    value_model: str = _f("none", "ppo value function: none | head (on the policy's trunk) | separate (own network)")
+    vf_coef: float = _f(0.5, "ppo value loss weight")
+    value_clip: float = _f(0.2, "ppo value clipping range (0 = off)")
+    gamma: float = _f(1.0, "ppo discount")
+    lam: float = _f(0.95, "ppo GAE lambda")
 
 
 @dataclass
@@ -294,6 +318,10 @@ CHOICES = {
     "task.reward": ["exact", "digits", "per_digit"],
     "schedule.name": ["constant", "cosine"],
     "algo.name": ALGORITHMS,
+    "algo.adv_mode": ["raw", "grpo", "grpo_no_std"],
+    "algo.loss_level": ["token", "sequence", "constant"],
+    "algo.kl_estimator": ["k1", "k2", "k3"],
+    "algo.value_model": ["none", "head", "separate"],
 }
 
 
@@ -331,7 +359,7 @@ def validate(cfg: Config) -> None:
         (len(cfg.optim.betas) == 2 and all(0 <= b < 1 for b in cfg.optim.betas),
          f"optim.betas must be two numbers in [0, 1), got {cfg.optim.betas}"),
     ]
-    for ok, msg in checks:
+    for ok, msg in checks + _algo_checks(cfg):
         if not ok:
             raise ConfigError(msg)
     need = arithmetic_seq_len(cfg.task)
@@ -345,6 +373,33 @@ def validate(cfg: Config) -> None:
     if cfg.task.heldout_size >= 10 ** (2 * cfg.task.ndigit):
         raise ConfigError(f"task.heldout_size={cfg.task.heldout_size} leaves no training problems for "
                           f"ndigit={cfg.task.ndigit}")
+
+
+def _algo_checks(cfg: Config) -> list[tuple[bool, str]]:
+    a, t = cfg.algo, cfg.train
+    group = a.name in ("rloo", "grpo")
+    return [
+        (a.group_size >= 1, f"algo.group_size must be >= 1, got {a.group_size}"),
+        (not group or a.group_size >= 2 or (a.name == "grpo" and a.adv_mode == "raw"),
+         f"algo.name={a.name} compares each completion with its group: algo.group_size must be >= 2, got {a.group_size}"),
+        (t.rollout_size % a.group_size == 0,
+         f"train.rollout_size={t.rollout_size} must be divisible by algo.group_size={a.group_size}"),
+        (a.ppo_epochs >= 1, f"algo.ppo_epochs must be >= 1, got {a.ppo_epochs}"),
+        (a.minibatch_size >= 0, f"algo.minibatch_size must be >= 0, got {a.minibatch_size}"),
+        (a.name != "reinforce" or (a.ppo_epochs == 1 and a.minibatch_size == 0),
+         "algo.name=reinforce makes one on-policy update per rollout: algo.ppo_epochs must be 1 and "
+         "algo.minibatch_size 0 (use rloo, grpo or ppo for several updates per rollout)"),
+        (a.name != "ppo" or a.value_model != "none",
+         "algo.name=ppo needs a value model: set algo.value_model to head or separate"),
+        (min(a.clip_range_left, a.clip_range_right) >= 0 and a.clip_range_left < 1,
+         "algo.clip_range_left must be in [0, 1) and algo.clip_range_right >= 0"),
+        (a.kl_coef >= 0 and a.kl_target >= 0 and a.kl_horizon > 0,
+         "algo.kl_coef and algo.kl_target must be >= 0, algo.kl_horizon > 0"),
+        (a.kl_target == 0 or a.kl_coef > 0, "algo.kl_target > 0 (adaptive KL) needs an initial algo.kl_coef > 0"),
+        (0 <= a.gamma <= 1 and 0 <= a.lam <= 1, "algo.gamma and algo.lam must be in [0, 1]"),
+        (a.adv_eps > 0 and a.loss_constant >= 0 and a.value_clip >= 0,
+         "algo.adv_eps must be > 0, algo.loss_constant and algo.value_clip >= 0"),
+    ]
 
 
 # -- presets by class-style name -----------------------------------------------------------------

@@ -59,7 +59,7 @@ def test_base_inheritance_and_yaml_round_trip(tmp_path):
     (["task.use_format=maybe"], "task.use_format must be true or false, got 'maybe'"),
     (["train.steps"], "override 'train.steps' must look like section.key=value"),
     (["task.ndigit=40"], "task.ndigit=40 needs 123 positions but model.n_position is 64"),
-    (["algo.name=reinforc"], "algo.name='reinforc' is not one of reinforce; did you mean 'reinforce'?"),
+    (["algo.name=reinforc"], "algo.name='reinforc' is not one of reinforce, rloo, grpo, ppo; did you mean 'reinforce'?"),
     (["train.rollout_size=10", "train.ga_steps=3"], "must be divisible by train.ga_steps=3"),
     (["sft.examples=0"], "sft.steps > 0 needs sft.examples > 0"),
 ])

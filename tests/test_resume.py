@@ -43,9 +43,19 @@ def run_child(overrides, kill_at):
                           timeout=300)
 
 
-@pytest.mark.parametrize("kill_at, resumes_from", [(3, "step_2"), (9, "step_8")])  # in the warm-up, in RL
-def test_a_run_killed_with_sigkill_resumes_exactly(tmp_path, kill_at, resumes_from):
-    args = TINY + ["train.steps=8"]
+GRPO_KL = ["algo.name=grpo", "algo.group_size=4", "algo.kl_coef=0.1", "algo.ppo_epochs=2", "algo.minibatch_size=8"]
+PPO = ["algo.name=ppo", "algo.value_model=separate", "algo.kl_coef=0.1", "algo.kl_target=0.01", "algo.kl_in_reward=true",
+       "algo.ppo_epochs=2", "algo.minibatch_size=8"]
+
+
+@pytest.mark.parametrize("kill_at, resumes_from, algo", [
+    (3, "step_2", []),  # in the warm-up
+    (9, "step_8", []),  # in RL
+    (9, "step_8", GRPO_KL),  # with a reference model and minibatch shuffling
+    (9, "step_8", PPO),  # with a value model, a reference and an adaptive KL coefficient
+], ids=["warmup", "reinforce", "grpo-kl", "ppo"])
+def test_a_run_killed_with_sigkill_resumes_exactly(tmp_path, kill_at, resumes_from, algo):
+    args = TINY + ["train.steps=8"] + algo
     reference = run_child(args + [f"run.dir={tmp_path / 'ref'}"], kill_at=-1)
     assert reference.returncode == 0, reference.stderr
 

@@ -9,7 +9,7 @@ import torch
 
 from lmrl.config import ConfigError
 from lmrl.train import checkpoint as ckpt
-from lmrl.train import loop
+from lmrl.algos import reinforce as reinforce_algo
 from lmrl.train.loop import RLTrainer, TrainingError
 from lmrl.train.rewards import RewardError
 
@@ -63,7 +63,7 @@ def test_token_rewards_keep_one_baseline_per_answer_position(tiny_config):
     trainer = RLTrainer(cfg)
     trainer.train()
     rl = [r for r in read_metrics(cfg.run_dir) if "train/baseline" in r]
-    baseline = trainer.state["baseline"]
+    baseline = trainer.state["algo"]["baseline"]
     assert isinstance(baseline, list) and len(baseline) == trainer.task.answer_len
     assert rl[-1]["train/baseline"] == pytest.approx(sum(baseline) / len(baseline))
     assert rl[0]["train/baseline"] == pytest.approx(rl[0]["train/avg_reward"])  # starts at the first batch mean
@@ -125,7 +125,7 @@ def test_a_user_reward_function_replaces_the_verifier_reward(tiny_config):
 def test_a_nan_loss_skips_the_update_and_is_counted(tiny_config, monkeypatch):
     cfg = tiny_config("train.steps=3", "train.eval_every=100", "train.ckpt_every=100")
     trainer = RLTrainer(cfg)
-    real_loss = loop.reinforce_loss
+    real_loss = reinforce_algo.reinforce_loss
     calls = {"n": 0}
     before = {}
 
@@ -137,7 +137,7 @@ def test_a_nan_loss_skips_the_update_and_is_counted(tiny_config, monkeypatch):
             return loss * float("nan")
         return loss
 
-    monkeypatch.setattr(loop, "reinforce_loss", nan_on_second)
+    monkeypatch.setattr(reinforce_algo, "reinforce_loss", nan_on_second)
     real_end = trainer._end_step
 
     def end_step(stage, metrics, *a, **k):
@@ -157,14 +157,14 @@ def test_a_nan_loss_skips_the_update_and_is_counted(tiny_config, monkeypatch):
 def test_repeated_nan_losses_stop_the_run_with_the_last_checkpoint_intact(tiny_config, monkeypatch):
     cfg = tiny_config("train.max_nonfinite=3")
     calls = {"n": 0}
-    real_loss = loop.reinforce_loss
+    real_loss = reinforce_algo.reinforce_loss
 
     def nan_after_two(*args, **kwargs):
         calls["n"] += 1
         loss = real_loss(*args, **kwargs)
         return loss * float("nan") if calls["n"] > 2 else loss
 
-    monkeypatch.setattr(loop, "reinforce_loss", nan_after_two)
+    monkeypatch.setattr(reinforce_algo, "reinforce_loss", nan_after_two)
     with pytest.raises(TrainingError, match="3 non-finite losses in a row at step 9"):
         RLTrainer(cfg).train()
     latest = ckpt.latest_checkpoint(cfg.run_dir / "checkpoints")

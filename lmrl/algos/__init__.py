@@ -1,0 +1,21 @@
+"""Policy-gradient algorithms on one loop: pure advantage and loss functions (`advantages`,
+`losses`) and thin classes that combine them (`reinforce`, `grpo`, `ppo`)."""
+
+from __future__ import annotations
+
+from .base import Algorithm
+from .grpo import GRPO, RLOO
+from .ppo import PPO
+from .reinforce import Reinforce
+
+ALGORITHMS: dict[str, type[Algorithm]] = {a.name: a for a in (Reinforce, RLOO, GRPO, PPO)}
+
+
+def build_algorithm(cfg, *, temperature: float = 1.0, ga_steps: int = 1, max_new_tokens: int = 1) -> Algorithm:
+    """The algorithm named by `cfg.name` (the `algo` config section)."""
+    if cfg.name not in ALGORITHMS:
+        raise ValueError(f"algo.name={cfg.name!r} is not one of {', '.join(ALGORITHMS)}")
+    return ALGORITHMS[cfg.name](cfg, temperature=temperature, ga_steps=ga_steps, max_new_tokens=max_new_tokens)
+
+
+__all__ = ["ALGORITHMS", "Algorithm", "GRPO", "PPO", "RLOO", "Reinforce", "build_algorithm"]

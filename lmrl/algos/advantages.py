@@ -27,3 +27,103 @@ def baseline_advantages(rewards: torch.Tensor, baseline: torch.Tensor | float) -
 
     rewards (B,) with a scalar b, or (B, T) with b of shape (T,) (broadcast over the batch)."""
     return rewards - baseline
+
+
+# -- masked statistics -----------------------------------------------------------------------------
+def masked_mean(x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+    """Mean of x over entries where mask is 1 (all entries when mask is None)."""
+    if mask is None:
+        return x.mean()
+    return (x * mask).sum() / mask.sum().clamp(min=1)
+
+
+def masked_var(x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+    """Population variance of x over entries where mask is 1."""
+    mean = masked_mean(x, mask)
+    return masked_mean((x - mean) ** 2, mask)
+
+
+# -- group baselines -------------------------------------------------------------------------------
+GROUP_MODES = ("raw", "grpo", "grpo_no_std")
+
+
+def _groups(rewards: torch.Tensor, group_size: int) -> torch.Tensor:
+    """(B, ...) → (B/G, G, ...): rows i·G .. i·G+G−1 are the G completions of prompt i."""
+    if group_size < 1:
+        raise ValueError(f"group_size must be >= 1, got {group_size}")
+    if rewards.size(0) % group_size:
+        raise ValueError(f"{rewards.size(0)} rewards do not split into groups of {group_size}")
+    return rewards.view(rewards.size(0) // group_size, group_size, *rewards.shape[1:])
+
+
+def group_advantages(rewards: torch.Tensor, group_size: int, mode: str = "grpo", eps: float = 1e-6) -> torch.Tensor:
+    """Advantages against each prompt's own group of G samples (GRPO, Shao et al. 2024).
+
+    raw:          A_i = r_i
+    grpo:         A_i = (r_i − mean_g) / (std_g + eps)   (std with Bessel's correction, as TRL)
+    grpo_no_std:  A_i = r_i − mean_g                      (Dr. GRPO: no per-prompt rescaling)
+
+    rewards (B,) or (B, T) with B = n_prompts·G, a group's rows contiguous; for (B, T) the group
+    statistics are taken per position t."""
+    if mode not in GROUP_MODES:
+        raise ValueError(f"advantage mode must be one of {', '.join(GROUP_MODES)}, got {mode!r}")
+    g = _groups(rewards, group_size)
+    if mode == "raw":
+        return rewards.clone()
+    if group_size < 2:
+        raise ValueError(f"advantage mode {mode!r} compares samples of one prompt: group_size must be >= 2")
+    centred = g - g.mean(1, keepdim=True)
+    if mode == "grpo":
+        centred = centred / (g.std(1, keepdim=True) + eps)
+    return centred.reshape(rewards.shape)
+
+
+def leave_one_out_advantages(rewards: torch.Tensor, group_size: int) -> torch.Tensor:
+    """RLOO (Kool et al. 2019; Ahmadian et al. 2024): A_i = r_i − mean_{j≠i} r_j = G/(G−1)·(r_i − mean_g).
+    Same shapes and layout as `group_advantages`."""
+    if group_size < 2:
+        raise ValueError(f"leave-one-out needs group_size >= 2, got {group_size}")
+    g = _groups(rewards, group_size)
+    others = (g.sum(1, keepdim=True) - g) / (group_size - 1)
+    return (g - others).reshape(rewards.shape)
+
+
+def normalize_advantages(advantages: torch.Tensor, mask: torch.Tensor | None = None, eps: float = 1e-8) -> torch.Tensor:
+    """Batch whitening: (A − mean) / (std + eps) over valid entries (population std); masked
+    entries come out 0. Works for (B,) and (B, T)."""
+    mean, std = masked_mean(advantages, mask), masked_var(advantages, mask).sqrt()
+    out = (advantages - mean) / (std + eps)
+    return out if mask is None else out * mask
+
+
+# -- token-level returns ---------------------------------------------------------------------------
+def token_level_rewards(rewards: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """A sequence reward (B,) placed on the last valid token of each right-padded row of mask
+    (B, T), zeros elsewhere; token rewards (B, T) pass through (masked)."""
+    if rewards.dim() == 2:
+        return rewards * mask
+    last = (mask.sum(1).long() - 1).clamp(min=0)  # index of the last valid token
+    out = torch.zeros_like(mask, dtype=rewards.dtype)
+    out[torch.arange(len(rewards)), last] = rewards * (mask.sum(1) > 0)
+    return out
+
+
+@torch.no_grad()
+def gae(rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, gamma: float = 1.0,
+        lam: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
+    """Generalised advantage estimation (Schulman et al. 2016) over completion tokens.
+
+    δ_t = r_t + γ·V_{t+1}·m_{t+1} − V_t        (the value after the last valid token is 0)
+    A_t = δ_t + γλ·A_{t+1}                      (A after the last valid token is 0)
+    returns R_t = A_t + V_t, the value targets. rewards, values, mask (B, T), rows right-padded;
+    outputs are 0 where mask is 0. With λ = 1, A_t = Σ_k γ^k r_{t+k} − V_t."""
+    rewards, values, mask = rewards.float() * mask, values.float() * mask, mask.float()
+    advantages = torch.zeros_like(rewards)
+    next_value = torch.zeros_like(rewards[:, 0])
+    next_adv = torch.zeros_like(rewards[:, 0])
+    for t in reversed(range(rewards.size(1))):
+        delta = rewards[:, t] + gamma * next_value - values[:, t]
+        next_adv = (delta + gamma * lam * next_adv) * mask[:, t]
+        advantages[:, t] = next_adv
+        next_value = values[:, t]
+    return advantages, (advantages + values) * mask

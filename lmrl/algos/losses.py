@@ -20,3 +20,118 @@ def reinforce_loss(logprobs: torch.Tensor, advantages: torch.Tensor, mask: torch
     if advantages.dim() == 1:
         advantages = advantages.unsqueeze(1)  # (B, 1): every token of a sequence shares its advantage
     return -masked_sum(logprobs * advantages, mask).mean()
+
+
+LOSS_LEVELS = ("token", "sequence", "constant")
+KL_ESTIMATORS = ("k1", "k2", "k3")
+
+
+def aggregate(per_token: torch.Tensor, mask: torch.Tensor | None = None, level: str = "token",
+              constant: float | None = None) -> torch.Tensor:
+    """Reduce a (B, T) per-token loss to a number.
+
+    token:     Σ_it m·x / Σ_it m                  every valid token in the batch weighs the same
+    sequence:  (1/B) Σ_i (Σ_t m·x / Σ_t m)        every sequence weighs the same (original GRPO)
+    constant:  Σ_it m·x / (B · constant)          a fixed normaliser, e.g. the max completion
+                                                  length (Dr. GRPO): no length bias either way
+    A row with no valid token counts as 0 under `sequence`."""
+    if mask is None:
+        mask = torch.ones_like(per_token)
+    if level == "token":
+        return (per_token * mask).sum() / mask.sum().clamp(min=1)
+    if level == "sequence":
+        return ((per_token * mask).sum(1) / mask.sum(1).clamp(min=1)).mean()
+    if level == "constant":
+        if not constant:
+            raise ValueError("loss level 'constant' needs a positive normaliser (e.g. the max completion length)")
+        return (per_token * mask).sum() / (per_token.size(0) * constant)
+    raise ValueError(f"loss level must be one of {', '.join(LOSS_LEVELS)}, got {level!r}")
+
+
+def clipped_surrogate_loss(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.Tensor,
+                           mask: torch.Tensor | None = None, clip_left: float = 0.2, clip_right: float = 0.2,
+                           level: str = "token", constant: float | None = None) -> tuple[torch.Tensor, dict]:
+    """PPO's clipped surrogate with asymmetric clipping (DAPO's clip-higher):
+
+        ρ_t = exp(log π(y_t) − log π_old(y_t))
+        L = aggregate_t −min(ρ_t·A_t, clip(ρ_t, 1 − clip_left, 1 + clip_right)·A_t)
+
+    advantages (B,) (shared by a sequence's tokens) or (B, T); old log-probs and advantages are
+    constants. Stats: clip_frac (valid tokens where the clip bites: ρ > 1 + right with A > 0, or
+    ρ < 1 − left with A < 0), approx_kl (k3 between old and new, mean over valid tokens), ratio_mean."""
+    old_logprobs, advantages = old_logprobs.detach(), advantages.detach()
+    if advantages.dim() == 1:
+        advantages = advantages.unsqueeze(1)
+    log_ratio = logprobs - old_logprobs
+    ratio = log_ratio.exp()
+    unclipped = ratio * advantages
+    clipped = ratio.clamp(1 - clip_left, 1 + clip_right) * advantages
+    loss = aggregate(-torch.min(unclipped, clipped), mask, level, constant)
+    with torch.no_grad():
+        m = torch.ones_like(ratio) if mask is None else mask
+        bites = ((ratio > 1 + clip_right) & (advantages > 0)) | ((ratio < 1 - clip_left) & (advantages < 0))
+        n = m.sum().clamp(min=1)
+        stats = {"clip_frac": ((bites.float() * m).sum() / n).item(),
+                 "approx_kl": (((ratio - 1) - log_ratio) * m).sum().div(n).item(),
+                 "ratio_mean": (ratio * m).sum().div(n).item()}
+    return loss, stats
+
+
+def kl_estimate(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, estimator: str = "k3") -> torch.Tensor:
+    """Per-token estimates of KL(π ‖ π_ref) from tokens sampled from π (Schulman, "Approximating
+    KL divergence", 2020), with log r = log π − log π_ref:
+
+        k1 = log r                 unbiased, can be negative
+        k2 = ½ (log r)²            biased, low variance, ≥ 0
+        k3 = exp(−log r) − 1 + log r   unbiased, ≥ 0 (GRPO's choice)
+
+    Gradients flow through `logprobs`; the reference is a constant."""
+    log_ratio = logprobs - ref_logprobs.detach()
+    if estimator == "k1":
+        return log_ratio
+    if estimator == "k2":
+        return 0.5 * log_ratio**2
+    if estimator == "k3":
+        return torch.exp(-log_ratio) - 1 + log_ratio
+    raise ValueError(f"KL estimator must be one of {', '.join(KL_ESTIMATORS)}, got {estimator!r}")
+
+
+def entropy_from_logits(logits: torch.Tensor) -> torch.Tensor:
+    """H = −Σ_v p_v log p_v over the last dim, from logits (computed with log_softmax)."""
+    logp = torch.log_softmax(logits.float(), dim=-1)
+    return -(logp.exp() * logp).sum(-1)
+
+
+def value_loss(values: torch.Tensor, old_values: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor | None = None,
+               clip_range: float | None = None, level: str = "token",
+               constant: float | None = None) -> tuple[torch.Tensor, dict]:
+    """L_V = aggregate ½·(V − R)², or with clipping (PPO2)
+    ½·max((V − R)², (V_old + clip(V − V_old, −c, c) − R)²), so one update cannot move a value
+    estimate far from its rollout-time value. Stats: value_clip_frac (valid tokens where the
+    clipped term is the larger)."""
+    old_values, returns = old_values.detach(), returns.detach()
+    err = (values - returns) ** 2
+    if not clip_range:
+        return aggregate(0.5 * err, mask, level, constant), {"value_clip_frac": 0.0}
+    clipped = old_values + (values - old_values).clamp(-clip_range, clip_range)
+    err_clipped = (clipped - returns) ** 2
+    loss = aggregate(0.5 * torch.max(err, err_clipped), mask, level, constant)
+    with torch.no_grad():
+        m = torch.ones_like(err) if mask is None else mask
+        frac = ((err_clipped > err).float() * m).sum() / m.sum().clamp(min=1)
+    return loss, {"value_clip_frac": frac.item()}
+
+
+@torch.no_grad()
+def explained_variance(values: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor | None = None) -> float:
+    """1 − Var(R − V) / Var(R) over valid entries: 1 for perfect values, ≤ 0 for useless ones;
+    nan when the returns do not vary."""
+    m = torch.ones_like(values) if mask is None else mask
+    n = m.sum().clamp(min=1)
+
+    def var(x):
+        mean = (x * m).sum() / n
+        return (((x - mean) ** 2) * m).sum() / n
+
+    var_r = var(returns)
+    return float("nan") if var_r == 0 else (1 - var(returns - values) / var_r).item()

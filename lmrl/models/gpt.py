@@ -152,9 +152,11 @@ class GPT(nn.Module):
     def num_params(self) -> int:
         return sum(p.numel() for p in self.parameters())
 
-    def forward(self, idx: torch.Tensor, cache: KVCache | None = None, last_only: bool = False) -> torch.Tensor:
+    def forward(self, idx: torch.Tensor, cache: KVCache | None = None, last_only: bool = False,
+                return_hidden: bool = False):
         """idx (B, T) token ids → logits (B, T, V), or (B, 1, V) with `last_only`.
-        With a cache, positions continue from `cache.length` and the cache is extended by T."""
+        With a cache, positions continue from `cache.length` and the cache is extended by T.
+        `return_hidden` also returns the final hidden states (B, T, C), for a value head."""
         B, T = idx.shape
         start = cache.length if cache is not None else 0
         if start + T > self.config.n_position:
@@ -167,7 +169,8 @@ class GPT(nn.Module):
             cache.length += T
         if last_only:  # at inference only the last position's logits are needed
             x = x[:, -1:]
-        return self.lm_head(self.ln_f(x))
+        x = self.ln_f(x)
+        return (self.lm_head(x), x) if return_hidden else self.lm_head(x)
 
     @torch.no_grad()
     def generate(

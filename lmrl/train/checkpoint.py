@@ -3,6 +3,7 @@
 Layout of one checkpoint, `<run_dir>/checkpoints/step_<N>/`:
 
     model.safetensors    model.state_dict(), tied tensors stored once (safetensors save_model)
+    <name>.safetensors   further modules the trainer needs back (PPO's `value`, the KL `reference`)
     optimizer.pt         optimizer.state_dict()            (only if an optimizer was given)
     scheduler.pt         scheduler.state_dict()            (only if a scheduler was given)
     rng.pt               python / numpy / torch / CUDA / named-generator RNG states
@@ -174,7 +175,7 @@ def _to_json(trainer_state: dict) -> str:
 
 def save_checkpoint(ckpt_dir: Path, step: int, *, model: torch.nn.Module, optimizer=None, scheduler=None,
                     generators: dict[str, torch.Generator] | None = None, trainer_state: dict,
-                    keep: int = 2) -> Path:
+                    keep: int = 2, modules: dict[str, torch.nn.Module] | None = None) -> Path:
     """Atomically write `ckpt_dir/step_<step>/`, then prune to the `keep` newest (keep<=0: keep all).
 
     The checkpoint just written always survives pruning, even if higher steps exist (a run restarted
@@ -193,6 +194,9 @@ def save_checkpoint(ckpt_dir: Path, step: int, *, model: torch.nn.Module, optimi
         if scheduler is not None:
             _torch_save(scheduler.state_dict(), tmp / SCHEDULER_FILE)
         _torch_save(capture_rng_state(generators), tmp / RNG_FILE)
+        for name, module in (modules or {}).items():
+            save_model(module, str(tmp / f"{name}.safetensors"))
+            _fsync(tmp / f"{name}.safetensors")
         _write_model_and_state(tmp, model, state_json)
 
     path = _write_atomically(ckpt_dir / f"step_{step}", write_files)
@@ -219,9 +223,18 @@ def _require(path: Path, what: str) -> Path:
     return path
 
 
+def load_weights(model: torch.nn.Module, file: Path, map_location: str | torch.device = "cpu") -> None:
+    """Load a safetensors file into `model`, every key matching exactly."""
+    missing, unexpected = load_model(model, file, strict=False, device=str(map_location))
+    if missing or unexpected:
+        raise CheckpointError(f"{file} does not match {type(model).__name__}: "
+                              f"missing keys {sorted(missing)}, unexpected keys {sorted(unexpected)}")
+
+
 def load_checkpoint(path: Path, *, model: torch.nn.Module, optimizer=None, scheduler=None,
                     generators: dict[str, torch.Generator] | None = None,
-                    map_location: str | torch.device = "cpu", restore_rng: bool = True) -> dict:
+                    map_location: str | torch.device = "cpu", restore_rng: bool = True,
+                    modules: dict[str, torch.nn.Module] | None = None) -> dict:
     """Restore everything given from the checkpoint dir `path`; return its trainer_state.
 
     Model keys are checked strictly. A weights-only save (`best/`) has no rng.pt: load it with
@@ -236,11 +249,9 @@ def load_checkpoint(path: Path, *, model: torch.nn.Module, optimizer=None, sched
                               f"killed. Use latest_checkpoint() to find a complete one.")
     trainer_state = json.loads(state_file.read_text())
 
-    model_file = _require(path / MODEL_FILE, "model")
-    missing, unexpected = load_model(model, model_file, strict=False, device=str(map_location))
-    if missing or unexpected:
-        raise CheckpointError(f"{model_file} does not match {type(model).__name__}: "
-                              f"missing keys {sorted(missing)}, unexpected keys {sorted(unexpected)}")
+    load_weights(model, _require(path / MODEL_FILE, "model"), map_location)
+    for name, module in (modules or {}).items():
+        load_weights(module, _require(path / f"{name}.safetensors", name), map_location)
     if optimizer is not None:
         optimizer.load_state_dict(torch.load(_require(path / OPTIMIZER_FILE, "optimizer"),
                                              map_location=map_location, weights_only=True))

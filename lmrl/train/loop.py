@@ -1,12 +1,13 @@
-"""The RL trainer: a supervised warm-up on a budget of labeled problems, then REINFORCE on the
-task's reward alone.
+"""The RL trainer: a supervised warm-up on a budget of labeled problems, then RL on the task's
+reward alone, with the algorithm `algo.name` names (REINFORCE, RLOO, GRPO, PPO; see `lmrl.algos`).
 
     trainer = RLTrainer(load_config("adder", ["train.steps=100"]))
     summary = trainer.train()   # {"warmup_accuracy": ..., "final_accuracy": ..., ...}
 
 One global step counter runs through both stages (warm-up steps 1..S, RL steps S+1..S+R), so
 metrics.jsonl, TensorBoard and checkpoints share one axis. A checkpoint after step N holds
-everything the next step reads — weights, optimizer, scheduler, baseline, every RNG — so a run
+everything the next step reads — weights, optimizer, scheduler, the algorithm's state
+(baseline, KL coefficient), value model and reference, every RNG — so a run
 resumed from it writes the same metrics as one that never stopped.
 """
 
@@ -15,7 +16,7 @@ from __future__ import annotations
 import json
 import os
 import signal
-import statistics
+import copy
 import time
 from contextlib import nullcontext
 from pathlib import Path
@@ -24,12 +25,11 @@ import torch
 import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from ..algos.advantages import baseline_advantages, update_moving_baseline
-from ..algos.losses import reinforce_loss
+from ..algos import build_algorithm
 from ..config import Config, save_config
 from ..dist.ddp import all_reduce_sum, barrier, broadcast_object, init_distributed
 from ..models import build_model
-from ..models.gpt import sequence_logprobs
+from ..models.heads import ActorCritic
 from ..rollout.local import Rollout, sample
 from ..tasks import build_task
 from . import checkpoint as ckpt
@@ -37,6 +37,19 @@ from .evaluate import evaluate
 from .rewards import RewardFn, score_rollout
 from .run_dir import RunLog, prepare_run_dir
 from .schedule import make_scheduler
+
+
+def load_initial_weights(model: torch.nn.Module, source: str, device) -> None:
+    """`model.init_from`: a checkpoint dir (its model.safetensors) or a .safetensors file."""
+    path = Path(source)
+    file = path / ckpt.MODEL_FILE if path.is_dir() else path
+    if not file.is_file():
+        raise FileNotFoundError(f"model.init_from={source!r}: no such file (expected a checkpoint dir holding "
+                                f"{ckpt.MODEL_FILE}, or a .safetensors file)")
+    try:
+        ckpt.load_weights(model, file, device)
+    except ckpt.CheckpointError as e:
+        raise ckpt.CheckpointError(f"model.init_from={source!r}: {e}") from None
 
 
 class TrainingError(RuntimeError):
@@ -60,6 +73,10 @@ class RLTrainer:
         torch.manual_seed(cfg.run.seed)  # identical initial weights on every rank
         model = model if model is not None else build_model(cfg.model, self.task.tokenizer.vocab_size)
         self.model = model.to(self.device)
+        if cfg.model.init_from:
+            load_initial_weights(self.model, cfg.model.init_from, self.device)
+        self.module, self.reference = self.model, None  # RL may wrap the policy with a value function
+        self.optimizer = self.scheduler = None
         self.reward_fn = reward_fn
         self.run_dir = Path(broadcast_object(str(prepare_run_dir(cfg)) if self.dist.is_main else None))
         cfg.run.dir = str(self.run_dir)
@@ -72,7 +89,7 @@ class RLTrainer:
         # The warm-up's label budget: `sft.examples` distinct training problems, fixed by the seed.
         pool_gen = torch.Generator().manual_seed(cfg.run.seed)
         self.sft_pool = self.task.sample_distinct_train_ids(cfg.sft.examples, pool_gen) if cfg.sft.steps else None
-        self.state = {"step": 0, "stage": "sft" if cfg.sft.steps else "rl", "baseline": None,
+        self.state = {"step": 0, "stage": "sft" if cfg.sft.steps else "rl", "algo": {},
                       "nonfinite_total": 0, "nonfinite_run": 0, "time": {"sft": 0.0, "rl": 0.0, "eval": 0.0, "wall": 0.0},
                       "warmup_accuracy": None, "best": {"accuracy": -1.0, "step": 0}, "history": []}
         self._stop_requested = False
@@ -125,7 +142,7 @@ class RLTrainer:
             x = rows[idx].to(self.device)
             logits = self.train_model(x[:, :-1])[:, -task.answer_len:]  # (B, N, V): answer positions only
             loss = F.cross_entropy(logits.reshape(-1, logits.size(-1)).float(), x[:, -task.answer_len:].reshape(-1))
-            metrics = self._apply_update(loss, "sft")
+            metrics = self._sft_update(loss)
             metrics["sft/accuracy"] = (logits.argmax(-1) == x[:, -task.answer_len:]).all(-1).float().mean().item()
             self._end_step("sft", metrics, time.perf_counter() - t0, tokens=x.numel())
         if self.state["step"] >= cfg.sft.steps and not self._stop_requested:
@@ -137,90 +154,73 @@ class RLTrainer:
 
     def _run_rl(self):
         cfg, task = self.config, self.task
+        self._build_rl_modules()
         self._make_optimizer(cfg.optim.lr, cfg.optim.weight_decay, cfg.train.steps, cfg.schedule.name,
                              cfg.schedule.warmup_steps, betas=tuple(cfg.optim.betas), eps=cfg.optim.eps)
         self._restore_pending()
         if self.state["warmup_accuracy"] is None:  # no warm-up: the starting point is the initial model
             self.state["warmup_accuracy"] = self._evaluate()["eval/accuracy"]
-        n_local = cfg.train.rollout_size // self.dist.world_size
+        group = self.algo.group_size
+        n_prompts = cfg.train.rollout_size // self.dist.world_size // group
         while self.state["step"] < self.total_steps and not self._stop_requested:
             t0 = time.perf_counter()
-            batch = task.batch(task.sample_train_ids(n_local, self.generators["data"]))
-            ro = sample(self.model, batch.prompts.to(self.device), task.answer_len, temperature=cfg.train.temperature,
-                        top_k=cfg.train.top_k, generator=self.generators["sample"])
+            # G completions per prompt, each group's rows contiguous (what group baselines expect)
+            ids = task.sample_train_ids(n_prompts, self.generators["data"]).repeat_interleave(group)
+            ro = sample(self.model, task.batch(ids).prompts.to(self.device), task.answer_len,
+                        temperature=cfg.train.temperature, top_k=cfg.train.top_k, generator=self.generators["sample"])
             rewards, exact = score_rollout(task, ro, self.reward_fn)
-            metrics = self._reinforce_update(ro, rewards, exact)
+            metrics = self._rollout_metrics(ro, rewards, exact)
+            metrics.update(self.algo.step(self, ro, rewards))
+            self.state["algo"] = self.algo.state_dict()
+            metrics["train/lr"] = self.optimizer.param_groups[0]["lr"]
+            self.scheduler.step()
             self._end_step("rl", metrics, time.perf_counter() - t0, tokens=ro.sequences.numel())
 
-    def _reinforce_update(self, ro: Rollout, rewards: torch.Tensor, exact: torch.Tensor) -> dict:
-        """rewards (B,) per completion, or (B, N) per token (then the baseline is one per position)."""
+    def _build_rl_modules(self):
+        """The algorithm, and what it needs besides the policy: a frozen reference (KL > 0) and a
+        value function (PPO), both starting from the policy as RL starts."""
         cfg = self.config
-        # Sums over every rank: [reward sum per position (1 or N values), exact matches, count].
-        per_position = rewards.double().sum(0).reshape(-1)
-        stats = all_reduce_sum(torch.cat([per_position, torch.tensor([exact.sum(), len(rewards)], dtype=torch.float64)])
-                               .to(self.device)).cpu()
-        count = stats[-1].item()
-        batch_mean = stats[:-2] / count  # (1,) or (N,): broadcasts against rewards (B,) or (B, N)
-        mean_reward = batch_mean.mean().item()  # per completion: the fraction earned
-        # The baseline lives in the JSON trainer state as a list: one value, or one per position.
-        baseline = None if self.state["baseline"] is None else torch.tensor(self.state["baseline"], dtype=torch.float64)
-        old_b = baseline if baseline is not None else batch_mean
-        advantages = baseline_advantages(rewards.double(), old_b).float().to(self.device)
-        self.state["baseline"] = update_moving_baseline(baseline, batch_mean, cfg.algo.baseline_decay).tolist()
-        ga = cfg.train.ga_steps
-        seqs, entropy_sum = ro.sequences, 0.0
-        loss_total = torch.zeros((), device=self.device)
-        for i, idx in enumerate(torch.arange(len(ro)).chunk(ga)):
-            sync = nullcontext() if (i == ga - 1 or not isinstance(self.train_model, DDP)) else self.train_model.no_sync()
-            with sync:
-                logp, entropy = sequence_logprobs(self.train_model, seqs[idx], ro.completions.size(1),
-                                                  cfg.train.temperature)  # the distribution sampled from
-                loss = reinforce_loss(logp, advantages[idx], ro.mask[idx]) * (len(idx) / len(ro))
-                loss.backward()
-            loss_total += loss.detach()
-            entropy_sum += (entropy * ro.mask[idx]).sum().item()
-        metrics = self._apply_update(loss_total, "train", backward_done=True)
-        metrics.update({"train/policy_loss": metrics.pop("train/loss"),
-                        "train/accuracy": stats[-2].item() / count, "train/avg_reward": mean_reward,
-                        "train/baseline": statistics.fmean(self.state["baseline"]), "train/advantage_mean": advantages.mean().item(),
-                        "train/entropy": entropy_sum / ro.mask.sum().item(),
-                        "rollout/reward_mean": mean_reward, "rollout/length_mean": ro.mask.sum(1).mean().item()})
-        return metrics
+        if cfg.train.rollout_size % (self.dist.world_size * cfg.algo.group_size):
+            raise ValueError(f"train.rollout_size={cfg.train.rollout_size} must split into whole groups of "
+                             f"algo.group_size={cfg.algo.group_size} on each of {self.dist.world_size} processes")
+        self.algo = build_algorithm(cfg.algo, temperature=cfg.train.temperature, ga_steps=cfg.train.ga_steps,
+                                    max_new_tokens=self.task.answer_len)
+        self.algo.load_state_dict(self.state.get("algo") or {})
+        self.reference = None
+        if self.algo.needs_reference:
+            self.reference = copy.deepcopy(self.model).eval().requires_grad_(False)
+        self.module = ActorCritic(self.model, cfg.algo.value_model) if self.algo.uses_values else self.model
+        self.module.to(self.device)
 
-    # -- shared step machinery -------------------------------------------------------------------
-    def _make_optimizer(self, lr, weight_decay, steps, schedule, warmup, betas=(0.9, 0.99), eps=1e-8):
-        self.train_model = DDP(self.model) if self.dist.enabled else self.model
-        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=lr, weight_decay=weight_decay, betas=betas,
-                                           eps=eps)
-        self.scheduler = make_scheduler(self.optimizer, total_steps=steps, name=schedule, warmup_steps=warmup,
-                                        min_lr_ratio=self.config.schedule.min_lr_ratio)
+    def _rl_modules(self) -> dict:
+        """Modules besides the policy that a checkpoint must hold for an exact resume."""
+        extra = {}
+        if isinstance(self.module, ActorCritic):
+            extra["value"] = self.module.value
+        if self.reference is not None:
+            extra["reference"] = self.reference
+        return extra
 
-    def _restore_pending(self):
-        """After a resume, load what the stage needs once it exists: optimizer and scheduler (when
-        the checkpoint has them) and every RNG."""
-        path, self._resume_path = self._resume_path, None
-        if path is None:
-            return
-        has_optim = (path / "optimizer.pt").exists()
-        ckpt.load_checkpoint(path, model=self.model, optimizer=self.optimizer if has_optim else None,
-                             scheduler=self.scheduler if has_optim else None, generators=self.generators,
-                             map_location=self.device)
-        if self.dist.enabled:  # one file holds rank 0's streams: give every rank its own again
-            for i, g in enumerate(self.generators.values()):
-                g.manual_seed(self.config.run.seed + 7919 * self.dist.rank + 31 * self.state["step"] + i)
+    def _rollout_metrics(self, ro: Rollout, rewards: torch.Tensor, exact: torch.Tensor) -> dict:
+        """Accuracy and mean reward over every rank's rollouts (a per-token reward counts as the
+        fraction of the completion's tokens it rewards)."""
+        per_completion = rewards.float().mean(1) if rewards.dim() == 2 else rewards.float()
+        stats = all_reduce_sum(torch.tensor([exact.sum().item(), per_completion.sum().item(), len(rewards),
+                                             ro.mask.sum().item()], dtype=torch.float64, device=self.device)).cpu()
+        count = stats[2].item()
+        reward = stats[1].item() / count
+        return {"train/accuracy": stats[0].item() / count, "train/avg_reward": reward,
+                "rollout/reward_mean": reward, "rollout/length_mean": stats[3].item() / count}
 
-    def _apply_update(self, loss: torch.Tensor, prefix: str, backward_done: bool = False) -> dict:
-        """Backward (unless done), clip, step — or skip the update when the loss or gradient is not
-        finite (counted; `train.max_nonfinite` in a row stops the run)."""
+    # -- what an algorithm sees of the trainer (algos.base.Learner) ------------------------------
+    def optimizer_step(self, loss: torch.Tensor) -> dict:
+        """Clip, then step — or skip the update when the loss or gradient is not finite (counted;
+        `train.max_nonfinite` in a row stops the run). Gradients are already accumulated."""
         cfg = self.config
-        if not backward_done:
-            loss.backward()
         clip = cfg.train.grad_clip if cfg.train.grad_clip > 0 else float("inf")
-        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), clip)
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.module.parameters(), clip)
         flag = torch.tensor([float(not (torch.isfinite(loss) and torch.isfinite(grad_norm)))], device=self.device)
-        nonfinite = all_reduce_sum(flag).item() > 0
-        lr = self.optimizer.param_groups[0]["lr"]
-        if nonfinite:
+        if all_reduce_sum(flag).item() > 0:
             self.state["nonfinite_total"] += 1
             self.state["nonfinite_run"] += 1
             self._info(f"step {self.state['step'] + 1}: non-finite loss or gradient, update skipped "
@@ -232,9 +232,44 @@ class RLTrainer:
             self.optimizer.step()
             self.state["nonfinite_run"] = 0
         self.optimizer.zero_grad(set_to_none=True)
+        return {"loss": loss.item(), "grad_norm": grad_norm.item(), "nonfinite_skipped": self.state["nonfinite_total"]}
+
+    def no_sync(self, sync: bool):
+        """Under DDP, gradients are all-reduced only on the micro-batch that says `sync`."""
+        return self.train_model.no_sync() if isinstance(self.train_model, DDP) and not sync else nullcontext()
+
+    @staticmethod
+    def all_reduce_sum(t: torch.Tensor) -> torch.Tensor:
+        return all_reduce_sum(t)
+
+    # -- shared step machinery -------------------------------------------------------------------
+    def _make_optimizer(self, lr, weight_decay, steps, schedule, warmup, betas=(0.9, 0.99), eps=1e-8):
+        self.train_model = DDP(self.module) if self.dist.enabled else self.module
+        self.optimizer = torch.optim.AdamW(self.module.parameters(), lr=lr, weight_decay=weight_decay, betas=betas,
+                                           eps=eps)
+        self.scheduler = make_scheduler(self.optimizer, total_steps=steps, name=schedule, warmup_steps=warmup,
+                                        min_lr_ratio=self.config.schedule.min_lr_ratio)
+
+    def _restore_pending(self):
+        """After a resume, load what the stage needs once it exists: optimizer, scheduler, value
+        model and reference (when the checkpoint is from within the stage) and every RNG."""
+        path, self._resume_path = self._resume_path, None
+        if path is None:
+            return
+        has_optim = (path / "optimizer.pt").exists()
+        ckpt.load_checkpoint(path, model=self.model, optimizer=self.optimizer if has_optim else None,
+                             scheduler=self.scheduler if has_optim else None, generators=self.generators,
+                             map_location=self.device, modules=self._rl_modules() if has_optim else None)
+        if self.dist.enabled:  # one file holds rank 0's streams: give every rank its own again
+            for i, g in enumerate(self.generators.values()):
+                g.manual_seed(self.config.run.seed + 7919 * self.dist.rank + 31 * self.state["step"] + i)
+
+    def _sft_update(self, loss: torch.Tensor) -> dict:
+        loss.backward()
+        lr = self.optimizer.param_groups[0]["lr"]
+        metrics = {f"sft/{k}": v for k, v in self.optimizer_step(loss.detach()).items()}
         self.scheduler.step()
-        return {f"{prefix}/loss": loss.item(), f"{prefix}/lr": lr, f"{prefix}/grad_norm": grad_norm.item(),
-                f"{prefix}/nonfinite_skipped": self.state["nonfinite_total"]}
+        return {**metrics, "sft/lr": lr}
 
     def _end_step(self, stage: str, metrics: dict, seconds: float, tokens: int):
         cfg = self.config
@@ -279,11 +314,15 @@ class RLTrainer:
     def _save_checkpoint(self):
         self._tick_wall_clock()
         if self.dist.is_main:
-            ckpt.save_checkpoint(self.ckpt_dir, self.state["step"], model=self.model, optimizer=self.optimizer,
-                                 scheduler=self.scheduler if self.optimizer is not None else None,
-                                 generators=self.generators, trainer_state=self.state,
-                                 keep=self.config.train.keep_checkpoints)
+            self._write_checkpoint()
         barrier()
+
+    def _write_checkpoint(self):
+        in_stage = self.optimizer is not None  # the boundary checkpoint after the warm-up has no optimizer
+        ckpt.save_checkpoint(self.ckpt_dir, self.state["step"], model=self.model, optimizer=self.optimizer,
+                             scheduler=self.scheduler if in_stage else None, generators=self.generators,
+                             trainer_state=self.state, keep=self.config.train.keep_checkpoints,
+                             modules=self._rl_modules() if in_stage else None)
 
     def _maybe_resume(self) -> Path | None:
         """With run.resume=auto, load weights and trainer state from the latest checkpoint now; the
@@ -335,10 +374,7 @@ class RLTrainer:
     def _save_checkpoint_final(self):
         latest = ckpt.latest_checkpoint(self.ckpt_dir)
         if latest is None or latest.name != f"step_{self.state['step']}":
-            ckpt.save_checkpoint(self.ckpt_dir, self.state["step"], model=self.model, optimizer=self.optimizer,
-                                 scheduler=self.scheduler if self.optimizer is not None else None,
-                                 generators=self.generators, trainer_state=self.state,
-                                 keep=self.config.train.keep_checkpoints)
+            self._write_checkpoint()
 
     # -- small helpers ---------------------------------------------------------------------------
     def _log(self, step: int, metrics: dict, **console):

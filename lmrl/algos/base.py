@@ -1,0 +1,220 @@
+"""What every policy-gradient algorithm shares: the prepared batch, the forward pass that scores it,
+the regularisers (KL to a reference, entropy bonus) and the update loop.
+
+An algorithm turns one step's scored rollouts into updates in two parts:
+
+    prepare(learner, rollout, rewards)  → PreparedBatch   advantages, old / reference log-probs, values
+    loss(batch, logprobs, entropy, values) → loss, stats  on one micro-batch, with gradients
+
+and `Algorithm.step` runs `ppo_epochs` passes over the batch in minibatches of `minibatch_size`
+completions, each split into `train.ga_steps` micro-batches whose losses are weighted so that the
+accumulated gradient equals the gradient of the whole minibatch's loss.
+
+The trainer is the `learner`: it owns the model(s), the optimizer and the process group, and gives
+the algorithm a small surface (see `Learner`), so an algorithm never touches the loop.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from contextlib import AbstractContextManager
+from dataclasses import dataclass, fields
+from typing import Protocol
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from .losses import aggregate, kl_estimate
+
+
+@dataclass
+class PreparedBatch:
+    """One step's rollouts, ready for the loss. B completions, N completion tokens."""
+
+    sequences: torch.Tensor  # (B, P + N) prompt + completion ids
+    mask: torch.Tensor  # (B, N) 1 on tokens the policy chose
+    advantages: torch.Tensor  # (B,) per completion or (B, N) per token
+    old_logprobs: torch.Tensor | None = None  # (B, N); None: one on-policy pass, old = current
+    ref_logprobs: torch.Tensor | None = None  # (B, N) under the frozen reference (KL in the loss)
+    old_values: torch.Tensor | None = None  # (B, N) PPO: V(s_t) at rollout time
+    returns: torch.Tensor | None = None  # (B, N) PPO: value targets
+
+    def __len__(self) -> int:
+        return self.sequences.size(0)
+
+    def rows(self, idx: torch.Tensor) -> "PreparedBatch":
+        return PreparedBatch(**{f.name: None if getattr(self, f.name) is None else getattr(self, f.name)[idx]
+                                for f in fields(self)})
+
+
+class Learner(Protocol):
+    """What the trainer gives an algorithm."""
+
+    train_model: nn.Module  # what the loss differentiates (maybe DDP-wrapped); forward → logits or (logits, values)
+    module: nn.Module  # the same, unwrapped, for no-grad passes
+    reference: nn.Module | None  # frozen policy for the KL term (None unless algo.kl_coef > 0)
+    generators: dict[str, torch.Generator]
+
+    def optimizer_step(self, loss: torch.Tensor) -> dict: ...  # clip, skip if non-finite, step, zero grads
+    def no_sync(self, sync: bool) -> AbstractContextManager: ...  # DDP: all-reduce only when sync
+    def all_reduce_sum(self, t: torch.Tensor) -> torch.Tensor: ...
+
+
+def policy_forward(model: nn.Module, sequences: torch.Tensor, n: int, temperature: float = 1.0):
+    """Log-probs (B, N) and entropies (B, N) of the last `n` tokens of `sequences` under
+    softmax(logits / temperature) (the distribution they were sampled from), and values (B, N)
+    when `model` also returns them (an ActorCritic), else None. V at token t is the value of the
+    state the token was chosen in, read at the same position as the logits that chose it."""
+    out = model(sequences[:, :-1])
+    logits, values = out if isinstance(out, tuple) else (out, None)
+    logits = logits[:, -n:].float() / temperature  # (B, N, V): position t predicts token t+1
+    logp_all = F.log_softmax(logits, dim=-1)
+    logp = logp_all.gather(-1, sequences[:, -n:].unsqueeze(-1)).squeeze(-1)
+    entropy = -(logp_all.exp() * logp_all).sum(-1)
+    return logp, entropy, None if values is None else values[:, -n:].float()
+
+
+@torch.no_grad()
+def score_sequences(model: nn.Module, sequences: torch.Tensor, n: int, temperature: float, chunks: int = 1):
+    """`policy_forward` without gradients, in `chunks` pieces: (logprobs, values or None)."""
+    logps, values = [], []
+    for part in sequences.chunk(chunks):
+        lp, _, v = policy_forward(model, part, n, temperature)
+        logps.append(lp)
+        values.append(v)
+    return torch.cat(logps), None if values[0] is None else torch.cat(values)
+
+
+class Algorithm:
+    """Base class. Subclasses set `name` and implement `prepare` and `policy_loss`."""
+
+    name = "base"
+    uses_values = False  # True: the learner's model is an ActorCritic returning values
+
+    def __init__(self, cfg, *, temperature: float = 1.0, ga_steps: int = 1, max_new_tokens: int = 1):
+        self.cfg = cfg
+        self.temperature = temperature
+        self.ga_steps = ga_steps
+        self.max_new_tokens = max_new_tokens
+        self.kl_coef = cfg.kl_coef  # adapted between steps when cfg.kl_target > 0
+
+    # -- state (JSON-serialisable, saved in checkpoints) -----------------------------------------
+    def state_dict(self) -> dict:
+        return {"kl_coef": self.kl_coef}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.kl_coef = state.get("kl_coef", self.kl_coef)
+
+    @property
+    def needs_reference(self) -> bool:
+        return self.cfg.kl_coef > 0
+
+    @property
+    def group_size(self) -> int:
+        return self.cfg.group_size
+
+    # -- to implement ----------------------------------------------------------------------------
+    def prepare(self, learner: Learner, rollout, rewards: torch.Tensor) -> tuple[PreparedBatch, dict]:
+        raise NotImplementedError
+
+    def policy_loss(self, batch: PreparedBatch, logprobs, entropy, values) -> tuple[torch.Tensor, dict]:
+        raise NotImplementedError
+
+    # -- shared pieces ---------------------------------------------------------------------------
+    def needs_old_logprobs(self, batch_size: int) -> bool:
+        """Old log-probs are needed once the policy moves before the batch is used up."""
+        return self.cfg.ppo_epochs > 1 or 0 < self.cfg.minibatch_size < batch_size
+
+    def reference_logprobs(self, learner: Learner, rollout) -> torch.Tensor | None:
+        if learner.reference is None:
+            return None
+        logp, _ = score_sequences(learner.reference, rollout.sequences, rollout.completions.size(1),
+                                  self.temperature, self.ga_steps)
+        return logp
+
+    def kl_shaped_rewards(self, rewards: torch.Tensor, logprobs: torch.Tensor | None,
+                          ref_logprobs: torch.Tensor | None, mask: torch.Tensor) -> torch.Tensor:
+        """With `kl_in_reward`, r ← r − β·KL: per token for token rewards (B, N), else summed
+        over the completion for sequence rewards (B,). Unchanged otherwise."""
+        if not (self.cfg.kl_in_reward and ref_logprobs is not None and self.kl_coef > 0):
+            return rewards
+        kl = kl_estimate(logprobs, ref_logprobs, self.cfg.kl_estimator) * mask
+        return rewards - self.kl_coef * (kl if rewards.dim() == 2 else kl.sum(1))
+
+    def aggregate(self, per_token: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        return aggregate(per_token, mask, self.cfg.loss_level, self.loss_constant)
+
+    @property
+    def loss_constant(self) -> float:
+        return self.cfg.loss_constant or float(self.max_new_tokens)
+
+    def loss(self, batch: PreparedBatch, logprobs, entropy, values) -> tuple[torch.Tensor, dict]:
+        """The policy loss plus the regularisers every algorithm shares: β·KL(π‖π_ref) in the loss
+        (unless it went into the reward) and −c_ent·entropy."""
+        loss, stats = self.policy_loss(batch, logprobs, entropy, values)
+        stats["policy_loss"] = stats.get("policy_loss", loss.item())
+        mean_entropy = self.aggregate(entropy, batch.mask)
+        if self.cfg.ent_coef:
+            loss = loss - self.cfg.ent_coef * mean_entropy
+        stats["entropy"] = mean_entropy.item()
+        if batch.ref_logprobs is not None:
+            kl = self.aggregate(kl_estimate(logprobs, batch.ref_logprobs, self.cfg.kl_estimator), batch.mask)
+            if not self.cfg.kl_in_reward:
+                loss = loss + self.kl_coef * kl
+            stats["kl"] = kl.item()
+        return loss, stats
+
+    def _micro_weights(self, micro: list[PreparedBatch]) -> list[float]:
+        """Each micro-batch's share of its minibatch's loss: by valid tokens for token-level
+        aggregation, else by sequences, so accumulation reproduces the whole minibatch's loss."""
+        if self.cfg.loss_level == "token" and self.name != "reinforce":
+            sizes = [m.mask.sum().item() for m in micro]
+        else:
+            sizes = [float(len(m)) for m in micro]
+        total = sum(sizes) or 1.0
+        return [s / total for s in sizes]
+
+    def step(self, learner: Learner, rollout, rewards: torch.Tensor) -> dict:
+        """prepare, then ppo_epochs × minibatches × micro-batches of updates; returns the mean
+        of each statistic over optimizer steps, prefixed `train/`."""
+        batch, metrics = self.prepare(learner, rollout, rewards)
+        n = len(batch)
+        mb_size = self.cfg.minibatch_size if 0 < self.cfg.minibatch_size < n else n
+        sums: dict[str, float] = defaultdict(float)
+        updates = 0
+        for _ in range(self.cfg.ppo_epochs):
+            order = torch.randperm(n, generator=learner.generators["data"]) if mb_size < n else torch.arange(n)
+            for mb_idx in order.split(mb_size):
+                micro = [batch.rows(i) for i in mb_idx.chunk(self.ga_steps)]
+                total = torch.zeros((), device=batch.sequences.device)
+                for i, (mb, w) in enumerate(zip(micro, self._micro_weights(micro))):
+                    with learner.no_sync(sync=i == len(micro) - 1):
+                        logp, entropy, values = policy_forward(learner.train_model, mb.sequences, mb.mask.size(1),
+                                                               self.temperature)
+                        loss, stats = self.loss(mb, logp, entropy, values)
+                        (loss * w).backward()
+                    total += loss.detach() * w
+                    for k, v in stats.items():
+                        sums[k] += v * w
+                for k, v in learner.optimizer_step(total).items():
+                    sums[k] += v
+                updates += 1
+        metrics.update({f"train/{k}": v / updates for k, v in sums.items()})
+        self.adapt_kl_coef(metrics.get("rollout/kl"), n)
+        return metrics
+
+    def adapt_kl_coef(self, kl: float | None, batch_size: int) -> None:
+        """Adaptive KL controller (Ziegler et al. 2019): β ← β·(1 + clip(KL/target − 1, ±0.2)·B/horizon),
+        with KL the mean per-completion KL measured on this step's rollouts."""
+        if self.cfg.kl_target <= 0 or kl is None or not math.isfinite(kl):
+            return
+        error = max(-0.2, min(0.2, kl / self.cfg.kl_target - 1.0))
+        self.kl_coef *= 1.0 + error * batch_size / self.cfg.kl_horizon
+
+    def rollout_kl(self, logprobs: torch.Tensor | None, ref_logprobs: torch.Tensor | None, mask) -> dict:
+        """Mean per-completion KL of the rollouts to the reference (k1 summed over tokens)."""
+        if logprobs is None or ref_logprobs is None:
+            return {}
+        return {"rollout/kl": ((logprobs - ref_logprobs) * mask).sum(1).mean().item(), "train/kl_coef": self.kl_coef}

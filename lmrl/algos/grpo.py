@@ -1,0 +1,53 @@
+"""Group baselines: GRPO and RLOO. Each prompt is sampled G times (`algo.group_size`); a
+completion's advantage is its reward measured against its own group's, so no value model and no
+moving average are needed, and a hard prompt's rare success counts as fully as an easy one's.
+
+    GRPO  A_i = (r_i − mean_g r) / (std_g r + eps)   (`adv_mode`: grpo | grpo_no_std | raw)
+    RLOO  A_i = r_i − mean_{j≠i} r_j                  (leave-one-out)
+
+Both optimise the clipped surrogate with asymmetric clipping, aggregated per `loss_level`, for
+`ppo_epochs` passes in `minibatch_size` chunks; old log-probs are computed once per rollout, and
+only when the policy moves before the batch is used up (otherwise the ratio is exactly 1 and the
+step is the plain policy gradient).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .advantages import group_advantages, leave_one_out_advantages, normalize_advantages
+from .base import Algorithm, PreparedBatch, score_sequences
+from .losses import clipped_surrogate_loss
+
+
+class GRPO(Algorithm):
+    name = "grpo"
+
+    def group_advantages(self, rewards: torch.Tensor) -> torch.Tensor:
+        return group_advantages(rewards, self.group_size, self.cfg.adv_mode, self.cfg.adv_eps)
+
+    def prepare(self, learner, rollout, rewards: torch.Tensor) -> tuple[PreparedBatch, dict]:
+        n = rollout.completions.size(1)
+        old = None
+        if self.needs_old_logprobs(len(rollout)):
+            old, _ = score_sequences(learner.module, rollout.sequences, n, self.temperature, self.ga_steps)
+        ref = self.reference_logprobs(learner, rollout)
+        behaviour = old if old is not None else rollout.logprobs
+        rewards = self.kl_shaped_rewards(rewards.to(rollout.mask.device), behaviour, ref, rollout.mask)
+        advantages = self.group_advantages(rewards.float())
+        if self.cfg.normalize_advantages:
+            advantages = normalize_advantages(advantages, rollout.mask if advantages.dim() == 2 else None)
+        batch = PreparedBatch(rollout.sequences, rollout.mask, advantages, old_logprobs=old, ref_logprobs=ref)
+        return batch, {"train/advantage_mean": advantages.mean().item(), **self.rollout_kl(behaviour, ref, rollout.mask)}
+
+    def policy_loss(self, batch, logprobs, entropy, values):
+        old = batch.old_logprobs if batch.old_logprobs is not None else logprobs.detach()
+        return clipped_surrogate_loss(logprobs, old, batch.advantages, batch.mask, self.cfg.clip_range_left,
+                                      self.cfg.clip_range_right, self.cfg.loss_level, self.loss_constant)
+
+
+class RLOO(GRPO):
+    name = "rloo"
+
+    def group_advantages(self, rewards: torch.Tensor) -> torch.Tensor:
+        return leave_one_out_advantages(rewards, self.group_size)

@@ -1,0 +1,56 @@
+"""Value functions for PPO: a scalar V(s_t) at every position, computed on the policy's own trunk
+(a head) or on a separate copy of its network (a critic)."""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+import torch.nn as nn
+
+VALUE_MODELS = ("head", "separate")
+
+
+def hidden_size(model: nn.Module) -> int:
+    cfg = model.config
+    return getattr(cfg, "n_embd", None) or cfg.hidden_size
+
+
+class ValueHead(nn.Module):
+    """A linear map from hidden states (B, T, C) to values (B, T). Zero-initialised, so the first
+    values are 0 and the value loss starts by fitting the returns instead of undoing noise."""
+
+    def __init__(self, hidden: int):
+        super().__init__()
+        self.proj = nn.Linear(hidden, 1)
+        nn.init.zeros_(self.proj.weight)
+        nn.init.zeros_(self.proj.bias)
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        return self.proj(h.float()).squeeze(-1)
+
+
+class ActorCritic(nn.Module):
+    """The policy and its value function as one module, so one optimizer and one DDP wrapper see
+    both: `forward(ids) -> (logits (B, T, V), values (B, T))`.
+
+    kind="head": a value head on the policy's final hidden states (shared trunk: cheap, and the
+    value loss also shapes the policy's features, weighted by `vf_coef`); kind="separate": a copy of
+    the policy's network, initialised from its current weights, with its own head (twice the
+    compute, no interference). `value` holds exactly the value function's own parameters (saved as
+    `value.safetensors` in checkpoints); `policy` stays the bare policy."""
+
+    def __init__(self, policy: nn.Module, kind: str = "head"):
+        super().__init__()
+        if kind not in VALUE_MODELS:
+            raise ValueError(f"algo.value_model must be one of {', '.join(VALUE_MODELS)}, got {kind!r}")
+        self.policy = policy
+        self.value = nn.ModuleDict({"head": ValueHead(hidden_size(policy))})
+        if kind == "separate":
+            self.value["critic"] = copy.deepcopy(policy)
+
+    def forward(self, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        logits, hidden = self.policy(ids, return_hidden=True)
+        if "critic" in self.value:
+            _, hidden = self.value["critic"](ids, return_hidden=True)
+        return logits, self.value["head"](hidden)

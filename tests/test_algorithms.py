@@ -1,0 +1,130 @@
+"""The algorithm classes on the real loop: one metric vocabulary, the config errors, and the
+identity that ties GRPO back to the plain policy gradient."""
+
+import json
+
+import pytest
+import torch
+
+from lmrl.algos import build_algorithm
+from lmrl.algos.base import policy_forward
+from lmrl.algos.losses import aggregate
+from lmrl.config import ConfigError, load_config
+from lmrl.models.gpt import GPT, GPTConfig
+from lmrl.rollout.local import sample
+from lmrl.train.loop import RLTrainer
+
+from .conftest import TINY
+
+VOCABULARY = ["train/policy_loss", "train/entropy", "train/clip_frac", "train/approx_kl", "train/advantage_mean",
+              "train/grad_norm", "rollout/reward_mean", "rollout/length_mean", "train/lr", "train/accuracy"]
+ALGOS = {
+    "reinforce": [],
+    "rloo": ["algo.name=rloo", "algo.group_size=4"],
+    "grpo": ["algo.name=grpo", "algo.group_size=4", "algo.kl_coef=0.05", "algo.ppo_epochs=2", "algo.minibatch_size=8"],
+    "ppo": ["algo.name=ppo", "algo.value_model=head", "algo.ppo_epochs=2", "algo.minibatch_size=8",
+            "algo.kl_coef=0.05", "algo.kl_in_reward=true"],
+    "ppo-separate": ["algo.name=ppo", "algo.value_model=separate", "algo.ent_coef=0.01", "task.reward=digits"],
+}
+
+
+def rl_rows(run_dir):
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return [r for r in rows if "rollout/reward_mean" in r]
+
+
+@pytest.mark.parametrize("name", ALGOS)
+def test_every_algorithm_trains_on_the_loop_and_logs_one_vocabulary(tiny_config, name):
+    cfg = tiny_config(*ALGOS[name], "train.steps=3", "train.eval_every=3")
+    summary = RLTrainer(cfg).train()
+    assert summary["rl_steps"] == 3 and 0 <= summary["final_accuracy"] <= 1
+    rows = rl_rows(cfg.run_dir)
+    assert len(rows) == 3
+    expected = [k for k in VOCABULARY if not (name == "reinforce" and k in ("train/clip_frac", "train/approx_kl"))]
+    if name.startswith("ppo"):
+        expected += ["train/value_loss", "train/explained_variance"]
+    if "kl_coef" in " ".join(ALGOS[name]):
+        expected += ["train/kl", "rollout/kl"]
+    for row in rows:
+        missing = [k for k in expected if k not in row]
+        assert not missing, f"{name} did not log {missing}"
+        assert all(v == v for v in row.values() if isinstance(v, float)), f"{name} logged NaN: {row}"
+    if name.startswith("ppo"):
+        ckpts = sorted((cfg.run_dir / "checkpoints").glob("step_*"))
+        assert (ckpts[-1] / "value.safetensors").is_file()
+
+
+def test_several_minibatches_and_epochs_make_several_optimizer_steps(tiny_config, monkeypatch):
+    cfg = tiny_config(*ALGOS["grpo"], "train.steps=1", "sft.steps=0")
+    trainer = RLTrainer(cfg)
+    calls = []
+    step = trainer.optimizer_step
+    monkeypatch.setattr(trainer, "optimizer_step", lambda loss: calls.append(1) or step(loss))
+    trainer.train()
+    assert len(calls) == 2 * (16 // 8)  # ppo_epochs × rollout_size / minibatch_size
+
+
+class Stub:
+    """The smallest Learner: one process, no optimizer (the test reads the gradients)."""
+
+    def __init__(self, model, reference=None):
+        self.train_model = self.module = model
+        self.reference = reference
+        self.generators = {"data": torch.Generator().manual_seed(0)}
+
+    def optimizer_step(self, loss):
+        return {"loss": loss.item()}
+
+    def no_sync(self, sync):
+        from contextlib import nullcontext
+        return nullcontext()
+
+    def all_reduce_sum(self, t):
+        return t
+
+
+def test_one_grpo_step_with_one_epoch_and_no_active_clip_is_the_plain_policy_gradient():
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(vocab_size=12, n_position=16, n_layer=1, n_head=2, n_embd=16))
+    cfg = load_config("adder", ["algo.name=grpo", "algo.group_size=4", "train.rollout_size=8"]).algo
+    prompts = torch.randint(12, (2, 5)).repeat_interleave(4, 0)
+    ro = sample(model, prompts, 3, generator=torch.Generator().manual_seed(1))
+    rewards = torch.tensor([1.0, 0.0, 0.5, 0.0, 1.0, 1.0, 0.0, 0.25])
+
+    algo = build_algorithm(cfg, max_new_tokens=3)
+    algo.step(Stub(model), ro, rewards)
+    grpo_grads = [p.grad.clone() for p in model.parameters()]
+
+    model.zero_grad()
+    groups = rewards.view(2, 4)
+    advantages = ((groups - groups.mean(1, keepdim=True)) / (groups.std(1, keepdim=True) + 1e-6)).view(-1)
+    logp, _, _ = policy_forward(model, ro.sequences, 3)
+    (-aggregate(logp * advantages[:, None], ro.mask, "token")).backward()
+    for got, want in zip(grpo_grads, [p.grad for p in model.parameters()]):
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-7)
+
+
+@pytest.mark.parametrize("overrides, key", [
+    (["algo.loss_level=tokens"], "algo.loss_level"),
+    (["algo.name=grpo", "algo.group_size=1"], "algo.group_size"),
+    (["algo.name=rloo"], "algo.group_size"),
+    (["algo.name=grpo", "algo.group_size=4", "algo.ppo_epochs=0"], "algo.ppo_epochs"),
+    (["algo.name=ppo"], "algo.value_model"),
+    (["algo.name=grpo", "algo.group_size=3", "train.rollout_size=16"], "algo.group_size"),
+    (["algo.name=reinforce", "algo.ppo_epochs=2"], "algo.ppo_epochs"),
+    (["algo.name=grpo", "algo.group_size=4", "algo.kl_estimator=k4"], "algo.kl_estimator"),
+])
+def test_incompatible_algorithm_options_fail_at_config_time_naming_the_key(overrides, key):
+    with pytest.raises(ConfigError, match=key):
+        load_config("adder", TINY + overrides)
+
+
+def test_the_reference_is_only_built_when_the_kl_coefficient_is_positive(tiny_config, tmp_path):
+    for kl, has_ref in [("0", False), ("0.1", True)]:
+        cfg = tiny_config("algo.name=grpo", "algo.group_size=4", f"algo.kl_coef={kl}", "train.steps=1",
+                          dir=tmp_path / f"kl{kl}")
+        trainer = RLTrainer(cfg)
+        trainer.train()
+        assert (trainer.reference is not None) == has_ref
+        ckpt = sorted((cfg.run_dir / "checkpoints").glob("step_*"))[-1]
+        assert (ckpt / "reference.safetensors").is_file() == has_ref
