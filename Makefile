@@ -30,6 +30,7 @@ test-slow: setup
 bench: setup
 	$(BIN)/python benchmarks/kv_cache.py
 	$(BIN)/python benchmarks/adder_rl_vs_sft.py
+	$(BIN)/python benchmarks/algorithms.py --threads 1 --parallel 2 train.steps=1000
 
 clean:
 	rm -rf $(VENV) runs *.egg-info

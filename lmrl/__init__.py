@@ -5,12 +5,16 @@ from .config import AdderRLConfig, Config, ConfigError, MultiplierRLConfig, load
 __version__ = "0.1.0"
 
 
-def __getattr__(name):  # the trainer imports torch: load it only when asked for
-    if name == "RLTrainer":
-        from .train.loop import RLTrainer
+_TRAINERS = {"RLTrainer": "loop", "ReinforceTrainer": "trainers", "RLOOTrainer": "trainers",
+             "GRPOTrainer": "trainers", "PPOTrainer": "trainers"}
 
-        return RLTrainer
+
+def __getattr__(name):  # the trainers import torch: load them only when asked for
+    if name in _TRAINERS:
+        import importlib
+
+        return getattr(importlib.import_module(f".train.{_TRAINERS[name]}", __name__), name)
     raise AttributeError(f"module 'lmrl' has no attribute {name!r}")
 
 
-__all__ = ["AdderRLConfig", "MultiplierRLConfig", "Config", "ConfigError", "load_config", "RLTrainer"]
+__all__ = ["AdderRLConfig", "MultiplierRLConfig", "Config", "ConfigError", "load_config", *_TRAINERS]

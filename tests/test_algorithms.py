@@ -128,3 +128,14 @@ def test_the_reference_is_only_built_when_the_kl_coefficient_is_positive(tiny_co
         assert (trainer.reference is not None) == has_ref
         ckpt = sorted((cfg.run_dir / "checkpoints").glob("step_*"))[-1]
         assert (ckpt / "reference.safetensors").is_file() == has_ref
+
+
+def test_trainers_named_after_an_algorithm_set_it_and_revalidate(tiny_config):
+    from lmrl import GRPOTrainer, PPOTrainer
+
+    trainer = GRPOTrainer(tiny_config("algo.group_size=4"))
+    assert trainer.config.algo.name == "grpo"
+    with pytest.raises(ConfigError, match="algo.group_size"):
+        GRPOTrainer(tiny_config())  # the adder preset samples each prompt once
+    with pytest.raises(ConfigError, match="algo.value_model"):
+        PPOTrainer(tiny_config())

@@ -203,3 +203,14 @@ def test_an_unwritable_run_dir_fails_before_training(tiny_config, tmp_path):
     blocker.write_text("")
     with pytest.raises(ConfigError, match=f"run dir {blocker / 'run'} is not writable"):
         RLTrainer(tiny_config(dir=blocker / "run"))
+
+
+def test_init_from_starts_from_a_checkpoints_weights_and_names_a_bad_path(tiny_config, tmp_path):
+    first = RLTrainer(tiny_config("train.steps=0", dir=tmp_path / "warm"))
+    first.train()
+    step = tmp_path / "warm" / "checkpoints" / "step_4"
+    second = RLTrainer(tiny_config("sft.steps=0", f"model.init_from={step}", dir=tmp_path / "rl"))
+    for (name, a), b in zip(first.model.state_dict().items(), second.model.state_dict().values()):
+        assert torch.equal(a, b), name
+    with pytest.raises(FileNotFoundError, match="model.init_from="):
+        RLTrainer(tiny_config(f"model.init_from={tmp_path / 'nowhere'}", dir=tmp_path / "bad"))

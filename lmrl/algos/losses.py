@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import torch
 
+from .advantages import masked_mean, masked_var
+
 
 def masked_sum(x: torch.Tensor, mask: torch.Tensor | None, dim: int = -1) -> torch.Tensor:
     return x.sum(dim) if mask is None else (x * mask).sum(dim)
@@ -57,23 +59,25 @@ def clipped_surrogate_loss(logprobs: torch.Tensor, old_logprobs: torch.Tensor, a
         L = aggregate_t −min(ρ_t·A_t, clip(ρ_t, 1 − clip_left, 1 + clip_right)·A_t)
 
     advantages (B,) (shared by a sequence's tokens) or (B, T); old log-probs and advantages are
-    constants. Stats: clip_frac (valid tokens where the clip bites: ρ > 1 + right with A > 0, or
-    ρ < 1 − left with A < 0), approx_kl (k3 between old and new, mean over valid tokens), ratio_mean."""
+    constants. Padding is set to ρ = 1 before anything else, so a masked token contributes nothing,
+    not even a nan from an extreme log-prob there. Stats: clip_frac (valid tokens where the clip
+    bites: ρ > 1 + right with A > 0, or ρ < 1 − left with A < 0), approx_kl (k3 between old and new,
+    (ρ − 1) − log ρ, mean over valid tokens), ratio_mean."""
     old_logprobs, advantages = old_logprobs.detach(), advantages.detach()
     if advantages.dim() == 1:
         advantages = advantages.unsqueeze(1)
     log_ratio = logprobs - old_logprobs
+    if mask is not None:
+        log_ratio = torch.where(mask.bool(), log_ratio, torch.zeros_like(log_ratio))
     ratio = log_ratio.exp()
     unclipped = ratio * advantages
     clipped = ratio.clamp(1 - clip_left, 1 + clip_right) * advantages
     loss = aggregate(-torch.min(unclipped, clipped), mask, level, constant)
     with torch.no_grad():
-        m = torch.ones_like(ratio) if mask is None else mask
         bites = ((ratio > 1 + clip_right) & (advantages > 0)) | ((ratio < 1 - clip_left) & (advantages < 0))
-        n = m.sum().clamp(min=1)
-        stats = {"clip_frac": ((bites.float() * m).sum() / n).item(),
-                 "approx_kl": (((ratio - 1) - log_ratio) * m).sum().div(n).item(),
-                 "ratio_mean": (ratio * m).sum().div(n).item()}
+        stats = {"clip_frac": masked_mean(bites.float(), mask).item(),
+                 "approx_kl": masked_mean((ratio - 1) - log_ratio, mask).item(),
+                 "ratio_mean": masked_mean(ratio, mask).item()}
     return loss, stats
 
 
@@ -97,9 +101,10 @@ def kl_estimate(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, estimator: s
 
 
 def entropy_from_logits(logits: torch.Tensor) -> torch.Tensor:
-    """H = −Σ_v p_v log p_v over the last dim, from logits (computed with log_softmax)."""
+    """H = −Σ_v p_v log p_v over the last dim, from logits (computed with log_softmax; a −inf
+    logit, a token ruled out, adds 0 rather than 0·(−inf) = nan)."""
     logp = torch.log_softmax(logits.float(), dim=-1)
-    return -(logp.exp() * logp).sum(-1)
+    return -(logp.exp() * logp.masked_fill(logp.isneginf(), 0.0)).sum(-1)
 
 
 def value_loss(values: torch.Tensor, old_values: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor | None = None,
@@ -126,12 +131,5 @@ def value_loss(values: torch.Tensor, old_values: torch.Tensor, returns: torch.Te
 def explained_variance(values: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor | None = None) -> float:
     """1 − Var(R − V) / Var(R) over valid entries: 1 for perfect values, ≤ 0 for useless ones;
     nan when the returns do not vary."""
-    m = torch.ones_like(values) if mask is None else mask
-    n = m.sum().clamp(min=1)
-
-    def var(x):
-        mean = (x * m).sum() / n
-        return (((x - mean) ** 2) * m).sum() / n
-
-    var_r = var(returns)
-    return float("nan") if var_r == 0 else (1 - var(returns - values) / var_r).item()
+    var_r = masked_var(returns, mask)
+    return float("nan") if var_r == 0 else (1 - masked_var(returns - values, mask) / var_r).item()

@@ -1,0 +1,105 @@
+"""JSONL data files: one JSON object per line, in the formats TRL users already have.
+
+    rows = read_jsonl("train.jsonl", ["ground_truth"], alternatives=[["prompt"], ["messages"]])
+    write_jsonl("train.jsonl", rows)
+
+Every problem is reported as `path:line: what is wrong`, so a bad row in a large file is found at
+once. Known keys are type-checked wherever they appear: `prompt`, `completion`, `chosen`,
+`rejected` and `ground_truth` are strings; `messages` is a list of {"role", "content"} dicts.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Iterable, Sequence
+
+_STRING_KEYS = ("prompt", "completion", "chosen", "rejected", "ground_truth")
+
+
+class DataError(ValueError):
+    """A data file that cannot be used, explained as `path:line: what is wrong`."""
+
+
+def read_jsonl(path: str | os.PathLike, required: Sequence[str] = (), *,
+               alternatives: Sequence[Sequence[str]] = ()) -> list[dict]:
+    """The rows of a JSONL file; blank lines are skipped.
+
+    A row must hold every key in `required` and, when `alternatives` is given, every key of at
+    least one of its sets: alternatives=[["prompt"], ["messages"]] means "prompt or messages"."""
+    rows = []
+    with open(path, "rb") as f:
+        for lineno, raw in enumerate(f, 1):
+            where = f"{path}:{lineno}"
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as e:
+                raise DataError(f"{where}: not UTF-8 text ({e.reason} at byte {e.start})") from None
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise DataError(f"{where}: invalid JSON: {e.msg} (column {e.colno})") from None
+            if not isinstance(row, dict):
+                raise DataError(f"{where}: expected a JSON object {{...}}, got a {_json_type(row)}")
+            problem = _missing(row, required, alternatives) or _wrong_type(row)
+            if problem:
+                raise DataError(f"{where}: {problem}")
+            rows.append(row)
+    if not rows:
+        raise DataError(f"{path}: the file has no rows (it is empty)")
+    return rows
+
+
+def write_jsonl(path: str | os.PathLike, rows: Iterable[dict]) -> Path:
+    """Write `rows` one JSON object a line, atomically: readers see the old file or the new one."""
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            for i, row in enumerate(rows):
+                if not isinstance(row, dict):
+                    raise TypeError(f"row {i} is a {type(row).__name__}; each row must be a dict")
+                f.write(json.dumps(row, ensure_ascii=False) + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        os.unlink(tmp)
+        raise
+    return path
+
+
+def _missing(row: dict, required: Sequence[str], alternatives: Sequence[Sequence[str]]) -> str | None:
+    has = f"(the row has keys: {', '.join(map(repr, row)) or 'none'})"
+    missing = [k for k in required if k not in row]
+    if missing:
+        return f"missing key{'s' if len(missing) > 1 else ''} {', '.join(map(repr, missing))} {has}"
+    if alternatives and not any(all(k in row for k in keys) for keys in alternatives):
+        options = " | ".join(" + ".join(map(repr, keys)) for keys in alternatives)
+        return f"needs one of {options} {has}"
+    return None
+
+
+def _wrong_type(row: dict) -> str | None:
+    for key in _STRING_KEYS:
+        if key in row and not isinstance(row[key], str):
+            hint = f' (write it as "{row[key]}")' if isinstance(row[key], (int, float)) else ""
+            return f"{key!r} must be a string, got a {_json_type(row[key])}{hint}"
+    if "messages" in row:
+        messages = row["messages"]
+        if not isinstance(messages, list) or not messages:
+            got = "an empty list" if messages == [] else f"a {_json_type(messages)}"
+            return f"'messages' must be a non-empty list of {{role, content}} objects, got {got}"
+        for i, m in enumerate(messages):
+            if not (isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)):
+                return f"'messages'[{i}] must be an object with string 'role' and 'content', got {json.dumps(m)[:80]}"
+    return None
+
+
+def _json_type(value) -> str:
+    names = {dict: "object", list: "list", str: "string", bool: "boolean", int: "number", float: "number"}
+    return "null" if value is None else names.get(type(value), type(value).__name__)

@@ -1,0 +1,40 @@
+"""Trainers named after their algorithm, for users coming from TRL:
+
+    GRPOTrainer(load_config("adder-grpo"), reward_fn=my_reward).train()
+
+Each is `RLTrainer` with `algo.name` set (and the config re-validated, so e.g. a group size of 1
+is refused with the key named); every other `algo.*` option is taken from the config as it is."""
+
+from __future__ import annotations
+
+import copy
+
+from ..config import Config, validate
+from .loop import RLTrainer
+
+
+def _with_algorithm(config: Config, name: str) -> Config:
+    config = copy.deepcopy(config)
+    config.algo.name = name
+    validate(config)
+    return config
+
+
+class ReinforceTrainer(RLTrainer):
+    def __init__(self, config: Config, **kwargs):
+        super().__init__(_with_algorithm(config, "reinforce"), **kwargs)
+
+
+class RLOOTrainer(RLTrainer):
+    def __init__(self, config: Config, **kwargs):
+        super().__init__(_with_algorithm(config, "rloo"), **kwargs)
+
+
+class GRPOTrainer(RLTrainer):
+    def __init__(self, config: Config, **kwargs):
+        super().__init__(_with_algorithm(config, "grpo"), **kwargs)
+
+
+class PPOTrainer(RLTrainer):
+    def __init__(self, config: Config, **kwargs):
+        super().__init__(_with_algorithm(config, "ppo"), **kwargs)

@@ -1,0 +1,294 @@
+"""The advantage and loss functions against numbers worked out by hand."""
+
+import math
+
+import pytest
+import torch
+from torch.testing import assert_close
+
+from lmrl.algos.advantages import (gae, group_advantages, leave_one_out_advantages, normalize_advantages,
+                                   token_level_rewards)
+from lmrl.algos.losses import (aggregate, clipped_surrogate_loss, entropy_from_logits, explained_variance,
+                               kl_estimate, value_loss)
+
+T = torch.tensor
+
+
+# -- group baselines ---------------------------------------------------------------------------------
+REWARDS = T([1.0, 0.0, 0.0, 1.0, 2.0, 4.0])  # group 0: 1, 0, 0 (mean 1/3), group 1: 1, 2, 4 (mean 7/3)
+
+
+def test_raw_mode_is_the_reward_itself_and_allows_groups_of_one():
+    assert_close(group_advantages(REWARDS, 3, "raw"), REWARDS)
+    assert_close(group_advantages(REWARDS, 1, "raw"), REWARDS)
+
+
+def test_grpo_no_std_subtracts_the_group_mean():
+    assert_close(group_advantages(REWARDS, 3, "grpo_no_std"), T([2 / 3, -1 / 3, -1 / 3, -4 / 3, -1 / 3, 5 / 3]))
+
+
+def test_grpo_divides_by_the_groups_sample_std_plus_eps():
+    # group 0: sample std of (1, 0, 0) = sqrt(((2/3)^2 + 2 (1/3)^2) / 2) = sqrt(1/3)
+    # group 1: sample std of (1, 2, 4) = sqrt(((4/3)^2 + (1/3)^2 + (5/3)^2) / 2) = sqrt(7/3)
+    s0, s1 = (1 / 3) ** 0.5, (7 / 3) ** 0.5
+    want = T([2 / 3 / s0, -1 / 3 / s0, -1 / 3 / s0, -4 / 3 / s1, -1 / 3 / s1, 5 / 3 / s1])
+    assert_close(group_advantages(REWARDS, 3, "grpo", eps=0.0), want)
+    assert_close(group_advantages(REWARDS, 3, "grpo", eps=0.5)[0], T(2 / 3 / (s0 + 0.5)))
+
+
+def test_grpo_on_a_group_that_agrees_gives_zero_not_nan():
+    # group 0 (1, 1): std 0, so 0 / eps = 0; group 1 (0, 1): mean 1/2, sample std sqrt(1/2)
+    assert_close(group_advantages(T([1.0, 1.0, 0.0, 1.0]), 2, "grpo"), T([0.0, 0.0, -0.5 / (0.5**0.5 + 1e-6),
+                                                                          0.5 / (0.5**0.5 + 1e-6)]))
+
+
+def test_token_rewards_get_group_statistics_per_position():
+    rewards = T([[1.0, 0.0], [0.0, 0.0], [1.0, 1.0], [1.0, 0.0]])  # two groups of two, two positions
+    assert_close(group_advantages(rewards, 2, "grpo_no_std"), T([[0.5, 0.0], [-0.5, 0.0], [0.0, 0.5], [0.0, -0.5]]))
+    # a pair (a, b) has sample std |a − b|/sqrt(2), so ±0.5 / (sqrt(1/2) + eps); agreeing pairs give 0
+    h = 0.5 / (0.5**0.5 + 1e-6)
+    assert_close(group_advantages(rewards, 2, "grpo"), T([[h, 0.0], [-h, 0.0], [0.0, h], [0.0, -h]]))
+
+
+def test_leave_one_out_subtracts_the_mean_of_the_others():
+    # group 0: 1 - 0 = 1, 0 - 1/2, 0 - 1/2; group 1: 1 - 3, 2 - 5/2, 4 - 3/2
+    assert_close(leave_one_out_advantages(REWARDS, 3), T([1.0, -0.5, -0.5, -2.0, -0.5, 2.5]))
+    # per position, groups of two: r_i − r_other
+    assert_close(leave_one_out_advantages(T([[1.0, 3.0], [0.0, 7.0]]), 2), T([[1.0, -4.0], [-1.0, 4.0]]))
+
+
+@pytest.mark.parametrize("call, message", [
+    (lambda: group_advantages(REWARDS, 1, "grpo"), "group_size must be >= 2"),
+    (lambda: group_advantages(REWARDS, 1, "grpo_no_std"), "group_size must be >= 2"),
+    (lambda: group_advantages(REWARDS, 0, "raw"), "group_size must be >= 1"),
+    (lambda: group_advantages(REWARDS, 4, "grpo"), "do not split into groups of 4"),
+    (lambda: group_advantages(REWARDS, 4, "raw"), "do not split into groups of 4"),
+    (lambda: group_advantages(REWARDS, 3, "mean"), "must be one of raw, grpo, grpo_no_std"),
+    (lambda: leave_one_out_advantages(REWARDS, 1), "group_size >= 2"),
+    (lambda: leave_one_out_advantages(REWARDS, 4), "do not split into groups of 4"),
+])
+def test_group_baselines_refuse_what_they_cannot_compute(call, message):
+    with pytest.raises(ValueError, match=message):
+        call()
+
+
+def test_batch_normalisation_ignores_masked_entries():
+    adv, mask = T([[1.0, 3.0, 100.0], [5.0, 7.0, -50.0]]), T([[1.0, 1.0, 0.0], [1.0, 1.0, 0.0]])
+    out = normalize_advantages(adv, mask)
+    std = 5**0.5  # valid 1, 3, 5, 7: mean 4, population variance (9 + 1 + 1 + 9) / 4 = 5
+    assert_close(out, T([[-3 / std, -1 / std, 0.0], [1 / std, 3 / std, 0.0]]))
+    valid = out[mask.bool()]
+    assert_close(valid.mean(), T(0.0))
+    assert_close(valid.std(correction=0), T(1.0))
+    adv[0, 2] = -1e6
+    assert_close(normalize_advantages(adv, mask), out)
+
+
+def test_batch_normalisation_of_sequence_advantages_uses_the_population_std():
+    # 0, 2: mean 1, population std 1 (the sample std would be sqrt(2))
+    assert_close(normalize_advantages(T([0.0, 2.0]), eps=0.0), T([-1.0, 1.0]))
+
+
+# -- token rewards and GAE ----------------------------------------------------------------------------
+MASK = T([[1.0, 1.0, 1.0], [1.0, 0.0, 0.0]])  # ragged: 3 tokens and 1 token
+
+
+def test_a_sequence_reward_lands_on_the_last_valid_token():
+    assert_close(token_level_rewards(T([2.0, -1.0]), MASK), T([[0.0, 0.0, 2.0], [-1.0, 0.0, 0.0]]))
+    mask = T([[1.0, 1.0, 0.0], [0.0, 0.0, 0.0]])  # a row with no token drops its reward
+    assert_close(token_level_rewards(T([2.0, -1.0]), mask), T([[0.0, 2.0, 0.0], [0.0, 0.0, 0.0]]))
+
+
+def test_token_rewards_pass_through_masked():
+    assert_close(token_level_rewards(T([[1.0, 2.0, 3.0], [4.0, 5.0, 6.0]]), MASK), T([[1.0, 2.0, 3.0], [4.0, 0.0, 0.0]]))
+
+
+GAE_REWARDS, GAE_VALUES = T([[1.0, 0.0, 2.0], [3.0, 0.0, 0.0]]), T([[0.5, 1.0, 1.5], [2.0, 0.0, 0.0]])
+
+
+def test_gae_with_lambda_one_is_the_discounted_return_minus_the_value():
+    adv, ret = gae(GAE_REWARDS, GAE_VALUES, MASK, gamma=1.0, lam=1.0)
+    assert_close(adv, T([[3.0 - 0.5, 2.0 - 1.0, 2.0 - 1.5], [1.0, 0.0, 0.0]]))  # reward-to-go 3, 2, 2
+    assert_close(ret, T([[3.0, 2.0, 2.0], [3.0, 0.0, 0.0]]))
+    adv, ret = gae(GAE_REWARDS, GAE_VALUES, MASK, gamma=0.9, lam=1.0)
+    # discounted returns: 1 + 0.81·2 = 2.62, 0.9·2 = 1.8, 2
+    assert_close(adv[0], T([2.62 - 0.5, 1.8 - 1.0, 2.0 - 1.5]))
+    assert_close(ret[0], T([2.62, 1.8, 2.0]))
+
+
+def test_gae_with_lambda_zero_is_the_one_step_td_error():
+    adv, _ = gae(GAE_REWARDS, GAE_VALUES, MASK, gamma=0.9, lam=0.0)
+    assert_close(adv, T([[1 + 0.9 * 1.0 - 0.5, 0 + 0.9 * 1.5 - 1.0, 2 - 1.5], [3.0 - 2.0, 0.0, 0.0]]))
+
+
+def test_gae_in_between():
+    # γ = 1, λ = 0.5: δ = (1 + 1 − 0.5, 0 + 1.5 − 1, 2 − 1.5) = (1.5, 0.5, 0.5)
+    # A_2 = 0.5, A_1 = 0.5 + 0.5·0.5 = 0.75, A_0 = 1.5 + 0.5·0.75 = 1.875
+    adv, ret = gae(GAE_REWARDS, GAE_VALUES, MASK, gamma=1.0, lam=0.5)
+    assert_close(adv[0], T([1.875, 0.75, 0.5]))
+    assert_close(ret[0], T([2.375, 1.75, 2.0]))
+
+
+def test_gae_never_reads_padding_and_writes_zeros_there():
+    rewards, values = GAE_REWARDS.clone(), GAE_VALUES.clone()
+    clean = gae(rewards, values, MASK, 0.9, 0.95)
+    rewards[1, 1:], values[1, 1:] = 99.0, -99.0
+    for got, want in zip(gae(rewards, values, MASK, 0.9, 0.95), clean):
+        assert_close(got, want)
+        assert (got[1, 1:] == 0).all()
+
+
+def test_gae_is_a_constant():
+    adv, ret = gae(GAE_REWARDS, GAE_VALUES.clone().requires_grad_(), MASK)
+    assert not adv.requires_grad and not ret.requires_grad
+
+
+# -- aggregation and the clipped surrogate -------------------------------------------------------------
+def test_token_and_sequence_aggregation_differ_on_ragged_lengths():
+    x = T([[1.0, 2.0, 3.0], [10.0, 0.0, 0.0]])
+    assert_close(aggregate(x, MASK, "token"), T(16 / 4))  # (1 + 2 + 3 + 10) / 4 tokens
+    assert_close(aggregate(x, MASK, "sequence"), T((2.0 + 10.0) / 2))  # mean of row means 2 and 10
+    assert_close(aggregate(x, MASK, "constant", constant=5), T(16 / (2 * 5)))
+    assert_close(aggregate(x, None, "token"), T(16 / 6))
+    with pytest.raises(ValueError, match="needs a positive normaliser"):
+        aggregate(x, MASK, "constant")
+    with pytest.raises(ValueError, match="token, sequence, constant"):
+        aggregate(x, MASK, "tokens")
+
+
+def test_an_empty_row_counts_as_zero_in_the_sequence_mean():
+    x, mask = T([[4.0, 2.0], [7.0, 7.0]]), T([[1.0, 1.0], [0.0, 0.0]])
+    assert_close(aggregate(x, mask, "sequence"), T((3.0 + 0.0) / 2))
+
+
+def surrogate(ratio, adv, left=0.1, right=0.3, mask=None, level="token"):
+    logp = torch.log(T(ratio)).requires_grad_()
+    loss, stats = clipped_surrogate_loss(logp, torch.zeros_like(logp), T(adv), mask, left, right, level)
+    loss.backward()
+    return loss.item(), logp.grad, stats
+
+
+def test_the_clip_is_asymmetric():
+    # A > 0: 1.2 is inside [0.9, 1.3], 1.4 is cut to 1.3; A < 0: 0.85 is cut to 0.9, 1.2 is not clipped
+    loss, grad, stats = surrogate([[1.2, 1.4, 0.85, 1.2]], [[1.0, 1.0, -1.0, -1.0]])
+    assert loss == pytest.approx(-(1.2 + 1.3 - 0.9 - 1.2) / 4)
+    assert grad[0, 1] == 0 and grad[0, 2] == 0  # clipped: no gradient
+    assert grad[0, 0] == pytest.approx(-1.2 / 4) and grad[0, 3] == pytest.approx(1.2 / 4)
+    assert stats["clip_frac"] == pytest.approx(0.5)
+    assert stats["ratio_mean"] == pytest.approx((1.2 + 1.4 + 0.85 + 1.2) / 4)
+    # (ρ − 1) − ln ρ: 0.2 − 0.18232 = 0.01768 (twice), 0.4 − 0.33647 = 0.06353, −0.15 + 0.16252 = 0.01252
+    assert stats["approx_kl"] == pytest.approx((2 * 0.0176784 + 0.0635278 + 0.0125189) / 4, rel=1e-4)
+
+
+def test_the_same_ratio_is_clipped_on_one_side_only():
+    # 0.85 with A > 0: min(0.85, 0.9) = 0.85, unclipped; 1.4 with A < 0: min(−1.4, −1.3) = −1.4, unclipped
+    loss, grad, stats = surrogate([[0.85, 1.4]], [[1.0, -1.0]])
+    assert loss == pytest.approx((-0.85 + 1.4) / 2)
+    assert_close(grad, T([[-0.85 / 2, 1.4 / 2]]))
+    assert stats["clip_frac"] == 0
+
+
+def test_masked_tokens_never_contribute_to_the_surrogate():
+    mask = T([[1.0, 0.0]])
+    loss_a, grad_a, stats_a = surrogate([[1.1, 1.2]], [[1.0, 5.0]], mask=mask)
+    loss_b, grad_b, stats_b = surrogate([[1.1, 0.3]], [[1.0, -7.0]], mask=mask)  # would be clipped if valid
+    assert loss_a == pytest.approx(loss_b) == pytest.approx(-1.1)
+    assert_close(grad_a, T([[-1.1, 0.0]]))
+    assert_close(grad_b, grad_a)
+    assert stats_a == pytest.approx(stats_b) and stats_b["clip_frac"] == 0 and stats_b["ratio_mean"] == pytest.approx(1.1)
+    # padding whose log-probs disagree wildly (ρ = e^200 overflows) still adds nothing, not a nan
+    logp = T([[0.0953102, 0.0]], requires_grad=True)  # ln 1.1
+    loss, stats = clipped_surrogate_loss(logp, T([[0.0, -200.0]]), T([[1.0, -7.0]]), mask, 0.1, 0.3)
+    loss.backward()
+    assert loss.item() == pytest.approx(-1.1) and stats["approx_kl"] == pytest.approx(stats_a["approx_kl"], abs=1e-6)
+    assert_close(logp.grad, grad_a)
+
+
+def test_sequence_advantages_are_shared_by_a_sequences_tokens():
+    # ρ = 1 everywhere, A = (2, −1): per-token losses −2, −2 | 1 (the last token is padding)
+    mask = T([[1.0, 1.0], [1.0, 0.0]])
+    loss, _, _ = surrogate([[1.0, 1.0], [1.0, 1.0]], [2.0, -1.0], mask=mask)
+    assert loss == pytest.approx((-2 - 2 + 1) / 3)
+    loss, _, _ = surrogate([[1.0, 1.0], [1.0, 1.0]], [2.0, -1.0], mask=mask, level="sequence")
+    assert loss == pytest.approx((-2 + 1) / 2)
+
+
+def test_at_ratio_one_the_surrogate_gradient_is_the_policy_gradient():
+    logp = torch.randn(3, 4, requires_grad=True)
+    adv, mask = torch.randn(3), T([[1.0, 1, 1, 1], [1, 1, 0, 0], [1, 0, 0, 0]])
+    loss, _ = clipped_surrogate_loss(logp, logp.detach(), adv, mask)
+    (grad,) = torch.autograd.grad(loss, logp)
+    (pg,) = torch.autograd.grad(-aggregate(logp * adv[:, None], mask, "token"), logp)
+    assert_close(grad, pg)
+    assert (grad[mask == 0] == 0).all() and (grad[mask == 1] != 0).all()
+
+
+def test_old_logprobs_and_advantages_get_no_gradient():
+    logp, old, adv = torch.zeros(1, 2, requires_grad=True), torch.zeros(1, 2, requires_grad=True), T([1.0]).requires_grad_()
+    loss, _ = clipped_surrogate_loss(logp, old, adv)
+    loss.backward()
+    assert old.grad is None and adv.grad is None and logp.grad is not None
+
+
+# -- KL, entropy, value loss, explained variance ------------------------------------------------------
+def test_kl_estimators_by_hand():
+    logp, ref = T([-1.0, -2.0]), T([-1.5, -1.0])  # log r = 0.5, -1.0
+    assert_close(kl_estimate(logp, ref, "k1"), T([0.5, -1.0]))
+    assert_close(kl_estimate(logp, ref, "k2"), T([0.125, 0.5]))
+    # k3: e^-0.5 − 1 + 0.5 = 0.6065307 − 0.5 = 0.1065307; e^1 − 1 − 1 = 0.7182818
+    assert_close(kl_estimate(logp, ref, "k3"), T([0.1065307, 0.7182818]))
+    with pytest.raises(ValueError, match="k1, k2, k3"):
+        kl_estimate(logp, ref, "k4")
+
+
+def test_kl_gradient_flows_through_the_policy_only():
+    logp, ref = T([-1.0, -2.0]).requires_grad_(), T([-1.5, -1.0]).requires_grad_()
+    kl_estimate(logp, ref, "k3").sum().backward()
+    assert_close(logp.grad, T([1 - 0.6065307, 1 - 2.7182818]))  # d k3 / d log r = 1 − e^(−log r)
+    assert ref.grad is None
+
+
+def test_k3_is_never_negative_and_zero_when_the_policies_agree():
+    logp, ref = torch.randn(1000) * 3, torch.randn(1000) * 3
+    assert (kl_estimate(logp, ref, "k3") >= 0).all()
+    assert_close(kl_estimate(logp, logp, "k3"), torch.zeros(1000))
+
+
+def test_entropy_from_logits():
+    # uniform over 3: ln 3; two equal tokens and one ruled out: ln 2; one token certain: 0
+    logits = T([[5.0, 5.0, 5.0], [0.0, 0.0, -float("inf")], [1e4, 0.0, 0.0]])
+    assert_close(entropy_from_logits(logits), T([1.0986123, 0.6931472, 0.0]))
+
+
+def test_value_loss_clipped_and_unclipped():
+    values, old, returns = T([[2.0, 0.0]]), T([[1.0, 0.0]]), T([[3.0, 1.0]])
+    loss, _ = value_loss(values, old, returns)
+    assert loss.item() == pytest.approx(0.5 * (1.0 + 1.0) / 2)
+    # clip 0.5: V_clip = (1.5, 0.0): errors (3 - 1.5)^2 = 2.25 > 1 is taken at the first token
+    values.requires_grad_()
+    loss, stats = value_loss(values, old, returns, clip_range=0.5)
+    assert loss.item() == pytest.approx(0.5 * (2.25 + 1.0) / 2)
+    assert stats["value_clip_frac"] == pytest.approx(0.5)
+    loss.backward()  # the clipped term is flat in V at the first token; (V − R)/2 = −0.5 at the second
+    assert_close(values.grad, T([[0.0, -0.5]]))
+
+
+def test_value_clip_keeps_the_larger_error():
+    # V moves from 1 to 4 with R = 3: unclipped error 1, V_clip = 1.5 gives 2.25, larger, so it is kept
+    # V moves from 1 to 0 with R = 3: unclipped error 9, V_clip = 0.5 gives 6.25, smaller: unclipped
+    loss, stats = value_loss(T([4.0, 0.0]), T([1.0, 1.0]), T([3.0, 3.0]), clip_range=0.5)
+    assert loss.item() == pytest.approx(0.5 * (2.25 + 9.0) / 2)
+    assert stats["value_clip_frac"] == pytest.approx(0.5)
+    loss, _ = value_loss(T([[4.0, 0.0]]), T([[1.0, 1.0]]), T([[3.0, 3.0]]), T([[0.0, 1.0]]), clip_range=0.5)
+    assert loss.item() == pytest.approx(0.5 * 9.0)
+
+
+def test_explained_variance_is_one_for_perfect_values_and_zero_for_the_mean():
+    returns = T([1.0, 2.0, 3.0, 6.0])
+    assert explained_variance(returns.clone(), returns) == pytest.approx(1.0)
+    assert explained_variance(torch.full((4,), 3.0), returns) == pytest.approx(0.0)
+    # Var(R) = 3.5, Var(R − V) for V = (1, 2, 3, 4): residuals 0, 0, 0, 2, population var 0.75
+    assert explained_variance(T([1.0, 2.0, 3.0, 4.0]), returns) == pytest.approx(1 - 0.75 / 3.5)
+    mask = T([[1.0, 1.0, 0.0]])  # padding values do not count
+    assert explained_variance(T([[1.0, 2.0, 50.0]]), T([[1.0, 2.0, 0.0]]), mask) == pytest.approx(1.0)
+    assert math.isnan(explained_variance(T([1.0, 2.0]), T([4.0, 4.0])))  # the returns do not vary
