@@ -181,10 +181,11 @@ def test_the_clip_is_asymmetric():
 
 
 def test_the_same_ratio_is_clipped_on_one_side_only():
-    # 0.85 with A > 0: min(0.85, 0.9) = 0.85, unclipped; 1.4 with A < 0: min(−1.4, −1.3) = −1.4, unclipped
-    loss, grad, stats = surrogate([[0.85, 1.4]], [[1.0, -1.0]])
-    assert loss == pytest.approx((-0.85 + 1.4) / 2)
-    assert_close(grad, T([[-0.85 / 2, 1.4 / 2]]))
+    # 0.85 with A > 0: min(0.85, 0.9) = 0.85, unclipped; 1.4 with A < 0: min(−1.4, −1.3) = −1.4, unclipped;
+    # 1.4 with A = 0 is outside the band but the clip changes nothing, so it does not count
+    loss, grad, stats = surrogate([[0.85, 1.4, 1.4]], [[1.0, -1.0, 0.0]])
+    assert loss == pytest.approx((-0.85 + 1.4 + 0.0) / 3)
+    assert_close(grad, T([[-0.85 / 3, 1.4 / 3, 0.0]]))
     assert stats["clip_frac"] == 0
 
 
