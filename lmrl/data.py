@@ -87,7 +87,7 @@ def _missing(row: dict, required: Sequence[str], alternatives: Sequence[Sequence
 def _wrong_type(row: dict) -> str | None:
     for key in _STRING_KEYS:
         if key in row and not isinstance(row[key], str):
-            hint = f' (write it as "{row[key]}")' if isinstance(row[key], (int, float)) else ""
+            hint = f' (write it as "{row[key]}")' if type(row[key]) in (int, float) else ""
             return f"{key!r} must be a string, got a {_json_type(row[key])}{hint}"
     if "messages" in row:
         messages = row["messages"]
