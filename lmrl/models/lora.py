@@ -1,0 +1,92 @@
+"""LoRA adapters on an `HFPolicy`, with peft: only the adapter trains, the base weights stay frozen,
+and the base model with the adapter switched off is the KL reference (no second copy in memory).
+
+    add_lora(policy, r=16, alpha=32)         # policy.model becomes a peft model; outputs unchanged at start
+    with adapter_disabled(policy): ...       # the base model's outputs
+    save_adapter(policy, "adapter/")         # adapter_config.json + adapter_model.safetensors
+    export_merged(policy, tokenizer, "out/") # a plain transformers model, adapter merged in
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+from pathlib import Path
+
+import torch
+
+from .hf import HFPolicy
+
+try:
+    from peft import LoraConfig, PeftModel, get_peft_model
+except ImportError as e:
+    raise ImportError(f"lmrl.models.lora needs the `hf` extra ({e}): pip install -e '.[hf]'") from None
+
+
+def has_adapter(policy: HFPolicy) -> bool:
+    return isinstance(policy.model, PeftModel)
+
+
+def add_lora(policy: HFPolicy, r: int = 16, alpha: float = 32, dropout: float = 0.0,
+             target_modules: str | list[str] = "all-linear") -> HFPolicy:
+    """Wraps `policy.model` with a LoRA adapter (W + (alpha / r) B A on each target linear layer)
+    and freezes everything else. peft starts B at 0, so the policy's outputs are unchanged.
+    `target_modules`: "all-linear" (every linear layer but the output head) or module names."""
+    if has_adapter(policy):
+        raise ValueError("the policy already has a LoRA adapter")
+    config = LoraConfig(r=r, lora_alpha=alpha, lora_dropout=dropout, target_modules=target_modules,
+                        task_type="CAUSAL_LM")
+    policy.model = get_peft_model(policy.model, config)
+    return policy
+
+
+@contextlib.contextmanager
+def adapter_disabled(policy: HFPolicy):
+    """Inside, the policy computes as its base model (the adapter is bypassed, not removed)."""
+    if not has_adapter(policy):
+        raise ValueError("the policy has no LoRA adapter to disable; a reference model without LoRA "
+                         "needs a frozen copy of the policy")
+    with policy.model.disable_adapter():
+        yield policy
+
+
+@torch.no_grad()
+def reference_logprobs(policy: HFPolicy, ids: torch.Tensor, attention_mask: torch.Tensor, n_completion: int,
+                       temperature: float = 1.0) -> torch.Tensor:
+    """Log-probs (B, N) of the last `n_completion` tokens under the base model (adapter off, eval mode)."""
+    was_training = policy.training
+    policy.eval()
+    try:
+        with adapter_disabled(policy):
+            return policy.sequence_logprobs(ids, attention_mask, n_completion, temperature)[0]
+    finally:
+        policy.train(was_training)
+
+
+def save_adapter(policy: HFPolicy, directory) -> Path:
+    """Writes the adapter only (adapter_config.json + adapter_model.safetensors): megabytes, not the model."""
+    if not has_adapter(policy):
+        raise ValueError("the policy has no LoRA adapter to save")
+    policy.model.save_pretrained(str(directory))
+    return Path(directory)
+
+
+def load_adapter(policy: HFPolicy, directory, *, trainable: bool = True) -> HFPolicy:
+    """Puts the adapter saved in `directory` on a policy loaded from the same base model."""
+    if has_adapter(policy):
+        raise ValueError("the policy already has a LoRA adapter")
+    if not (Path(directory) / "adapter_config.json").is_file():
+        raise FileNotFoundError(f"no adapter_config.json in {str(directory)!r} (written by save_adapter)")
+    policy.model = PeftModel.from_pretrained(policy.model, str(directory), is_trainable=trainable)
+    return policy
+
+
+def export_merged(policy: HFPolicy, tokenizer, out_dir) -> Path:
+    """Writes a plain transformers model (adapter merged into the weights) + tokenizer, which
+    `AutoModelForCausalLM.from_pretrained(out_dir)` loads without peft. The merge is done on a
+    temporary copy, so the policy keeps its adapter and can go on training."""
+    model = copy.deepcopy(policy.model)
+    merged = model.merge_and_unload() if isinstance(model, PeftModel) else model
+    merged.save_pretrained(str(out_dir))
+    tokenizer.save_pretrained(str(out_dir))
+    return Path(out_dir)
