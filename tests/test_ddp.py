@@ -19,7 +19,7 @@ from lmrl.train.loop import RLTrainer
 from lmrl.dist.ddp import shutdown
 trainer = RLTrainer(load_config("adder", sys.argv[1:]))
 trainer.train()
-state = {k: v.clone() for k, v in trainer.model.state_dict().items()}  # tied weights: one copy each
+state = {k: v.clone() for k, v in trainer.module.state_dict().items()}  # policy (+ value); tied weights: a copy each
 save_file(state, f"{trainer.run_dir}/params_rank{trainer.dist.rank}.safetensors")
 shutdown()
 """
@@ -30,18 +30,24 @@ def torchrun(tmp_path, *args):
                            *args], capture_output=True, text=True, timeout=300, cwd=tmp_path)
 
 
-def test_two_cpu_processes_keep_identical_parameters(tmp_path):
+PPO = ["algo.name=ppo", "algo.value_model=head", "algo.ppo_epochs=2", "algo.minibatch_size=8", "train.ga_steps=2"]
+GRPO = ["algo.name=grpo", "algo.group_size=4", "algo.kl_coef=0.1", "algo.ppo_epochs=2", "algo.minibatch_size=8"]
+
+
+@pytest.mark.parametrize("algo", [[], GRPO, PPO], ids=["reinforce", "grpo", "ppo"])
+def test_two_cpu_processes_keep_identical_parameters(tmp_path, algo):
     script = tmp_path / "worker.py"
     script.write_text(WORKER)
     run = tmp_path / "run"
     proc = torchrun(tmp_path, str(script), *TINY, "sft.batch_size=32", "train.rollout_size=32",
-                    "train.keep_checkpoints=0", f"run.dir={run}")
+                    "train.keep_checkpoints=0", f"run.dir={run}", *algo)
     assert proc.returncode == 0, proc.stderr[-3000:]
     p0, p1 = (load_file(run / f"params_rank{r}.safetensors") for r in (0, 1))
     assert p0.keys() == p1.keys()
     assert all((p0[k] == p1[k]).all() for k in p0), "ranks diverged"
     untrained = load_file(run / "checkpoints" / "step_2" / "model.safetensors")
-    assert any((p0[k] != untrained[k]).any() for k in untrained), "training did not change the weights"
+    prefix = "policy." if algo == PPO else ""
+    assert any((p0[prefix + k] != untrained[k]).any() for k in untrained), "training did not change the weights"
     assert "world size 2" in (run / "train.log").read_text()
     steps = [json.loads(line)["step"] for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert steps == sorted(set(steps)), "a rank other than 0 wrote metrics"
