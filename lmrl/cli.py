@@ -3,6 +3,8 @@
     lmrl train adder [key=value ...] [--resume] [--debug] [--no-wandb]
     lmrl eval RUN_DIR [--checkpoint best|latest|step_N] [--size N]
     lmrl generate RUN_DIR "123+456=" [...] [--checkpoint ...] [--temperature T]
+    lmrl export RUN_DIR [--out DIR] [--checkpoint ...]   a merged model transformers loads
+    lmrl data word-problems OUT_DIR [--train N] [--test N] [--kinds add,sub,mul] [--max-value N]
     lmrl presets
 """
 
@@ -44,6 +46,22 @@ def _parser() -> argparse.ArgumentParser:
     g.add_argument("--checkpoint", default="latest")
     g.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
 
+    x = sub.add_parser("export", help="write a run's model as a plain transformers model (LoRA merged in)")
+    x.add_argument("run_dir", type=Path)
+    x.add_argument("--out", type=Path, default=None, help="output dir (default RUN_DIR/export)")
+    x.add_argument("--checkpoint", default="latest")
+
+    d = sub.add_parser("data", help="write offline JSONL data sets (train.jsonl, test.jsonl)")
+    d.add_argument("kind", choices=["word-problems", "addition-chat"],
+                   help="word-problems: arithmetic word problems; addition-chat: 'What is 23 + 58?'")
+    d.add_argument("out_dir", type=Path)
+    d.add_argument("--train", type=int, default=2000, help="training rows")
+    d.add_argument("--test", type=int, default=200, help="held-out rows (never also in train)")
+    d.add_argument("--kinds", default="add,sub,mul", help="word-problems: comma-separated add, sub, mul, div")
+    d.add_argument("--max-value", type=int, default=100, help="largest operand (word-problems)")
+    d.add_argument("--digits", type=int, default=2, help="addition-chat: digits per operand")
+    d.add_argument("--seed", type=int, default=0)
+
     sub.add_parser("presets", help="list the named presets")
     return p
 
@@ -58,13 +76,16 @@ def main(argv: list[str] | None = None) -> int:
     if extra:
         args.overrides = list(args.overrides) + extra
     from .config import ConfigError
+    from .data import DataError
     from .train.inspect import PromptError
     from .train.loop import TrainingError
     from .train.rewards import RewardError
 
     try:
-        return {"train": _train, "eval": _eval, "generate": _generate, "presets": _presets}[args.command](args)
-    except (ConfigError, PromptError, TrainingError, RewardError, FileNotFoundError, NotADirectoryError,
+        commands = {"train": _train, "eval": _eval, "generate": _generate, "export": _export, "data": _data,
+                    "presets": _presets}
+        return commands[args.command](args)
+    except (ConfigError, PromptError, TrainingError, RewardError, DataError, FileNotFoundError, NotADirectoryError,
             PermissionError) as e:
         print(f"lmrl {args.command}: error: {e}", file=sys.stderr)
         return 2 if isinstance(e, ConfigError) else 1
@@ -110,6 +131,26 @@ def _generate(args) -> int:
     run = load_run(args.run_dir, args.checkpoint)
     for prompt, completion, answer in run.generate(args.prompts, temperature=args.temperature):
         print(f"{prompt}{completion}    (answer {answer})")
+    return 0
+
+
+def _export(args) -> int:
+    from .train.inspect import export_run
+
+    out = export_run(args.run_dir, args.out, args.checkpoint)
+    print(f"exported to {out}")
+    return 0
+
+
+def _data(args) -> int:
+    from .tasks.word_problems import write_addition_chat, write_splits
+
+    if args.kind == "word-problems":
+        paths = write_splits(args.out_dir, args.train, args.test, args.seed, kinds=tuple(args.kinds.split(",")),
+                             max_value=args.max_value)
+    else:
+        paths = write_addition_chat(args.out_dir, args.train, args.test, args.seed, digits=args.digits)
+    print(f"wrote {paths[0]} and {paths[1]}")
     return 0
 
 

@@ -54,7 +54,12 @@ class RunConfig:
 
 @dataclass
 class ModelConfig:
-    type: str = _f("gpt", "gpt (the built-in GPT)")
+    type: str = _f("gpt", "gpt (the built-in GPT) | hf (a transformers causal LM, see model.path)")
+    path: str | None = _f(None, "hf: a local model directory, a directory holding model.gguf_file, or a "
+                                "packaged name (smollm2-135m-instruct)")
+    gguf_file: str | None = _f(None, "hf: the GGUF file inside model.path to load (dequantized)")
+    dtype: str = _f("fp32", "hf: fp32 | bf16")
+    gradient_checkpointing: bool = _f(False, "hf: recompute activations in the backward pass (less memory)")
     init_from: str | None = _f(None, "start from these weights: a checkpoint dir (e.g. runs/x/checkpoints/step_200) "
                                      "or a .safetensors file")
     n_layer: int = _f(4, "transformer blocks")
@@ -73,6 +78,34 @@ class TaskConfig:
     reward: str = _f("exact", "exact (1/0 per answer) | digits (fraction of digits right, per answer) | "
                               "per_digit (1/0 per digit, on that digit's token)")
     heldout_size: int = _f(1000, "problems reserved for evaluation, never trained on")
+    train_file: str | None = _f(None, "math: JSONL rows {prompt or messages, ground_truth} to train on")
+    generate: str = _f("", "math: when train_file / test_file do not exist, write them first with "
+                           "`lmrl data <generate>`'s defaults: word-problems | addition-chat (empty: never)")
+    test_file: str | None = _f(None, "math: JSONL rows held out for evaluation")
+    max_new_tokens: int = _f(256, "math: longest completion sampled")
+    chat: bool = _f(True, "math: wrap plain-text prompts as a user message in the model's chat template")
+    system_prompt: str = _f("", "math: system message put before each chat prompt (empty: none)")
+    prompt_template: str = _f("{prompt}", "math: how a row's prompt becomes the question asked; must hold {prompt}")
+    scratchpad: bool = _f(False, "multiplication: write the partial products before the product (12*34=840|630|8040)")
+
+
+@dataclass
+class LoraConfig:
+    r: int = _f(0, "LoRA rank on an hf model (0 = no adapter: train every weight)")
+    alpha: float = _f(32.0, "LoRA alpha (the update is scaled by alpha / r)")
+    dropout: float = _f(0.0, "LoRA dropout")
+    target_modules: list = _f(["all-linear"], "modules that get an adapter: [all-linear] or names such as "
+                                              "[q_proj, k_proj, v_proj, o_proj]")
+
+
+@dataclass
+class RewardConfig:
+    cls: str = _f("", "a custom reward, pkg.module:Class; an instance is called as "
+                      "reward(prompts, completions, ground_truth=[...]) -> list of floats")
+    format_weight: float = _f(0.0, "math: reward for a well-formed <think>...</think> <answer>...</answer>")
+    correct_weight: float = _f(1.0, "math: reward for a correct answer (checked with math-verify)")
+    require_format: bool = _f(True, "math: a correct answer counts only when well-formed")
+    timeout_s: float = _f(5.0, "math: seconds one answer check may take before it scores 0")
 
 
 @dataclass
@@ -154,6 +187,8 @@ class Config:
     run: RunConfig = field(default_factory=RunConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
     task: TaskConfig = field(default_factory=TaskConfig)
+    lora: LoraConfig = field(default_factory=LoraConfig)
+    reward: RewardConfig = field(default_factory=RewardConfig)
     sft: SFTConfig = field(default_factory=SFTConfig)
     algo: AlgoConfig = field(default_factory=AlgoConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
@@ -213,9 +248,21 @@ def load_config(source: str | Path | None = None, overrides: Sequence[str] = ())
         key, sep, raw = item.partition("=")
         if not sep or not key:
             raise ConfigError(f"override {item!r} must look like section.key=value")
-        _set(cfg, key.strip(), yaml.safe_load(raw) if raw.strip() else "", f"override {item}")
+        _set(cfg, key.strip(), _override_value(raw), f"override {item}")
     validate(cfg)
     return cfg
+
+
+def _override_value(raw: str):
+    """A command-line value read as YAML (3e-4, true, [a, b]); text that is not valid YAML, or that
+    YAML reads as a mapping (`{prompt} ...`), stays the string it was typed as."""
+    if not raw.strip():
+        return ""
+    try:
+        value = yaml.safe_load(raw)
+    except yaml.YAMLError:
+        return raw
+    return raw if isinstance(value, dict) else value
 
 
 def config_from_dict(data: dict, where: str = "<dict>") -> Config:
@@ -309,99 +356,6 @@ def _type_name(t) -> str:
     return {bool: "true or false", int: "an int", float: "a number", str: "a string", list: "a list"}.get(t, str(t))
 
 
-# -- validation ----------------------------------------------------------------------------------
-CHOICES = {
-    "run.resume": ["never", "auto"],
-    "run.wandb_mode": ["online", "offline"],
-    "model.type": ["gpt"],
-    "task.name": ["addition", "multiplication"],
-    "task.reward": ["exact", "digits", "per_digit"],
-    "schedule.name": ["constant", "cosine"],
-    "algo.name": ALGORITHMS,
-    "algo.adv_mode": ["raw", "grpo", "grpo_no_std"],
-    "algo.loss_level": ["token", "sequence", "constant"],
-    "algo.kl_estimator": ["k1", "k2", "k3"],
-    "algo.value_model": ["none", "head", "separate"],
-}
-
-
-def arithmetic_seq_len(task: TaskConfig) -> int:
-    """Positions an arithmetic problem needs: prompt + answer."""
-    prompt = 2 * task.ndigit + (2 if task.use_format else 0)
-    answer = task.ndigit + 1 if task.name == "addition" else 2 * task.ndigit
-    return prompt + answer
-
-
-def validate(cfg: Config) -> None:
-    for dotted, options in CHOICES.items():
-        section, key = dotted.split(".")
-        value = getattr(getattr(cfg, section), key)
-        if value not in options:
-            raise ConfigError(f"{dotted}={value!r} is not one of {', '.join(options)}{_suggest(str(value), options)}")
-    checks = [
-        (cfg.train.steps >= 0, "train.steps must be >= 0"),
-        (cfg.train.rollout_size > 0, "train.rollout_size must be > 0"),
-        (cfg.train.temperature > 0, "train.temperature must be > 0"),
-        (cfg.train.ga_steps >= 1, "train.ga_steps must be >= 1"),
-        (cfg.train.rollout_size % cfg.train.ga_steps == 0,
-         f"train.rollout_size={cfg.train.rollout_size} must be divisible by train.ga_steps={cfg.train.ga_steps}"),
-        (min(cfg.train.log_every, cfg.train.eval_every, cfg.train.ckpt_every) >= 1,
-         "train.log_every, eval_every and ckpt_every must be >= 1"),
-        (0 <= cfg.algo.baseline_decay < 1, "algo.baseline_decay must be in [0, 1)"),
-        (cfg.model.n_embd % cfg.model.n_head == 0,
-         f"model.n_embd={cfg.model.n_embd} must be divisible by model.n_head={cfg.model.n_head}"),
-        (cfg.task.ndigit >= 1, "task.ndigit must be >= 1"),
-        (cfg.task.heldout_size >= 1, "task.heldout_size must be >= 1"),
-        (1 <= cfg.eval.size <= cfg.task.heldout_size,
-         f"eval.size={cfg.eval.size} must be between 1 and task.heldout_size={cfg.task.heldout_size}"),
-        (cfg.sft.steps >= 0 and cfg.sft.examples >= 0, "sft.steps and sft.examples must be >= 0"),
-        (cfg.sft.steps == 0 or cfg.sft.examples > 0, "sft.steps > 0 needs sft.examples > 0 (the label budget)"),
-        (len(cfg.optim.betas) == 2 and all(0 <= b < 1 for b in cfg.optim.betas),
-         f"optim.betas must be two numbers in [0, 1), got {cfg.optim.betas}"),
-    ]
-    for ok, msg in checks + _algo_checks(cfg):
-        if not ok:
-            raise ConfigError(msg)
-    need = arithmetic_seq_len(cfg.task)
-    if need > cfg.model.n_position:
-        raise ConfigError(f"task.ndigit={cfg.task.ndigit} needs {need} positions but model.n_position is "
-                          f"{cfg.model.n_position}")
-    training_problems = 10 ** (2 * cfg.task.ndigit) - cfg.task.heldout_size
-    if cfg.sft.examples > training_problems:
-        raise ConfigError(f"sft.examples={cfg.sft.examples} is more than the {max(training_problems, 0)} training "
-                          f"problems of ndigit={cfg.task.ndigit} with task.heldout_size={cfg.task.heldout_size}")
-    if cfg.task.heldout_size >= 10 ** (2 * cfg.task.ndigit):
-        raise ConfigError(f"task.heldout_size={cfg.task.heldout_size} leaves no training problems for "
-                          f"ndigit={cfg.task.ndigit}")
-
-
-def _algo_checks(cfg: Config) -> list[tuple[bool, str]]:
-    a, t = cfg.algo, cfg.train
-    group = a.name in ("rloo", "grpo")
-    return [
-        (a.group_size >= 1, f"algo.group_size must be >= 1, got {a.group_size}"),
-        (not group or a.group_size >= 2 or (a.name == "grpo" and a.adv_mode == "raw"),
-         f"algo.name={a.name} compares each completion with its group: algo.group_size must be >= 2, got {a.group_size}"),
-        (t.rollout_size % a.group_size == 0,
-         f"train.rollout_size={t.rollout_size} must be divisible by algo.group_size={a.group_size}"),
-        (a.ppo_epochs >= 1, f"algo.ppo_epochs must be >= 1, got {a.ppo_epochs}"),
-        (a.minibatch_size >= 0, f"algo.minibatch_size must be >= 0, got {a.minibatch_size}"),
-        (a.name != "reinforce" or (a.ppo_epochs == 1 and a.minibatch_size == 0),
-         "algo.name=reinforce makes one on-policy update per rollout: algo.ppo_epochs must be 1 and "
-         "algo.minibatch_size 0 (use rloo, grpo or ppo for several updates per rollout)"),
-        (a.name != "ppo" or a.value_model != "none",
-         "algo.name=ppo needs a value model: set algo.value_model to head or separate"),
-        (min(a.clip_range_left, a.clip_range_right) >= 0 and a.clip_range_left < 1,
-         "algo.clip_range_left must be in [0, 1) and algo.clip_range_right >= 0"),
-        (a.kl_coef >= 0 and a.kl_target >= 0 and a.kl_horizon > 0,
-         "algo.kl_coef and algo.kl_target must be >= 0, algo.kl_horizon > 0"),
-        (a.kl_target == 0 or a.kl_coef > 0, "algo.kl_target > 0 (adaptive KL) needs an initial algo.kl_coef > 0"),
-        (0 <= a.gamma <= 1 and 0 <= a.lam <= 1, "algo.gamma and algo.lam must be in [0, 1]"),
-        (a.adv_eps > 0 and a.loss_constant >= 0 and a.value_clip >= 0,
-         "algo.adv_eps must be > 0, algo.loss_constant and algo.value_clip >= 0"),
-    ]
-
-
 # -- presets by class-style name -----------------------------------------------------------------
 def AdderRLConfig(*overrides: str) -> Config:
     """The `adder` preset: 4 layers, 8 heads, 256 dims, 3-digit addition."""
@@ -411,3 +365,6 @@ def AdderRLConfig(*overrides: str) -> Config:
 def MultiplierRLConfig(*overrides: str) -> Config:
     """The `multiplier` preset: 6 layers, 8 heads, 256 dims, 2-digit multiplication."""
     return load_config("multiplier", overrides)
+
+
+from .config_checks import arithmetic_seq_len, validate  # noqa: E402  (the checks read the classes above)

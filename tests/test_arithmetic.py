@@ -77,3 +77,20 @@ def test_distinct_train_ids_are_exactly_n_different_training_problems():
     assert not torch.equal(ids[:50].sort().values, ids[:50])  # random order, not sorted
     with pytest.raises(ValueError, match="asked for 9001 distinct training problems but only 9000 exist"):
         t.sample_distinct_train_ids(9001, torch.Generator())
+
+
+def test_multiplication_scratchpad_writes_partial_products_then_the_product():
+    t = ArithmeticTask("multiplication", ndigit=2, scratchpad=True)
+    # 12*34 = 12*4 + 12*30 = 48 + 360: partials 048 and 036 reversed, then 0408 reversed
+    assert t.target(12, 34) == "840|630|8040"
+    assert t.answer_len == len("840|630|8040") and t.decode_answer("840|630|8040") == "0408"
+    for a, b in [(99, 99), (7, 86), (0, 5), (10, 10)]:
+        answer = t.target(a, b)
+        assert len(answer) == t.answer_len and int(t.decode_answer(answer)) == a * b
+    assert t.score(t.prompt_text(12, 34), "840|630|8040") == 1.0
+    assert t.score(t.prompt_text(12, 34), "840|631|8040") == 0.0  # a wrong partial product is a wrong answer
+
+
+def test_scratchpad_is_refused_for_addition():
+    with pytest.raises(ValueError, match="multiplication only"):
+        ArithmeticTask("addition", ndigit=2, scratchpad=True)

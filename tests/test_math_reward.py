@@ -136,11 +136,13 @@ def test_format_bonus_with_required_format():
     assert r(["p"] * 3, completions, ["19"] * 3) == [0.0, 0.2, 0.0]
 
 
-def test_weights_without_required_format():
+def test_weights_without_required_format_and_the_last_number_fallback():
     r = MathReward(format_weight=0.2, correct_weight=0.8, require_format=False)
     try:
-        completions = [done("19"), done("18"), "<answer>19</answer>", "<answer>18</answer>", "19"]
-        assert r(["p"] * 5, completions, ["19"] * 5) == pytest.approx([1.0, 0.2, 0.8, 0.0, 0.0])
+        # without an <answer> block the last number written is the answer: "19" is right, "... 20" is not
+        completions = [done("19"), done("18"), "<answer>19</answer>", "<answer>18</answer>", "19",
+                       "12 + 7 = 19, so 20", "no number"]
+        assert r(["p"] * 7, completions, ["19"] * 7) == pytest.approx([1.0, 0.2, 0.8, 0.0, 0.8, 0.0, 0.0])
         bad_format = r.score_one("<answer>19</answer>", "19")
         assert (bad_format.format_ok, bad_format.correct) == (False, True)
     finally:

@@ -40,6 +40,7 @@ class PreparedBatch:
     ref_logprobs: torch.Tensor | None = None  # (B, N) under the frozen reference (KL in the loss)
     old_values: torch.Tensor | None = None  # (B, N) PPO: V(s_t) at rollout time
     returns: torch.Tensor | None = None  # (B, N) PPO: value targets
+    attention_mask: torch.Tensor | None = None  # (B, P + N) left-padded text prompts; None: no padding
 
     def __len__(self) -> int:
         return self.sequences.size(0)
@@ -62,12 +63,15 @@ class Learner(Protocol):
     def all_reduce_sum(self, t: torch.Tensor) -> torch.Tensor: ...
 
 
-def policy_forward(model: nn.Module, sequences: torch.Tensor, n: int, temperature: float = 1.0):
+def policy_forward(model: nn.Module, sequences: torch.Tensor, n: int, temperature: float = 1.0,
+                   attention_mask: torch.Tensor | None = None):
     """Log-probs (B, N) and entropies (B, N) of the last `n` tokens of `sequences` under
     softmax(logits / temperature) (the distribution they were sampled from), and values (B, N)
     when `model` also returns them (an ActorCritic), else None. V at token t is the value of the
-    state the token was chosen in, read at the same position as the logits that chose it."""
-    out = model(sequences[:, :-1])
+    state the token was chosen in, read at the same position as the logits that chose it.
+    `attention_mask` (B, T) marks left padding in text prompts (the model derives positions from it)."""
+    out = model(sequences[:, :-1]) if attention_mask is None else \
+        model(sequences[:, :-1], attention_mask=attention_mask[:, :-1])
     logits, values = out if isinstance(out, tuple) else (out, None)
     logits = logits[:, -n:].float() / temperature  # (B, N, V): position t predicts token t+1
     logp_all = F.log_softmax(logits, dim=-1)
@@ -77,11 +81,13 @@ def policy_forward(model: nn.Module, sequences: torch.Tensor, n: int, temperatur
 
 
 @torch.no_grad()
-def score_sequences(model: nn.Module, sequences: torch.Tensor, n: int, temperature: float, chunks: int = 1):
+def score_sequences(model: nn.Module, sequences: torch.Tensor, n: int, temperature: float, chunks: int = 1,
+                    attention_mask: torch.Tensor | None = None):
     """`policy_forward` without gradients, in `chunks` pieces: (logprobs, values or None)."""
     logps, values = [], []
-    for part in sequences.chunk(chunks):
-        lp, _, v = policy_forward(model, part, n, temperature)
+    masks = [None] * chunks if attention_mask is None else attention_mask.chunk(chunks)
+    for part, mask in zip(sequences.chunk(chunks), masks):
+        lp, _, v = policy_forward(model, part, n, temperature, mask)
         logps.append(lp)
         values.append(v)
     return torch.cat(logps), None if values[0] is None else torch.cat(values)
@@ -131,7 +137,7 @@ class Algorithm:
         if learner.reference is None:
             return None
         logp, _ = score_sequences(learner.reference, rollout.sequences, rollout.completions.size(1),
-                                  self.temperature, self.ga_steps)
+                                  self.temperature, self.ga_steps, rollout.attention_mask)
         return logp
 
     def kl_shaped_rewards(self, rewards: torch.Tensor, logprobs: torch.Tensor | None,
@@ -192,7 +198,7 @@ class Algorithm:
                 for i, (mb, w) in enumerate(zip(micro, self._micro_weights(micro))):
                     with learner.no_sync(sync=i == len(micro) - 1):
                         logp, entropy, values = policy_forward(learner.train_model, mb.sequences, mb.mask.size(1),
-                                                               self.temperature)
+                                                               self.temperature, mb.attention_mask)
                         loss, stats = self.loss(mb, logp, entropy, values)
                         (loss * w).backward()
                     total += loss.detach() * w

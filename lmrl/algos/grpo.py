@@ -30,14 +30,16 @@ class GRPO(Algorithm):
         n = rollout.completions.size(1)
         old = None
         if self.needs_old_logprobs(len(rollout)):
-            old, _ = score_sequences(learner.module, rollout.sequences, n, self.temperature, self.ga_steps)
+            old, _ = score_sequences(learner.module, rollout.sequences, n, self.temperature, self.ga_steps,
+                                     rollout.attention_mask)
         ref = self.reference_logprobs(learner, rollout)
         behaviour = old if old is not None else rollout.logprobs
         rewards = self.kl_shaped_rewards(rewards.to(rollout.mask.device), behaviour, ref, rollout.mask)
         advantages = self.group_advantages(rewards.float())
         if self.cfg.normalize_advantages:
             advantages = normalize_advantages(advantages, rollout.mask if advantages.dim() == 2 else None)
-        batch = PreparedBatch(rollout.sequences, rollout.mask, advantages, old_logprobs=old, ref_logprobs=ref)
+        batch = PreparedBatch(rollout.sequences, rollout.mask, advantages, old_logprobs=old, ref_logprobs=ref,
+                              attention_mask=rollout.attention_mask)
         return batch, {"train/advantage_mean": advantages.mean().item(), **self.rollout_kl(behaviour, ref, rollout.mask)}
 
     def policy_loss(self, batch, logprobs, entropy, values):

@@ -27,7 +27,8 @@ class PPO(Algorithm):
 
     def prepare(self, learner, rollout, rewards: torch.Tensor) -> tuple[PreparedBatch, dict]:
         n, mask = rollout.completions.size(1), rollout.mask
-        old, values = score_sequences(learner.module, rollout.sequences, n, self.temperature, self.ga_steps)
+        old, values = score_sequences(learner.module, rollout.sequences, n, self.temperature, self.ga_steps,
+                                      rollout.attention_mask)
         ref = self.reference_logprobs(learner, rollout)
         token_rewards = token_level_rewards(rewards.float().to(mask.device), mask)
         token_rewards = self.kl_shaped_rewards(token_rewards, old, ref, mask)
@@ -35,7 +36,7 @@ class PPO(Algorithm):
         if self.cfg.normalize_advantages:
             advantages = normalize_advantages(advantages, mask)
         batch = PreparedBatch(rollout.sequences, mask, advantages, old_logprobs=old, ref_logprobs=ref,
-                              old_values=values, returns=returns)
+                              old_values=values, returns=returns, attention_mask=rollout.attention_mask)
         metrics = {"train/advantage_mean": advantages.mean().item(),
                    "train/value_mean": ((values * mask).sum() / mask.sum()).item(),
                    **self.rollout_kl(old, ref, mask)}

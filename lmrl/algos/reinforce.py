@@ -38,7 +38,7 @@ class Reinforce(Algorithm):
         advantages = baseline_advantages(rewards.double().cpu(), old if old is not None else batch_mean)
         self.baseline = update_moving_baseline(old, batch_mean, self.cfg.baseline_decay).tolist()
         batch = PreparedBatch(rollout.sequences, rollout.mask, advantages.float().to(rollout.mask.device),
-                              ref_logprobs=ref)
+                              ref_logprobs=ref, attention_mask=rollout.attention_mask)
         metrics = {"train/baseline": sum(self.baseline) / len(self.baseline),
                    "train/advantage_mean": advantages.mean().item(),
                    **self.rollout_kl(rollout.logprobs, ref, rollout.mask)}

@@ -1,12 +1,24 @@
-"""Policies: the built-in GPT (and, later, Hugging Face causal LMs)."""
+"""Policies: the built-in GPT, and Hugging Face causal LMs (optionally with a LoRA adapter)."""
 
 from .gpt import GPT, CharTokenizer, GPTConfig
 
 
-def build_model(cfg, vocab_size: int) -> GPT:
-    """The policy described by the `model` config section."""
+def build_model(cfg, vocab_size: int | None = None, *, lora=None):
+    """The policy described by the `model` config section (and `lora`, for an hf model)."""
+    if cfg.type == "hf":
+        from .hf import load_hf_policy
+
+        policy, _ = load_hf_policy(cfg.path, gguf_file=cfg.gguf_file, dtype=cfg.dtype,
+                                   gradient_checkpointing=cfg.gradient_checkpointing)
+        if lora is not None and lora.r > 0:
+            from .lora import add_lora
+
+            targets = lora.target_modules
+            add_lora(policy, r=lora.r, alpha=lora.alpha, dropout=lora.dropout,
+                     target_modules="all-linear" if list(targets) == ["all-linear"] else list(targets))
+        return policy
     if cfg.type != "gpt":
-        raise ValueError(f"model.type={cfg.type!r} is not supported yet (available: gpt)")
+        raise ValueError(f"model.type={cfg.type!r} is not supported (available: gpt, hf)")
     return GPT(GPTConfig(vocab_size=vocab_size, n_position=cfg.n_position, n_layer=cfg.n_layer,
                          n_head=cfg.n_head, n_embd=cfg.n_embd, dropout=cfg.dropout))
 

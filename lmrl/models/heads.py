@@ -49,8 +49,9 @@ class ActorCritic(nn.Module):
         if kind == "separate":
             self.value["critic"] = copy.deepcopy(policy)
 
-    def forward(self, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        logits, hidden = self.policy(ids, return_hidden=True)
+    def forward(self, ids: torch.Tensor, attention_mask: torch.Tensor | None = None):
+        kw = {} if attention_mask is None else {"attention_mask": attention_mask}  # left-padded text prompts
+        logits, hidden = self.policy(ids, return_hidden=True, **kw)
         if "critic" in self.value:
-            _, hidden = self.value["critic"](ids, return_hidden=True)
+            _, hidden = self.value["critic"](ids, return_hidden=True, **kw)
         return logits, self.value["head"](hidden)

@@ -283,19 +283,29 @@ class HFPolicy(nn.Module):
     @torch.no_grad()
     def generate_text(self, prompts: list[str], max_new_tokens: int, temperature: float = 1.0, top_k: int = 0,
                       greedy: bool = False, generator: torch.Generator | None = None):
-        """Samples up to `max_new_tokens` after each prompt with the HF model's `generate` (KV cache).
+        """Samples up to `max_new_tokens` after each prompt (see `generate_ids`).
 
         Returns (prompt_ids (B, P) left-padded, completion_ids (B, N) with pad after EOS,
-        completion_mask (B, N) 1 up to and including the first EOS, logprobs (B, N) 0 where masked);
-        N <= max_new_tokens (generation stops once every row has ended). Log-probs are those of the
-        distribution each token was drawn from (logits / temperature after top-k), recorded during
-        generation by a final logits processor; greedy reports temperature-1 log-probs, as GPT.generate does.
+        completion_mask (B, N) 1 up to and including the first EOS, logprobs (B, N) 0 where masked)."""
+        ids, mask = self.encode(prompts)
+        completion, keep, logprobs = self.generate_ids(ids, mask, max_new_tokens, temperature=temperature,
+                                                       top_k=top_k, greedy=greedy, generator=generator)
+        return ids, completion, keep, logprobs
+
+    @torch.no_grad()
+    def generate_ids(self, ids: torch.Tensor, mask: torch.Tensor, max_new_tokens: int, *, temperature: float = 1.0,
+                     top_k: int = 0, greedy: bool = False, generator: torch.Generator | None = None):
+        """Samples up to `max_new_tokens` after left-padded prompt ids (B, P) with the HF model's
+        `generate` (KV cache). Returns (completion (B, N) with pad after EOS, mask (B, N) 1 up to
+        and including the first EOS, logprobs (B, N) 0 where masked); N <= max_new_tokens
+        (generation stops once every row has ended). Log-probs are those of the distribution each
+        token was drawn from (logits / temperature after top-k), recorded during generation by a
+        final logits processor; greedy reports temperature-1 log-probs, as GPT.generate does.
         The checkpoint's own generation defaults (top-p, repetition penalty, ...) are not applied."""
         if max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
         if not greedy and temperature <= 0:
             raise ValueError(f"temperature must be > 0 when sampling (got {temperature}); use greedy=True instead")
-        ids, mask = self.encode(prompts)
         pad = self.tokenizer.pad_token_id
         record = _RecordLogprobs(1.0 if greedy else temperature, 0 if greedy else top_k)
         # HF's warpers stay off (temperature 1, no top-k / top-p): `record` applies temperature and top-k.
@@ -317,7 +327,7 @@ class HFPolicy(nn.Module):
         logprobs = record.finish(completion[:, -1])
         is_eos = torch.isin(completion, torch.tensor(self.eos_token_ids, device=completion.device)).long()
         keep = (is_eos.cumsum(1) - is_eos) == 0  # up to and including the first EOS
-        return (ids, completion.masked_fill(~keep, pad), keep.float(), logprobs.masked_fill(~keep, 0.0))
+        return completion.masked_fill(~keep, pad), keep.float(), logprobs.masked_fill(~keep, 0.0)
 
     def sequence_logprobs(self, ids: torch.Tensor, attention_mask: torch.Tensor, n_completion: int,
                           temperature: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:

@@ -10,17 +10,28 @@ import torch
 @dataclass
 class Rollout:
     """One step's sampled completions. B rows; N completion tokens (every row the same length for
-    the arithmetic task, so `mask` is all ones there; it exists for tasks with stop tokens)."""
+    the arithmetic task, so `mask` is all ones there; a text task's completions end at EOS).
+
+    Text prompts differ in length: they are left-padded and `prompt_mask` marks their real
+    tokens; every forward pass over `sequences` then takes `attention_mask` (None: no padding)."""
 
     prompts: torch.Tensor  # (B, P) token ids
     completions: torch.Tensor  # (B, N) sampled ids
     logprobs: torch.Tensor  # (B, N) log-probs at sampling time
     mask: torch.Tensor  # (B, N) 1 on tokens the policy chose, 0 on padding
-    rewards: torch.Tensor | None = None  # (B,)
+    prompt_mask: torch.Tensor | None = None  # (B, P) 1 on real prompt tokens, 0 on left padding
 
     @property
     def sequences(self) -> torch.Tensor:
         return torch.cat([self.prompts, self.completions], dim=1)
+
+    @property
+    def attention_mask(self) -> torch.Tensor | None:
+        """(B, P + N), or None when no prompt is padded. Padding after a completion's EOS stays
+        visible: it comes after every token that carries loss, so no such token attends to it."""
+        if self.prompt_mask is None:
+            return None
+        return torch.cat([self.prompt_mask.long(), torch.ones_like(self.completions)], dim=1)
 
     def __len__(self) -> int:
         return self.prompts.size(0)
@@ -38,3 +49,14 @@ def sample(model, prompts: torch.Tensor, max_new_tokens: int, *, temperature: fl
     finally:
         model.train(was_training)
     return Rollout(prompts, completions, logprobs, torch.ones_like(completions, dtype=torch.float32))
+
+
+@torch.no_grad()
+def sample_text(policy, prompts: list[str], max_new_tokens: int, *, temperature: float = 1.0, top_k: int = 0,
+                greedy: bool = False, generator: torch.Generator | None = None) -> Rollout:
+    """Text prompts through a Hugging Face policy (`HFPolicy.generate_text`): left-padded, each
+    completion ending at its first EOS."""
+    ids, mask = policy.encode(prompts)
+    completions, keep, logprobs = policy.generate_ids(ids, mask, max_new_tokens, temperature=temperature,
+                                                      top_k=top_k, greedy=greedy, generator=generator)
+    return Rollout(ids, completions, logprobs, keep, prompt_mask=mask)

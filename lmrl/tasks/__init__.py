@@ -4,12 +4,46 @@ Imports are lazy, so a light module (e.g. `math_reward`, which reward worker pro
 does not pull in torch through this package."""
 
 
-def build_task(cfg):
-    """The task described by the `task` config section."""
+def build_task(cfg, *, tokenizer=None, reward=None):
+    """The task described by the `task` config section. A math task needs the policy's tokenizer
+    (for its chat template) and takes its reward weights from the `reward` section."""
+    if cfg.name == "math":
+        from .math_reward import MathReward
+        from .math_task import MathTask
+
+        if tokenizer is None:
+            raise ValueError("task.name=math needs a Hugging Face policy's tokenizer (model.type=hf)")
+        _ensure_data(cfg)
+        scorer = MathReward() if reward is None else MathReward(
+            format_weight=reward.format_weight, correct_weight=reward.correct_weight,
+            require_format=reward.require_format, timeout_s=reward.timeout_s)
+        return MathTask(cfg.train_file, cfg.test_file, tokenizer, max_new_tokens=cfg.max_new_tokens, chat=cfg.chat,
+                        system_prompt=cfg.system_prompt, prompt_template=cfg.prompt_template, reward=scorer)
     from .arithmetic import ArithmeticTask
 
     return ArithmeticTask(name=cfg.name, ndigit=cfg.ndigit, use_format=cfg.use_format,
-                          reverse_answer=cfg.reverse_answer, reward=cfg.reward, heldout_size=cfg.heldout_size)
+                          reverse_answer=cfg.reverse_answer, reward=cfg.reward, heldout_size=cfg.heldout_size,
+                          scratchpad=cfg.scratchpad)
+
+
+def _ensure_data(cfg) -> None:
+    """Writes the task's JSONL files with `task.generate`'s generator when they are missing."""
+    from pathlib import Path
+
+    train, test = Path(cfg.train_file), Path(cfg.test_file)
+    if train.exists() and test.exists():
+        return
+    if not cfg.generate:
+        missing = train if not train.exists() else test
+        raise FileNotFoundError(f"task data {missing} does not exist: write a set with `lmrl data addition-chat DIR` "
+                                f"or `lmrl data word-problems DIR`, or set task.generate")
+    if train.parent != test.parent or (train.name, test.name) != ("train.jsonl", "test.jsonl"):
+        raise FileNotFoundError(f"task.generate writes DIR/train.jsonl and DIR/test.jsonl; task.train_file="
+                                f"{train} and task.test_file={test} are not such a pair")
+    from .word_problems import write_addition_chat, write_splits
+
+    writer = write_addition_chat if cfg.generate == "addition-chat" else write_splits
+    writer(train.parent, 2000, 200, seed=0)
 
 
 def __getattr__(name):

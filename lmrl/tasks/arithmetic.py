@@ -8,6 +8,15 @@ depends only on digits the model has already read or written, in the order carri
 which is what makes the task learnable for a small left-to-right model (minGPT's adder makes the
 same choice).
 
+Scratchpad (multiplication, `scratchpad=True`). A product is not one carry chain: every answer
+digit mixes many operand digits, and a small model trained on the few thousand 2-digit problems
+memorises them rather than learning the rule. With a scratchpad the answer first writes the partial
+products a·b_i (one per digit of b, least-significant first, each `ndigit+1` digits, reversed),
+then the product, separated by `|`: 12*34 = 48 + 360 is written `12*34=840|630|8040`. Each partial
+product is a one-digit multiplication with its own carry chain and the product is their shifted
+sum, so every step is a small, reusable rule (Nye et al., 2021, "Show your work"). Exact match
+is on the whole answer, scratchpad included; `decode_answer` returns the product.
+
 Split. Problems are numbered `a·10^ndigit + b`. A fixed-seed draw of `heldout_size` of them is the
 held-out set; training draws from everything else, so the two never overlap, whatever the run seed.
 
@@ -27,6 +36,7 @@ from dataclasses import dataclass
 import torch
 
 from ..models.gpt import CharTokenizer
+from ..rollout.local import Rollout, sample
 
 HELDOUT_SEED = 20240607  # fixed so every run, whatever its seed, evaluates the same problems
 OPS = {"addition": "+", "multiplication": "*"}
@@ -42,19 +52,30 @@ class Batch:
     prompts: torch.Tensor
 
 
+def answer_length(name: str, ndigit: int, scratchpad: bool = False) -> int:
+    """Characters in every answer: ndigit+1 for a sum, 2·ndigit for a product, plus the scratchpad's
+    ndigit partial products of ndigit+1 digits and their separators."""
+    if name == "addition":
+        return ndigit + 1
+    return 2 * ndigit + (ndigit * (ndigit + 2) if scratchpad else 0)
+
+
 class ArithmeticTask:
     def __init__(self, name: str = "addition", ndigit: int = 3, use_format: bool = True,
-                 reverse_answer: bool = True, reward: str = "exact", heldout_size: int = 1000):
+                 reverse_answer: bool = True, reward: str = "exact", heldout_size: int = 1000,
+                 scratchpad: bool = False):
         if name not in OPS:
             raise ValueError(f"task.name must be one of {sorted(OPS)}, got {name!r}")
         if reward not in REWARDS:
             raise ValueError(f"task.reward must be one of {', '.join(REWARDS)}, got {reward!r}")
         self.name, self.ndigit, self.use_format = name, ndigit, use_format
-        self.reverse_answer, self.reward = reverse_answer, reward
+        if scratchpad and name != "multiplication":
+            raise ValueError("task.scratchpad is for multiplication only")
+        self.reverse_answer, self.reward, self.scratchpad = reverse_answer, reward, scratchpad
         self.op = OPS[name]
-        self.tokenizer = CharTokenizer("0123456789" + self.op + "=")
+        self.tokenizer = CharTokenizer("0123456789" + self.op + "=" + ("|" if scratchpad else ""))
         self.prompt_len = 2 * ndigit + (2 if use_format else 0)
-        self.answer_len = ndigit + 1 if name == "addition" else 2 * ndigit
+        self.answer_len = answer_length(name, ndigit, scratchpad)
         self.space = 10 ** (2 * ndigit)  # number of distinct problems
         if heldout_size >= self.space:
             raise ValueError(f"task.heldout_size={heldout_size} leaves no training problems out of {self.space}")
@@ -81,14 +102,22 @@ class ArithmeticTask:
     def result(self, a: int, b: int) -> int:
         return a + b if self.op == "+" else a * b
 
-    def target(self, a: int, b: int) -> str:
-        """The labeled answer string (what SFT trains on and the verifier expects)."""
-        s = f"{self.result(a, b):0{self.answer_len}d}"
+    def _number(self, value: int, width: int) -> str:
+        s = f"{value:0{width}d}"
         return s[::-1] if self.reverse_answer else s
 
+    def target(self, a: int, b: int) -> str:
+        """The labeled answer string (what SFT trains on and the verifier expects)."""
+        result = self._number(self.result(a, b), 2 * self.ndigit if self.op == "*" else self.ndigit + 1)
+        if not self.scratchpad:
+            return result
+        b_digits = [int(d) for d in reversed(f"{b:0{self.ndigit}d}")]  # least-significant first
+        return "|".join([self._number(a * d, self.ndigit + 1) for d in b_digits] + [result])
+
     def decode_answer(self, completion: str) -> str:
-        """The completion as the number a person reads (undoes the reversal)."""
-        return completion[::-1] if self.reverse_answer else completion
+        """The completion as the number a person reads (undoes the reversal, drops the scratchpad)."""
+        result = completion.rsplit("|", 1)[-1]
+        return result[::-1] if self.reverse_answer else result
 
     # -- sampling --------------------------------------------------------------------------------
     def _split(self, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -127,6 +156,29 @@ class ArithmeticTask:
         a, b = self._split(ids)
         rows = [self.prompt_text(x, y) + self.target(x, y) for x, y in zip(a.tolist(), b.tolist())]
         return torch.tensor([self.tokenizer.encode(r) for r in rows])
+
+    # -- the trainer's task protocol (shared with text tasks such as MathTask) -------------------
+    @property
+    def max_new_tokens(self) -> int:
+        return self.answer_len
+
+    def rollout(self, model, ids: torch.Tensor, *, temperature: float = 1.0, top_k: int = 0, greedy: bool = False,
+                generator: torch.Generator | None = None) -> Rollout:
+        """Completions for problems `ids`, sampled (or greedy) with the model's KV cache."""
+        prompts = self.batch(ids).prompts.to(next(model.parameters()).device)
+        return sample(model, prompts, self.answer_len, temperature=temperature, top_k=top_k, greedy=greedy,
+                      generator=generator)
+
+    def score_rollout(self, ids: torch.Tensor, rollout: Rollout) -> tuple[torch.Tensor, torch.Tensor, dict]:
+        """Rewards ((B,) or (B, N) per digit), exact-match flags (B,), no extra metrics."""
+        return (*self.score_batch(rollout.prompts.cpu(), rollout.completions.cpu()), {})
+
+    def texts(self, ids: torch.Tensor, rollout: Rollout) -> tuple[list[str], list[str]]:
+        return ([self.tokenizer.decode(p) for p in rollout.prompts.cpu()],
+                [self.tokenizer.decode(c) for c in rollout.completions.cpu()])
+
+    def reward_kwargs(self, ids: torch.Tensor) -> dict:
+        return {}  # a reward function gets the texts only: the verifier reads the operands from the prompt
 
     # -- reward ----------------------------------------------------------------------------------
     def score(self, prompt: str, completion: str) -> float:

@@ -13,6 +13,10 @@ all equal a ground truth of `1/2` (or `0.5`); floats are rounded to 6 places (`0
 `0.333` is not), and an unevaluated `12+7` is 19. A bare answer is wrapped as `$…$` so that
 math-verify reads all of it as one LaTeX expression (unwrapped, `3 or 4` would read as `4`).
 
+Lenient mode. With `require_format=False` a completion without an `<answer>` block is read as
+the last number it writes (`"56 + 67 = 123. The answer is 123."` answers 123), as GSM8K-style
+graders do, so a model that has not yet learned the tags can still be scored.
+
 Hedging. Every value the answer names must be right (`answer_candidates`): each `\boxed{…}`,
 `$…$`, `\(…\)` or `\[…\]` group is a candidate, and so is the text around them if it holds a
 digit; without groups the whole answer is one. `\boxed{3} or \boxed{4}` and `$3$, no, $4$` are
@@ -41,6 +45,7 @@ from typing import Sequence
 _TAGS = ("<think>", "</think>", "<answer>", "</answer>")
 _FORMAT = re.compile(r"\s*<think>.*</think>\s*<answer>.*</answer>\s*", re.DOTALL)
 _MATH_GROUP = re.compile(r"\$\$(.+?)\$\$|\$(.+?)\$|\\\((.+?)\\\)|\\\[(.+?)\\\]", re.DOTALL)
+_LAST_NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?")
 _STARTUP_S = 300.0  # a worker's start (imports torch via lmrl.tasks, sympy) is not counted in timeout_s
 
 
@@ -51,6 +56,12 @@ def parse_completion(text: str) -> tuple[bool, str | None]:
     end = text.find("</answer>", start) if start >= 0 else -1
     answer = text[start + len("<answer>"):end].strip() if end >= 0 else None
     return format_ok, answer
+
+
+def last_number(text: str) -> str | None:
+    """The last number written in `text` (thousands separators dropped), or None."""
+    numbers = _LAST_NUMBER.findall(text)
+    return numbers[-1].replace(",", "").rstrip(".") if numbers else None
 
 
 def answer_candidates(answer: str) -> list[str]:
@@ -151,7 +162,10 @@ class MathReward:
         """A RewardInfo per completion (a string, or a TRL conversation: its last message counts)."""
         if len(completions) != len(ground_truth):
             raise ValueError(f"{len(completions)} completions but {len(ground_truth)} ground truths")
-        parsed = [parse_completion(_completion_text(c)) for c in completions]
+        texts = [_completion_text(c) for c in completions]
+        parsed = [parse_completion(t) for t in texts]
+        if not self.require_format:  # no <answer> block: the last number written is the answer
+            parsed = [(ok, answer if answer is not None else last_number(t)) for (ok, answer), t in zip(parsed, texts)]
         todo = {i: (answer, str(gt)) for i, ((ok, answer), gt) in enumerate(zip(parsed, ground_truth))
                 if answer and (ok or not self.require_format)}
         checked = self._check_all(todo)

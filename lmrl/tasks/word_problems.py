@@ -70,9 +70,32 @@ def generate_word_problems(n: int, seed: int, kinds=("add", "sub", "mul"), max_v
                      f"max_value={max_value}; ask for fewer or raise max_value")
 
 
-def write_splits(out_dir: str | Path, n_train: int, n_test: int, seed: int) -> tuple[Path, Path]:
-    """`out_dir/train.jsonl` and `out_dir/test.jsonl`: no prompt is in both."""
-    rows = generate_word_problems(n_train + n_test, seed)  # distinct, so the split cannot overlap
+def write_splits(out_dir: str | Path, n_train: int, n_test: int, seed: int, kinds=("add", "sub", "mul"),
+                 max_value: int = 100) -> tuple[Path, Path]:
+    """`out_dir/train.jsonl` and `out_dir/test.jsonl` of word problems: no prompt is in both."""
+    rows = generate_word_problems(n_train + n_test, seed, kinds, max_value)  # distinct: the split cannot overlap
+    return _write_pair(out_dir, rows, n_train)
+
+
+def generate_addition_chat(n: int, seed: int, digits: int = 2) -> list[dict]:
+    """`n` distinct questions "What is 23 + 58?" with `digits`-digit operands, ground truth "81"."""
+    low, high = 10 ** (digits - 1) if digits > 1 else 0, 10**digits - 1
+    space = (high - low + 1) ** 2
+    if n > space:
+        raise ValueError(f"asked for {n} distinct {digits}-digit additions but only {space} exist")
+    rng = random.Random(seed)
+    pairs = rng.sample(range(space), n)
+    size = high - low + 1
+    return [{"prompt": f"What is {low + p // size} + {low + p % size}?", "ground_truth": str(2 * low + p // size + p % size)}
+            for p in pairs]
+
+
+def write_addition_chat(out_dir: str | Path, n_train: int, n_test: int, seed: int, digits: int = 2) -> tuple[Path, Path]:
+    """train.jsonl / test.jsonl of `generate_addition_chat` questions: no question is in both."""
+    return _write_pair(out_dir, generate_addition_chat(n_train + n_test, seed, digits), n_train)
+
+
+def _write_pair(out_dir: str | Path, rows: list[dict], n_train: int) -> tuple[Path, Path]:
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     return write_jsonl(out / "train.jsonl", rows[:n_train]), write_jsonl(out / "test.jsonl", rows[n_train:])

@@ -2,7 +2,9 @@
 
 Layout of one checkpoint, `<run_dir>/checkpoints/step_<N>/`:
 
-    model.safetensors    model.state_dict(), tied tensors stored once (safetensors save_model)
+    model.safetensors    model.state_dict(), tied tensors stored once (safetensors save_model);
+                         for a model with a LoRA adapter, the adapter's weights only (the frozen
+                         base is the model.path it was loaded from)
     <name>.safetensors   further modules the trainer needs back (PPO's `value`, the KL `reference`)
     optimizer.pt         optimizer.state_dict()            (only if an optimizer was given)
     scheduler.pt         scheduler.state_dict()            (only if a scheduler was given)
@@ -29,7 +31,7 @@ from typing import Any
 
 import numpy as np
 import torch
-from safetensors.torch import load_model, save_model
+from safetensors.torch import load_file, load_model, save_file, save_model
 
 MODEL_FILE = "model.safetensors"
 OPTIMIZER_FILE = "optimizer.pt"
@@ -156,7 +158,7 @@ def _write_atomically(final: Path, write_files) -> Path:
 
 
 def _write_model_and_state(tmp: Path, model: torch.nn.Module, state_json: str) -> None:
-    save_model(model, str(tmp / MODEL_FILE))
+    save_weights_file(model, tmp / MODEL_FILE)
     _fsync(tmp / MODEL_FILE)
     # trainer_state.json goes last: its presence is what marks the checkpoint complete.
     with open(tmp / TRAINER_STATE_FILE, "w") as f:
@@ -195,7 +197,7 @@ def save_checkpoint(ckpt_dir: Path, step: int, *, model: torch.nn.Module, optimi
             _torch_save(scheduler.state_dict(), tmp / SCHEDULER_FILE)
         _torch_save(capture_rng_state(generators), tmp / RNG_FILE)
         for name, module in (modules or {}).items():
-            save_model(module, str(tmp / f"{name}.safetensors"))
+            save_weights_file(module, tmp / f"{name}.safetensors")
             _fsync(tmp / f"{name}.safetensors")
         _write_model_and_state(tmp, model, state_json)
 
@@ -223,9 +225,32 @@ def _require(path: Path, what: str) -> Path:
     return path
 
 
+def _adapter_only(model: torch.nn.Module) -> bool:
+    """A LoRA policy: only its adapter trains, so only the adapter is saved."""
+    from ..models.reference import reference_view
+
+    return reference_view(model) is not None
+
+
+def save_weights_file(model: torch.nn.Module, file: Path) -> None:
+    if _adapter_only(model):
+        save_file({n: p.detach().contiguous() for n, p in model.named_parameters() if p.requires_grad}, str(file))
+    else:
+        save_model(model, str(file))
+
+
 def load_weights(model: torch.nn.Module, file: Path, map_location: str | torch.device = "cpu") -> None:
-    """Load a safetensors file into `model`, every key matching exactly."""
-    missing, unexpected = load_model(model, file, strict=False, device=str(map_location))
+    """Load a safetensors file into `model`, every key matching exactly (for a LoRA policy: every
+    adapter weight, and nothing else)."""
+    if _adapter_only(model):
+        state = load_file(str(file), device=str(map_location))
+        expected = {n for n, p in model.named_parameters() if p.requires_grad}
+        missing, unexpected = expected - set(state), set(state) - expected
+        if not (missing or unexpected):
+            model.load_state_dict(state, strict=False)
+            return
+    else:
+        missing, unexpected = load_model(model, file, strict=False, device=str(map_location))
     if missing or unexpected:
         raise CheckpointError(f"{file} does not match {type(model).__name__}: "
                               f"missing keys {sorted(missing)}, unexpected keys {sorted(unexpected)}")

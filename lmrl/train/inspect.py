@@ -47,6 +47,16 @@ class LoadedRun:
 
     def generate(self, prompts: list[str], temperature: float = 0.0):
         """(prompt, completion, answer as read) for each prompt; greedy when temperature is 0."""
+        if hasattr(self.task, "render_prompt"):  # a text task: its template, the HF model's sampling
+            from ..rollout.local import sample_text
+            from ..tasks.math_reward import parse_completion
+
+            texts = [self.task.render_prompt(p) for p in prompts]
+            ro = sample_text(self.model, texts, self.task.max_new_tokens, greedy=temperature == 0,
+                             temperature=temperature or 1.0)
+            for p, c in zip(prompts, self.task.completion_texts(ro)):
+                yield p, c, parse_completion(c)[1]
+            return
         tok = self.task.tokenizer
         ids = [tok.encode(p) for p in prompts]
         if len({len(i) for i in ids}) != 1 or len(ids[0]) != self.task.prompt_len:
@@ -64,9 +74,28 @@ def load_run(run_dir: Path, which: str = "latest") -> LoadedRun:
     if not (run_dir / "config.yaml").exists():
         raise FileNotFoundError(f"{run_dir} is not a run dir (no config.yaml)")
     cfg = load_config(run_dir / "config.yaml")
-    task = build_task(cfg.task)
-    model = build_model(cfg.model, task.tokenizer.vocab_size)
+    if cfg.model.type == "hf":  # the base model from model.path, then the checkpoint's weights (or adapter)
+        model = build_model(cfg.model, lora=cfg.lora)
+        task = build_task(cfg.task, tokenizer=model.tokenizer, reward=cfg.reward)
+    else:
+        task = build_task(cfg.task)
+        model = build_model(cfg.model, task.tokenizer.vocab_size)
     path = resolve_checkpoint(run_dir, which)
     ckpt.load_checkpoint(path, model=model, restore_rng=False)
     model.eval()
     return LoadedRun(cfg, path, model, task)
+
+
+def export_run(run_dir: Path, out_dir: Path | None = None, which: str = "latest") -> Path:
+    """Writes a run's model where other tools load it: for an hf model, a plain transformers model
+    (any LoRA adapter merged into the weights) that `AutoModelForCausalLM.from_pretrained` loads;
+    for the built-in GPT, its own config.json + model.safetensors + tokenizer.json."""
+    run = load_run(run_dir, which)
+    out = Path(out_dir) if out_dir is not None else Path(run_dir) / "export"
+    out.mkdir(parents=True, exist_ok=True)
+    if run.config.model.type == "hf":
+        from ..models.lora import export_merged
+
+        return export_merged(run.model, run.model.tokenizer, out)
+    run.model.save_pretrained(out, run.task.tokenizer)
+    return out

@@ -30,11 +30,12 @@ from ..config import Config, save_config
 from ..dist.ddp import all_reduce_sum, barrier, broadcast_object, init_distributed
 from ..models import build_model
 from ..models.heads import ActorCritic
-from ..rollout.local import Rollout, sample
+from ..models.reference import is_reference_view, reference_view
+from ..rollout.local import Rollout
 from ..tasks import build_task
 from . import checkpoint as ckpt
 from .evaluate import evaluate
-from .rewards import RewardFn, score_rollout
+from .rewards import RewardFn, load_reward_class, score_rollout
 from .run_dir import RunLog, prepare_run_dir
 from .schedule import make_scheduler
 
@@ -59,25 +60,31 @@ class TrainingError(RuntimeError):
 class RLTrainer:
     """Wires a policy, a task and a reward into the warm-up + RL loop described by a `Config`.
 
-    model: a policy with `generate` and a forward returning logits (default: the built-in GPT
-        built from `config.model`). task: prompts and verifier (default: from `config.task`).
-    reward_fn: optional `f(prompts: list[str], completions: list[str]) -> list[float]`, TRL-style;
-        default is the task's own verifier."""
+    model: a policy with `generate` and a forward returning logits (default: built from
+        `config.model`: the built-in GPT, or a Hugging Face model with an optional LoRA adapter).
+    task: prompts, rollouts and verifier (default: from `config.task`; see `lmrl.tasks`).
+    reward_fn: optional `f(prompts: list[str], completions: list[str], **columns) -> list[float]`,
+        TRL-style (a math task passes `ground_truth=[...]`); default: `reward.cls`, else the task's
+        own verifier."""
 
     def __init__(self, config: Config, *, model=None, task=None, reward_fn: RewardFn | None = None):
         self.config = cfg = config
         self.dist, self.device = init_distributed(cfg.run.device)
         if cfg.run.threads:
             torch.set_num_threads(cfg.run.threads)
-        self.task = task if task is not None else build_task(cfg.task)
-        torch.manual_seed(cfg.run.seed)  # identical initial weights on every rank
+        torch.manual_seed(cfg.run.seed)  # identical initial weights (and LoRA adapters) on every rank
+        if model is None and cfg.model.type == "hf":
+            model = build_model(cfg.model, lora=cfg.lora)
+        self.task = task if task is not None else build_task(cfg.task, tokenizer=getattr(model, "tokenizer", None),
+                                                             reward=cfg.reward)
         model = model if model is not None else build_model(cfg.model, self.task.tokenizer.vocab_size)
         self.model = model.to(self.device)
         if cfg.model.init_from:
             load_initial_weights(self.model, cfg.model.init_from, self.device)
         self.module, self.reference = self.model, None  # RL may wrap the policy with a value function
         self.optimizer = self.scheduler = None
-        self.reward_fn = reward_fn
+        self.reward_fn = reward_fn if reward_fn is not None else \
+            load_reward_class(cfg.reward.cls) if cfg.reward.cls else None
         self.run_dir = Path(broadcast_object(str(prepare_run_dir(cfg)) if self.dist.is_main else None))
         cfg.run.dir = str(self.run_dir)
         self.ckpt_dir = self.run_dir / "checkpoints"
@@ -109,7 +116,9 @@ class RLTrainer:
             self.log = RunLog(self.run_dir, cfg, total_steps=self.total_steps, resume_step=self.state["step"])
             if resumed_from:
                 self.log.info(f"resumed from {resumed_from} (step {self.state['step']})")
-            self.log.info(f"run dir {self.run_dir} | {self.model.num_params() / 1e6:.2f}M parameters | "
+            trainable = sum(p.numel() for p in self.model.parameters() if p.requires_grad)
+            self.log.info(f"run dir {self.run_dir} | {self.model.num_params() / 1e6:.2f}M parameters "
+                          f"({trainable / 1e6:.2f}M trainable) | "
                           f"device {self.device} | world size {self.dist.world_size}")
         previous = signal.signal(signal.SIGINT, self._on_sigint) if self._in_main_thread() else None
         try:
@@ -166,10 +175,10 @@ class RLTrainer:
             t0 = time.perf_counter()
             # G completions per prompt, each group's rows contiguous (what group baselines expect)
             ids = task.sample_train_ids(n_prompts, self.generators["data"]).repeat_interleave(group)
-            ro = sample(self.model, task.batch(ids).prompts.to(self.device), task.answer_len,
-                        temperature=cfg.train.temperature, top_k=cfg.train.top_k, generator=self.generators["sample"])
-            rewards, exact = score_rollout(task, ro, self.reward_fn)
-            metrics = self._rollout_metrics(ro, rewards, exact)
+            ro = task.rollout(self.model, ids, temperature=cfg.train.temperature, top_k=cfg.train.top_k,
+                              generator=self.generators["sample"])
+            rewards, exact, extras = score_rollout(task, ids, ro, self.reward_fn)
+            metrics = self._rollout_metrics(ro, rewards, exact, extras)
             metrics.update(self.algo.step(self, ro, rewards))
             self.state["algo"] = self.algo.state_dict()
             metrics["train/lr"] = self.optimizer.param_groups[0]["lr"]
@@ -184,11 +193,12 @@ class RLTrainer:
             raise ValueError(f"train.rollout_size={cfg.train.rollout_size} must split into whole groups of "
                              f"algo.group_size={cfg.algo.group_size} on each of {self.dist.world_size} processes")
         self.algo = build_algorithm(cfg.algo, temperature=cfg.train.temperature, ga_steps=cfg.train.ga_steps,
-                                    max_new_tokens=self.task.answer_len)
+                                    max_new_tokens=self.task.max_new_tokens)
         self.algo.load_state_dict(self.state.get("algo") or {})
         self.reference = None
         if self.algo.needs_reference:
-            self.reference = copy.deepcopy(self.model).eval().requires_grad_(False)
+            # With LoRA the reference is the base model: the policy with its adapter switched off.
+            self.reference = reference_view(self.model) or copy.deepcopy(self.model).eval().requires_grad_(False)
         self.module = ActorCritic(self.model, cfg.algo.value_model) if self.algo.uses_values else self.model
         self.module.to(self.device)
 
@@ -197,20 +207,23 @@ class RLTrainer:
         extra = {}
         if isinstance(self.module, ActorCritic):
             extra["value"] = self.module.value
-        if self.reference is not None:
+        if self.reference is not None and not is_reference_view(self.reference):  # a view has no weights of its own
             extra["reference"] = self.reference
         return extra
 
-    def _rollout_metrics(self, ro: Rollout, rewards: torch.Tensor, exact: torch.Tensor) -> dict:
-        """Accuracy and mean reward over every rank's rollouts (a per-token reward counts as the
-        fraction of the completion's tokens it rewards)."""
+    def _rollout_metrics(self, ro: Rollout, rewards: torch.Tensor, exact: torch.Tensor, extras: dict) -> dict:
+        """Accuracy, mean reward, length and the task's extras (e.g. format rate) over every rank's
+        rollouts (a per-token reward counts as the fraction of the completion's tokens it rewards)."""
         per_completion = rewards.float().mean(1) if rewards.dim() == 2 else rewards.float()
+        names = sorted(extras)
         stats = all_reduce_sum(torch.tensor([exact.sum().item(), per_completion.sum().item(), len(rewards),
-                                             ro.mask.sum().item()], dtype=torch.float64, device=self.device)).cpu()
+                                             ro.mask.sum().item()] + [extras[k].float().sum().item() for k in names],
+                                            dtype=torch.float64, device=self.device)).cpu()
         count = stats[2].item()
         reward = stats[1].item() / count
         return {"train/accuracy": stats[0].item() / count, "train/avg_reward": reward,
-                "rollout/reward_mean": reward, "rollout/length_mean": stats[3].item() / count}
+                "rollout/reward_mean": reward, "rollout/length_mean": stats[3].item() / count,
+                **{f"rollout/{k}": stats[4 + i].item() / count for i, k in enumerate(names)}}
 
     # -- what an algorithm sees of the trainer (algos.base.Learner) ------------------------------
     def optimizer_step(self, loss: torch.Tensor) -> dict:
@@ -245,7 +258,8 @@ class RLTrainer:
     # -- shared step machinery -------------------------------------------------------------------
     def _make_optimizer(self, lr, weight_decay, steps, schedule, warmup, betas=(0.9, 0.99), eps=1e-8):
         self.train_model = DDP(self.module) if self.dist.enabled else self.module
-        self.optimizer = torch.optim.AdamW(self.module.parameters(), lr=lr, weight_decay=weight_decay, betas=betas,
+        trainable = [p for p in self.module.parameters() if p.requires_grad]  # LoRA: the adapter only
+        self.optimizer = torch.optim.AdamW(trainable, lr=lr, weight_decay=weight_decay, betas=betas,
                                            eps=eps)
         self.scheduler = make_scheduler(self.optimizer, total_steps=steps, name=schedule, warmup_steps=warmup,
                                         min_lr_ratio=self.config.schedule.min_lr_ratio)

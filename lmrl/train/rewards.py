@@ -16,20 +16,21 @@ class RewardError(RuntimeError):
     """A reward function failed or returned something unusable; nothing was updated."""
 
 
-def score_rollout(task, rollout, reward_fn: RewardFn | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """Rewards (B,) and exact-match flags (B,) for a rollout's completions.
+def score_rollout(task, ids: torch.Tensor, rollout,
+                  reward_fn: RewardFn | None = None) -> tuple[torch.Tensor, torch.Tensor, dict]:
+    """Rewards (B,) (or (B, N) per token), exact-match flags (B,) and the task's extra per-row
+    metrics (e.g. {"format_rate": (B,)}) for a rollout of problems `ids`.
 
     Exact match always comes from the task's verifier (it is the accuracy we report); the reward
-    is the task's unless `reward_fn` is given."""
-    prompts, completions = rollout.prompts.cpu(), rollout.completions.cpu()
-    rewards, exact = task.score_batch(prompts, completions)
+    is the task's unless `reward_fn` is given. `reward_fn(prompts, completions, **columns)` gets the
+    texts and, TRL-style, the task's extra columns as keyword lists (a math task's `ground_truth`)."""
+    rewards, exact, extras = task.score_rollout(ids, rollout)
     if reward_fn is None:
-        return rewards, exact
-    p_txt = [task.tokenizer.decode(p) for p in prompts]
-    c_txt = [task.tokenizer.decode(c) for c in completions]
+        return rewards, exact, extras
+    p_txt, c_txt = task.texts(ids, rollout)
     name = getattr(reward_fn, "__qualname__", type(reward_fn).__name__)
     try:
-        values = list(reward_fn(p_txt, c_txt))
+        values = list(reward_fn(p_txt, c_txt, **task.reward_kwargs(ids)))
     except Exception as e:
         raise RewardError(f"reward function {name} raised {type(e).__name__}: {e} "
                           f"(first sample: prompt {p_txt[0]!r}, completion {c_txt[0]!r})") from e
@@ -43,4 +44,19 @@ def score_rollout(task, rollout, reward_fn: RewardFn | None = None) -> tuple[tor
         if not math.isfinite(values[i]):
             raise RewardError(f"reward function {name} returned {v!r} for prompt {p_txt[i]!r}, "
                               f"completion {c_txt[i]!r}; rewards must be finite numbers")
-    return torch.tensor(values, dtype=torch.float32), exact
+    return torch.tensor(values, dtype=torch.float32), exact, extras
+
+
+def load_reward_class(spec: str):
+    """An instance of the class `spec` names ("package.module:ClassName"), built with no arguments."""
+    import importlib
+
+    module_name, _, attr = spec.partition(":")
+    try:
+        obj = getattr(importlib.import_module(module_name), attr)
+    except (ImportError, AttributeError) as e:
+        raise RewardError(f"reward.cls={spec!r}: cannot load it ({type(e).__name__}: {e})") from None
+    try:
+        return obj()
+    except Exception as e:
+        raise RewardError(f"reward.cls={spec!r}: {attr}() raised {type(e).__name__}: {e}") from None

@@ -1,0 +1,42 @@
+"""The KL reference as a view, not a copy: a LoRA policy with its adapter switched off is exactly
+its frozen base model, so the reference costs no memory (the trainer deep-copies only policies
+without an adapter)."""
+
+from __future__ import annotations
+
+import torch.nn as nn
+
+
+class AdapterDisabledView(nn.Module):
+    """Calls the policy with its LoRA adapter disabled, in eval mode and without gradients to the
+    adapter. The policy is held outside the module tree, so the view has no parameters: nothing to
+    save, nothing an optimizer could see."""
+
+    def __init__(self, policy: nn.Module):
+        super().__init__()
+        object.__setattr__(self, "_policy", policy)  # not a submodule
+
+    def forward(self, *args, **kwargs):
+        from .lora import adapter_disabled
+
+        policy = self._policy
+        was_training = policy.training
+        policy.eval()
+        try:
+            with adapter_disabled(policy):
+                return policy(*args, **kwargs)
+        finally:
+            policy.train(was_training)
+
+
+def reference_view(policy: nn.Module) -> AdapterDisabledView | None:
+    """A view of `policy`'s base model when it carries a LoRA adapter, else None."""
+    if type(policy).__name__ != "HFPolicy":
+        return None
+    from .lora import has_adapter
+
+    return AdapterDisabledView(policy) if has_adapter(policy) else None
+
+
+def is_reference_view(module: nn.Module) -> bool:
+    return isinstance(module, AdapterDisabledView)
