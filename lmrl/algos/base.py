@@ -64,19 +64,21 @@ class Learner(Protocol):
 
 
 def policy_forward(model: nn.Module, sequences: torch.Tensor, n: int, temperature: float = 1.0,
-                   attention_mask: torch.Tensor | None = None):
+                   attention_mask: torch.Tensor | None = None, entropy_grad: bool = True):
     """Log-probs (B, N) and entropies (B, N) of the last `n` tokens of `sequences` under
     softmax(logits / temperature) (the distribution they were sampled from), and values (B, N)
     when `model` also returns them (an ActorCritic), else None. V at token t is the value of the
     state the token was chosen in, read at the same position as the logits that chose it.
-    `attention_mask` (B, T) marks left padding in text prompts (the model derives positions from it)."""
-    out = model(sequences[:, :-1]) if attention_mask is None else \
-        model(sequences[:, :-1], attention_mask=attention_mask[:, :-1])
+    `attention_mask` (B, T) marks left padding in text prompts (the model derives positions from it).
+    `entropy_grad=False` computes the entropy without a graph (when it is only reported)."""
+    kw = {} if attention_mask is None else {"attention_mask": attention_mask[:, :-1]}
+    out = model(sequences[:, :-1], logits_to_keep=n, **kw)  # logits of the completion positions only
     logits, values = out if isinstance(out, tuple) else (out, None)
     logits = logits[:, -n:].float() / temperature  # (B, N, V): position t predicts token t+1
     logp_all = F.log_softmax(logits, dim=-1)
     logp = logp_all.gather(-1, sequences[:, -n:].unsqueeze(-1)).squeeze(-1)
-    entropy = -(logp_all.exp() * logp_all).sum(-1)
+    with torch.set_grad_enabled(torch.is_grad_enabled() and entropy_grad):  # a metric only, unless in the loss
+        entropy = -(logp_all.exp() * logp_all).sum(-1)
     return logp, entropy, None if values is None else values[:, -n:].float()
 
 
@@ -198,7 +200,8 @@ class Algorithm:
                 for i, (mb, w) in enumerate(zip(micro, self._micro_weights(micro))):
                     with learner.no_sync(sync=i == len(micro) - 1):
                         logp, entropy, values = policy_forward(learner.train_model, mb.sequences, mb.mask.size(1),
-                                                               self.temperature, mb.attention_mask)
+                                                               self.temperature, mb.attention_mask,
+                                                               entropy_grad=bool(self.cfg.ent_coef))
                         loss, stats = self.loss(mb, logp, entropy, values)
                         (loss * w).backward()
                     total += loss.detach() * w

@@ -153,10 +153,11 @@ class GPT(nn.Module):
         return sum(p.numel() for p in self.parameters())
 
     def forward(self, idx: torch.Tensor, cache: KVCache | None = None, last_only: bool = False,
-                return_hidden: bool = False):
-        """idx (B, T) token ids → logits (B, T, V), or (B, 1, V) with `last_only`.
-        With a cache, positions continue from `cache.length` and the cache is extended by T.
-        `return_hidden` also returns the final hidden states (B, T, C), for a value head."""
+                return_hidden: bool = False, logits_to_keep: int = 0):
+        """idx (B, T) token ids → logits (B, T, V), or (B, 1, V) with `last_only`, or the last
+        `logits_to_keep` positions' (B, K, V) (0 = all). With a cache, positions continue from
+        `cache.length` and the cache is extended by T. `return_hidden` also returns the final
+        hidden states (B, T, C) of every position, for a value head."""
         B, T = idx.shape
         start = cache.length if cache is not None else 0
         if start + T > self.config.n_position:
@@ -170,7 +171,8 @@ class GPT(nn.Module):
         if last_only:  # at inference only the last position's logits are needed
             x = x[:, -1:]
         x = self.ln_f(x)
-        return (self.lm_head(x), x) if return_hidden else self.lm_head(x)
+        logits = self.lm_head(x[:, -logits_to_keep:] if logits_to_keep else x)
+        return (logits, x) if return_hidden else logits
 
     @torch.no_grad()
     def generate(

@@ -49,9 +49,9 @@ class ActorCritic(nn.Module):
         if kind == "separate":
             self.value["critic"] = copy.deepcopy(policy)
 
-    def forward(self, ids: torch.Tensor, attention_mask: torch.Tensor | None = None):
+    def forward(self, ids: torch.Tensor, attention_mask: torch.Tensor | None = None, logits_to_keep: int = 0):
         kw = {} if attention_mask is None else {"attention_mask": attention_mask}  # left-padded text prompts
-        logits, hidden = self.policy(ids, return_hidden=True, **kw)
+        logits, hidden = self.policy(ids, return_hidden=True, logits_to_keep=logits_to_keep, **kw)
         if "critic" in self.value:
             _, hidden = self.value["critic"](ids, return_hidden=True, **kw)
         return logits, self.value["head"](hidden)

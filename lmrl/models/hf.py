@@ -256,14 +256,17 @@ class HFPolicy(nn.Module):
     def num_params(self) -> int:
         return sum(p.numel() for p in self.parameters())
 
-    def forward(self, ids: torch.Tensor, return_hidden: bool = False, attention_mask: torch.Tensor | None = None):
-        """ids (B, T) -> logits (B, T, V), or (logits, final hidden states (B, T, C)). Rows may be left-padded:
-        pass their `attention_mask`, and positions then count from each row's first real token."""
+    def forward(self, ids: torch.Tensor, return_hidden: bool = False, attention_mask: torch.Tensor | None = None,
+                logits_to_keep: int = 0):
+        """ids (B, T) -> logits (B, T, V) (the last `logits_to_keep` positions' only, if > 0: the
+        learner needs completion positions alone, and a 49k-word vocabulary makes the rest costly),
+        or (logits, final hidden states (B, T, C)). Rows may be left-padded: pass their
+        `attention_mask`, and positions then count from each row's first real token."""
         position_ids = None
         if attention_mask is not None:  # the same positions `generate` gives a left-padded row
             position_ids = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
         out = self.model(input_ids=ids, attention_mask=attention_mask, position_ids=position_ids,
-                         use_cache=False, output_hidden_states=return_hidden)
+                         use_cache=False, output_hidden_states=return_hidden, logits_to_keep=logits_to_keep)
         return (out.logits, out.hidden_states[-1]) if return_hidden else out.logits
 
     def encode(self, prompts: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
