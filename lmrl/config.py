@@ -174,6 +174,8 @@ class TrainConfig:
     ckpt_every: int = _f(50, "checkpoint every N steps")
     keep_checkpoints: int = _f(2, "step checkpoints kept (0 = all)")
     max_nonfinite: int = _f(5, "consecutive NaN/inf losses that stop the run")
+    time_limit_min: float = _f(0.0, "stop RL once the run's wall time reaches this many minutes, then evaluate "
+                                    "and save as at the last step (0 = no limit)")
 
 
 @dataclass

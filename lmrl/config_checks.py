@@ -44,6 +44,7 @@ def validate(cfg: Config) -> None:
         (cfg.train.rollout_size > 0, "train.rollout_size must be > 0"),
         (cfg.train.temperature > 0, "train.temperature must be > 0"),
         (cfg.train.ga_steps >= 1, "train.ga_steps must be >= 1"),
+        (cfg.train.time_limit_min >= 0, "train.time_limit_min must be >= 0 (0 = no limit)"),
         (cfg.train.rollout_size % cfg.train.ga_steps == 0,
          f"train.rollout_size={cfg.train.rollout_size} must be divisible by train.ga_steps={cfg.train.ga_steps}"),
         (min(cfg.train.log_every, cfg.train.eval_every, cfg.train.ckpt_every) >= 1,

@@ -99,6 +99,8 @@ def test_export_writes_a_merged_model_plain_transformers_loads(tiny_hf, tmp_path
     out = export_run(tmp_path / "run", tmp_path / "export")
     merged = AutoModelForCausalLM.from_pretrained(out).eval()
     run = load_run(tmp_path / "run")
+    [(question, completion, answer)] = list(run.generate(["What is 12 + 35?"]))  # lmrl generate RUN_DIR ...
+    assert question == "What is 12 + 35?" and isinstance(completion, str)
     ids, mask = run.model.encode(["What is 12 + 35?"])
     with torch.no_grad():
         assert torch.allclose(merged(input_ids=ids, attention_mask=mask).logits, run.model(ids, attention_mask=mask),

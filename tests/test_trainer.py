@@ -214,3 +214,12 @@ def test_init_from_starts_from_a_checkpoints_weights_and_names_a_bad_path(tiny_c
         assert torch.equal(a, b), name
     with pytest.raises(FileNotFoundError, match="model.init_from="):
         RLTrainer(tiny_config(f"model.init_from={tmp_path / 'nowhere'}", dir=tmp_path / "bad"))
+
+
+def test_time_limit_stops_rl_early_then_evaluates_and_saves(tiny_config, tmp_path):
+    cfg = tiny_config("train.steps=1000", "train.time_limit_min=0.0001")  # 6 ms: used up before RL starts
+    summary = RLTrainer(cfg).train()
+    assert summary["stopped_at_time_limit"] and 0 <= summary["steps_done"] < 1000
+    assert summary["final_accuracy"] is not None
+    rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert rows[-1]["step"] == cfg.sft.steps + summary["steps_done"] and "eval/accuracy" in rows[-1]

@@ -239,6 +239,8 @@ class HFPolicy(nn.Module):
         ids = [] if ids is None else [ids] if isinstance(ids, int) else list(ids)
         # a completion ends at the first of these; settable, e.g. to stop on a chat turn's end
         self.eos_token_ids = sorted({*ids, *([tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else [])})
+        # "lean": lmrl.rollout.hf_generate (shared prompt prefixes, finished rows dropped); "hf": HF `generate`
+        self.generation_engine = "lean"
 
     @property
     def hf_model(self) -> nn.Module:
@@ -298,7 +300,8 @@ class HFPolicy(nn.Module):
     @torch.no_grad()
     def generate_ids(self, ids: torch.Tensor, mask: torch.Tensor, max_new_tokens: int, *, temperature: float = 1.0,
                      top_k: int = 0, greedy: bool = False, generator: torch.Generator | None = None):
-        """Samples up to `max_new_tokens` after left-padded prompt ids (B, P) with the HF model's
+        """Samples up to `max_new_tokens` after left-padded prompt ids (B, P), with the lean loop of
+        `lmrl.rollout.hf_generate` (default) or, with `generation_engine = "hf"`, the HF model's
         `generate` (KV cache). Returns (completion (B, N) with pad after EOS, mask (B, N) 1 up to
         and including the first EOS, logprobs (B, N) 0 where masked); N <= max_new_tokens
         (generation stops once every row has ended). Log-probs are those of the distribution each
@@ -310,6 +313,17 @@ class HFPolicy(nn.Module):
         if not greedy and temperature <= 0:
             raise ValueError(f"temperature must be > 0 when sampling (got {temperature}); use greedy=True instead")
         pad = self.tokenizer.pad_token_id
+        if self.generation_engine == "lean":
+            from ..rollout.hf_generate import generate
+
+            was_training = self.training
+            self.eval()
+            try:
+                return generate(self.model, ids, mask, max_new_tokens, eos_token_ids=self.eos_token_ids,
+                                pad_token_id=pad, temperature=temperature, top_k=top_k, greedy=greedy,
+                                generator=generator)
+            finally:
+                self.train(was_training)
         record = _RecordLogprobs(1.0 if greedy else temperature, 0 if greedy else top_k)
         # HF's warpers stay off (temperature 1, no top-k / top-p): `record` applies temperature and top-k.
         sampling = {} if greedy else {"temperature": 1.0, "top_k": 0, "top_p": 1.0}

@@ -171,7 +171,7 @@ class RLTrainer:
             self.state["warmup_accuracy"] = self._evaluate()["eval/accuracy"]
         group = self.algo.group_size
         n_prompts = cfg.train.rollout_size // self.dist.world_size // group
-        while self.state["step"] < self.total_steps and not self._stop_requested:
+        while self.state["step"] < self.total_steps and not self._stop_requested and not self._out_of_time():
             t0 = time.perf_counter()
             # G completions per prompt, each group's rows contiguous (what group baselines expect)
             ids = task.sample_train_ids(n_prompts, self.generators["data"]).repeat_interleave(group)
@@ -179,11 +179,26 @@ class RLTrainer:
                               generator=self.generators["sample"])
             rewards, exact, extras = score_rollout(task, ids, ro, self.reward_fn)
             metrics = self._rollout_metrics(ro, rewards, exact, extras)
+            t_update = time.perf_counter()
             metrics.update(self.algo.step(self, ro, rewards))
+            metrics.update({"time/rollout_s": t_update - t0, "time/update_s": time.perf_counter() - t_update})
             self.state["algo"] = self.algo.state_dict()
             metrics["train/lr"] = self.optimizer.param_groups[0]["lr"]
             self.scheduler.step()
             self._end_step("rl", metrics, time.perf_counter() - t0, tokens=ro.sequences.numel())
+
+    def _out_of_time(self) -> bool:
+        """`train.time_limit_min` reached (wall time summed over sessions): RL ends here."""
+        limit = self.config.train.time_limit_min
+        if limit <= 0:
+            return False
+        self._tick_wall_clock()
+        over = torch.tensor([float(self.state["time"]["wall"] >= 60 * limit)], device=self.device)
+        if all_reduce_sum(over).item() == 0:  # one decision for every rank (clocks differ a little)
+            return False
+        self._info(f"time limit of {limit:g} min reached at step {self.state['step']}: stopping RL")
+        self.state["stopped_at_time_limit"] = True
+        return True
 
     def _build_rl_modules(self):
         """The algorithm, and what it needs besides the policy: a frozen reference (KL > 0) and a
@@ -368,6 +383,8 @@ class RLTrainer:
             "time_s": {"sft": round(times["sft"], 2), "rl": round(times["rl"], 2), "eval": round(times["eval"], 2),
                        "total": round(times["wall"], 2)},
             "nonfinite_skipped": self.state["nonfinite_total"],
+            "steps_done": self.state["step"] - self.config.sft.steps,
+            "stopped_at_time_limit": bool(self.state.get("stopped_at_time_limit")),
         }
         if self.dist.is_main:
             self._save_checkpoint_final()
@@ -383,7 +400,9 @@ class RLTrainer:
         history = self.state["history"]
         if history and history[-1][0] == self.state["step"]:
             return history[-1][1]
-        return self._evaluate()["eval/accuracy"]
+        metrics = self._evaluate()  # e.g. RL stopped at its time limit between evaluations
+        self._log(self.state["step"], metrics, stage=self.state["stage"])
+        return metrics["eval/accuracy"]
 
     def _save_checkpoint_final(self):
         latest = ckpt.latest_checkpoint(self.ckpt_dir)

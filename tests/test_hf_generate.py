@@ -1,0 +1,208 @@
+"""The lean HF sampling loop (`lmrl.rollout.hf_generate.generate`) on a tiny random Llama built here:
+greedy decoding equals `model.generate`, recorded log-probs equal a full forward pass, completions
+end at the first EOS, sampling follows the generator and respects top-k, with and without batch
+compaction and for both cache kinds. No hub, no network."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from lmrl.rollout.hf_generate import generate
+
+PAD, VOCAB = 0, 64
+LENGTHS = [5, 4, 9, 7, 4, 9]  # ragged prompts, left-padded to 9
+VARIANTS = [dict(compact_at=None, share_prefix=False), dict(compact_at=None), dict(compact_at=0.0), dict(compact_at=0.5),
+            dict(cache="static", compact_at=0.0), dict(cache="static", compact_at=0.0, share_prefix=False)]
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def model():
+    torch.manual_seed(0)
+    # A larger init than the default makes the next-token distributions peaked, so argmax has no near-ties.
+    return LlamaForCausalLM(LlamaConfig(
+        vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=64, initializer_range=0.2, pad_token_id=PAD,
+        bos_token_id=1, eos_token_id=2)).eval()
+
+
+@pytest.fixture(scope="module")
+def prompts():
+    """Ragged prompts, left-padded, all starting with the same 3 tokens (as a chat template's start
+    would), the last one a repeat of the third (as in a GRPO group)."""
+    g = torch.Generator().manual_seed(1)
+    prefix = torch.randint(3, VOCAB, (3,), generator=g)
+    ids = torch.full((len(LENGTHS), max(LENGTHS)), PAD)
+    mask = torch.zeros_like(ids)
+    for i, n in enumerate(LENGTHS):
+        ids[i, -n:] = torch.cat([prefix, torch.randint(3, VOCAB, (n,), generator=g)])[:n]
+        mask[i, -n:] = 1
+    ids[-1], mask[-1] = ids[2], mask[2]
+    return ids, mask
+
+
+def _hf_greedy(model, ids, mask, n, eos):
+    with torch.no_grad():
+        seq = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=n, do_sample=False,
+                             eos_token_id=eos, pad_token_id=PAD)
+    return seq[:, ids.size(1):]
+
+
+def _emitted_eos(model, ids, mask):
+    """A token that greedy decoding emits in some rows early on, and the column where row 0 emits it:
+    used as EOS, it ends rows at different steps."""
+    out = _hf_greedy(model, ids, mask, 12, eos=VOCAB + 1)  # an id that cannot occur: no row ends
+    for t in range(2, 12):
+        tok = int(out[0, t])
+        ended = (out[:, :10] == tok).any(1)
+        if 0 < int(ended.sum()) < len(ended):
+            return tok
+    pytest.fail("no token ends some rows but not all")
+
+
+def _recompute(model, ids, mask, completion, cmask, temperature=1.0, top_k=0):
+    """(log-probs (B, N), top-k masks (B, N, V)) of `completion` under one full forward pass."""
+    full = torch.cat([ids, completion], 1)
+    fmask = torch.cat([mask, cmask.long()], 1)
+    pos = (fmask.cumsum(-1) - 1).clamp(min=0)
+    with torch.no_grad():
+        logits = model(input_ids=full, attention_mask=fmask, position_ids=pos).logits
+    logits = logits[:, ids.size(1) - 1:-1].float() / temperature
+    allowed = torch.ones_like(logits, dtype=torch.bool)
+    if top_k:
+        allowed = logits >= torch.topk(logits, top_k, dim=-1).values[..., -1:]
+        logits = logits.masked_fill(~allowed, float("-inf"))
+    logp = F.log_softmax(logits, -1).gather(-1, completion[..., None]).squeeze(-1)
+    return logp.masked_fill(cmask == 0, 0.0), allowed
+
+
+@pytest.mark.parametrize("variant", VARIANTS, ids=str)
+def test_greedy_equals_hf_generate_on_ragged_left_padded_prompts(model, prompts, variant):
+    ids, mask = prompts
+    eos = _emitted_eos(model, ids, mask)
+    ref = _hf_greedy(model, ids, mask, 12, eos)
+    completion, cmask, logprobs = generate(model, ids, mask, 12, eos_token_ids=[eos], pad_token_id=PAD,
+                                           greedy=True, **variant)
+    assert completion.shape == ref.shape  # both stop at the same step
+    assert torch.equal(completion, ref)  # HF pads after EOS too
+    ended = (completion == eos).any(1)
+    assert ended.any() and not ended.all()  # the EOS really ends some rows early
+    # greedy reports temperature-1 log-probs
+    assert torch.allclose(logprobs, _recompute(model, ids, mask, completion, cmask)[0], atol=1e-4)
+
+
+@pytest.mark.parametrize("variant", VARIANTS, ids=str)
+@pytest.mark.parametrize("temperature,top_k", [(1.0, 0), (0.7, 0), (1.3, 5)])
+def test_logprobs_equal_a_full_forward_recomputation(model, prompts, variant, temperature, top_k):
+    ids, mask = prompts
+    kwargs = dict(pad_token_id=PAD, temperature=temperature, top_k=top_k)
+    free = generate(model, ids, mask, 16, eos_token_ids=[VOCAB + 5], generator=torch.Generator().manual_seed(0),
+                    **kwargs)[0]
+    # EOS := tokens drawn early in rows 0 and 3: the same seed draws the same tokens until the first row ends
+    # (compaction then changes what the generator's draws go to), so rows end at different steps
+    eos = [int(free[0, 2]), int(free[3, 6])]
+    completion, cmask, logprobs = generate(model, ids, mask, 16, eos_token_ids=eos,
+                                           generator=torch.Generator().manual_seed(0), **kwargs, **variant)
+    assert cmask.sum(1).lt(16).any()
+    ref, allowed = _recompute(model, ids, mask, completion, cmask, temperature, top_k)
+    assert torch.allclose(logprobs, ref, atol=1e-4), (logprobs - ref).abs().max()
+    assert (logprobs[cmask == 0] == 0).all() and (logprobs[cmask == 1] < 0).all()
+    # every real token lies in the top-k of its step
+    in_top_k = allowed.gather(-1, completion[..., None]).squeeze(-1)
+    assert in_top_k[cmask == 1].all()
+
+
+@pytest.mark.parametrize("variant", VARIANTS, ids=str)
+def test_completion_is_masked_and_padded_after_the_first_eos(model, prompts, variant):
+    ids, mask = prompts
+    eos = _emitted_eos(model, ids, mask)
+    completion, cmask, logprobs = generate(model, ids, mask, 10, eos_token_ids=[VOCAB + 5, eos], pad_token_id=PAD,
+                                           greedy=True, **variant)
+    assert completion.dtype == torch.long and cmask.dtype == torch.float32 and logprobs.dtype == torch.float32
+    for row, m in zip(completion, cmask):
+        hits = (row == eos).nonzero()
+        end = int(hits[0]) + 1 if len(hits) else row.numel()
+        assert m[:end].eq(1).all() and m[end:].eq(0).all()
+        assert row[end:].eq(PAD).all()
+    assert (logprobs[cmask == 0] == 0).all()
+    # the outputs are ordinary tensors: they can be fed to a training forward
+    assert not completion.is_inference() and not logprobs.is_inference()
+
+
+def test_generation_stops_once_every_row_has_ended(model, prompts):
+    ids, mask = prompts
+    first = generate(model, ids, mask, 3, eos_token_ids=[VOCAB + 5], pad_token_id=PAD, greedy=True)[0]
+    eos = sorted({int(t) for t in first[:, 0]})  # every row's first token ends it
+    completion, cmask, _ = generate(model, ids, mask, 8, eos_token_ids=eos, pad_token_id=PAD, greedy=True)
+    assert completion.shape == (len(LENGTHS), 1) and cmask.eq(1).all()
+
+
+@pytest.mark.parametrize("variant", VARIANTS[:3], ids=str)
+def test_sampling_follows_the_generator(model, prompts, variant):
+    ids, mask = prompts
+    eos = _emitted_eos(model, ids, mask)
+
+    def sample(seed):
+        return generate(model, ids, mask, 12, eos_token_ids=[eos], pad_token_id=PAD, top_k=8,
+                        generator=torch.Generator().manual_seed(seed), **variant)
+
+    a, b, c = sample(3), sample(3), sample(4)
+    assert all(torch.equal(x, y) for x, y in zip(a, b))
+    assert a[0].shape != c[0].shape or not torch.equal(a[0], c[0])
+
+
+def test_samples_do_not_depend_on_compaction_prefix_sharing_or_cache(model, prompts):
+    """Each row draws from its own uniform each step, whatever else runs beside it."""
+    ids, mask = prompts
+    eos = _emitted_eos(model, ids, mask)
+    runs = [generate(model, ids, mask, 12, eos_token_ids=[eos], pad_token_id=PAD, temperature=0.8,
+                     generator=torch.Generator().manual_seed(5), **variant) for variant in VARIANTS]
+    for run in runs[1:]:
+        assert torch.equal(run[0], runs[0][0]) and torch.allclose(run[2], runs[0][2], atol=1e-5)
+    assert (runs[0][1].sum(1) < 12).any()  # some rows ended early: compaction happened
+
+
+def test_common_prefix_and_repeated_prompts_share_one_prefill(model, prompts):
+    """Counts the tokens each forward call runs: shared, the 3-token prefix runs once and the repeated prompt not at all."""
+    ids, mask = prompts
+    seen = []
+    hook = model.model.embed_tokens.register_forward_hook(lambda m, i, o: seen.append(tuple(i[0].shape)))
+    try:
+        generate(model, ids, mask, 1, eos_token_ids=[2], pad_token_id=PAD, greedy=True)
+    finally:
+        hook.remove()
+    assert seen == [(1, 3), (len(LENGTHS) - 1, max(LENGTHS) - 3)]
+
+
+def test_peft_wrapped_model_generates_like_its_base(model, prompts):
+    peft = pytest.importorskip("peft")
+    import copy
+
+    wrapped = peft.get_peft_model(copy.deepcopy(model), peft.LoraConfig(r=4, target_modules=["q_proj", "v_proj"]))
+    wrapped.eval()
+    ids, mask = prompts
+    kwargs = dict(eos_token_ids=[2], pad_token_id=PAD, generator=torch.Generator().manual_seed(0))
+    base = generate(model, ids, mask, 8, **kwargs)
+    kwargs["generator"] = torch.Generator().manual_seed(0)
+    lora = generate(wrapped, ids, mask, 8, **kwargs)  # LoRA's B starts at zero: the same model
+    assert torch.equal(base[0], lora[0]) and torch.allclose(base[2], lora[2], atol=1e-5)
+
+
+def test_bad_arguments_are_refused(model, prompts):
+    ids, mask = prompts
+    with pytest.raises(ValueError, match="max_new_tokens"):
+        generate(model, ids, mask, 0, eos_token_ids=[2], pad_token_id=PAD)
+    with pytest.raises(ValueError, match="temperature"):
+        generate(model, ids, mask, 4, eos_token_ids=[2], pad_token_id=PAD, temperature=0.0)
+    with pytest.raises(ValueError, match="cache"):
+        generate(model, ids, mask, 4, eos_token_ids=[2], pad_token_id=PAD, cache="paged")
