@@ -34,7 +34,7 @@ def main() -> None:
     print(f"\n| model | held-out | base acc | final acc | gain (points) | format rate | steps | wall |")
     print("|---|---|---|---|---|---|---|---|")
     print(f"| SmolLM2-135M-Instruct + LoRA r={cfg.lora.r}, GRPO G={cfg.algo.group_size} | {summary['eval_size']} "
-          f"| {base:.3f} | {final:.3f} | {100 * (final - base):+.1f} | {fmt:.3f} | {cfg.train.steps} | {wall / 60:.1f} min |")
+          f"| {base:.3f} | {final:.3f} | {100 * (final - base):+.1f} | {fmt:.3f} | {summary['steps_done']} | {wall / 60:.1f} min |")
     print("\naccuracy by step: " + ", ".join(f"{r['step']}: {r['eval/accuracy']:.3f}" for r in evals))
 
 
