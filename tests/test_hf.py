@@ -86,18 +86,24 @@ def _write_gguf(path, model: LlamaForCausalLM, tok, arch="llama"):
     w.close()
 
 
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    """{"dir": HF model + tokenizer dir, "gguf_dir": dir holding only tiny.gguf, "model": the model}."""
-    root = tmp_path_factory.mktemp("hf")
+def save_tiny_llama(directory, max_positions: int = 128):
+    """A 2-layer, 32-dim Llama (seed 0) and its tokenizer saved in `directory`: (model, tokenizers BPE)."""
     tok, hf_tok = _tokenizer()
     torch.manual_seed(0)
     model = LlamaForCausalLM(LlamaConfig(
         vocab_size=tok.get_vocab_size(), hidden_size=32, intermediate_size=64, num_hidden_layers=N_LAYER,
-        num_attention_heads=N_HEAD, num_key_value_heads=N_KV_HEAD, max_position_embeddings=128,
+        num_attention_heads=N_HEAD, num_key_value_heads=N_KV_HEAD, max_position_embeddings=max_positions,
         tie_word_embeddings=True, pad_token_id=0, bos_token_id=1, eos_token_id=2))
-    model.save_pretrained(root / "model")
-    hf_tok.save_pretrained(root / "model")
+    model.save_pretrained(directory)
+    hf_tok.save_pretrained(directory)
+    return model, tok
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    """{"dir": HF model + tokenizer dir, "gguf_dir": dir holding only tiny.gguf, "model": the model}."""
+    root = tmp_path_factory.mktemp("hf")
+    model, tok = save_tiny_llama(root / "model")
     (root / "gguf").mkdir()
     _write_gguf(root / "gguf" / "tiny.gguf", model, tok)
     return {"dir": root / "model", "gguf_dir": root / "gguf", "model": model.eval(), "root": root}

@@ -9,7 +9,7 @@ import json
 import pytest
 import torch
 from safetensors.torch import load_file
-from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
+from transformers import AutoModelForCausalLM
 
 from lmrl.config import ConfigError, load_config
 from lmrl.models.reference import is_reference_view
@@ -17,21 +17,14 @@ from lmrl.tasks.word_problems import write_addition_chat
 from lmrl.train.inspect import export_run, load_run
 from lmrl.train.loop import RLTrainer
 from lmrl.train.rewards import RewardError
-from tests.test_hf import N_HEAD, N_KV_HEAD, _tokenizer
+from tests.test_hf import save_tiny_llama
 
 
 @pytest.fixture(scope="module")
 def tiny_hf(tmp_path_factory):
     """A 2-layer, 32-dim Llama and its tokenizer saved as a model dir, plus a small addition-chat data set."""
     root = tmp_path_factory.mktemp("hf-train")
-    tok, hf_tok = _tokenizer()
-    torch.manual_seed(0)
-    model = LlamaForCausalLM(LlamaConfig(
-        vocab_size=tok.get_vocab_size(), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-        num_attention_heads=N_HEAD, num_key_value_heads=N_KV_HEAD, max_position_embeddings=256,
-        tie_word_embeddings=True, pad_token_id=0, bos_token_id=1, eos_token_id=2))
-    model.save_pretrained(root / "model")
-    hf_tok.save_pretrained(root / "model")
+    save_tiny_llama(root / "model", max_positions=256)
     write_addition_chat(root / "data", n_train=40, n_test=8, seed=0)
     return root
 

@@ -29,13 +29,18 @@ class AdapterDisabledView(nn.Module):
             policy.train(was_training)
 
 
-def reference_view(policy: nn.Module) -> AdapterDisabledView | None:
-    """A view of `policy`'s base model when it carries a LoRA adapter, else None."""
-    if type(policy).__name__ != "HFPolicy":
-        return None
+def has_lora_adapter(model: nn.Module) -> bool:
+    """An HFPolicy carrying a LoRA adapter (checked without importing peft for other models)."""
+    if type(model).__name__ != "HFPolicy":
+        return False
     from .lora import has_adapter
 
-    return AdapterDisabledView(policy) if has_adapter(policy) else None
+    return has_adapter(model)
+
+
+def reference_view(policy: nn.Module) -> AdapterDisabledView | None:
+    """A view of `policy`'s base model when it carries a LoRA adapter, else None."""
+    return AdapterDisabledView(policy) if has_lora_adapter(policy) else None
 
 
 def is_reference_view(module: nn.Module) -> bool:

@@ -227,9 +227,9 @@ def _require(path: Path, what: str) -> Path:
 
 def _adapter_only(model: torch.nn.Module) -> bool:
     """A LoRA policy: only its adapter trains, so only the adapter is saved."""
-    from ..models.reference import reference_view
+    from ..models.reference import has_lora_adapter
 
-    return reference_view(model) is not None
+    return has_lora_adapter(model)
 
 
 def save_weights_file(model: torch.nn.Module, file: Path) -> None:
@@ -254,6 +254,19 @@ def load_weights(model: torch.nn.Module, file: Path, map_location: str | torch.d
     if missing or unexpected:
         raise CheckpointError(f"{file} does not match {type(model).__name__}: "
                               f"missing keys {sorted(missing)}, unexpected keys {sorted(unexpected)}")
+
+
+def load_initial_weights(model: torch.nn.Module, source: str, device) -> None:
+    """`model.init_from`: a checkpoint dir (its model.safetensors) or a .safetensors file."""
+    path = Path(source)
+    file = path / MODEL_FILE if path.is_dir() else path
+    if not file.is_file():
+        raise FileNotFoundError(f"model.init_from={source!r}: no such file (expected a checkpoint dir holding "
+                                f"{MODEL_FILE}, or a .safetensors file)")
+    try:
+        load_weights(model, file, device)
+    except CheckpointError as e:
+        raise CheckpointError(f"model.init_from={source!r}: {e}") from None
 
 
 def load_checkpoint(path: Path, *, model: torch.nn.Module, optimizer=None, scheduler=None,

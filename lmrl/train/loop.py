@@ -40,19 +40,6 @@ from .run_dir import RunLog, prepare_run_dir
 from .schedule import make_scheduler
 
 
-def load_initial_weights(model: torch.nn.Module, source: str, device) -> None:
-    """`model.init_from`: a checkpoint dir (its model.safetensors) or a .safetensors file."""
-    path = Path(source)
-    file = path / ckpt.MODEL_FILE if path.is_dir() else path
-    if not file.is_file():
-        raise FileNotFoundError(f"model.init_from={source!r}: no such file (expected a checkpoint dir holding "
-                                f"{ckpt.MODEL_FILE}, or a .safetensors file)")
-    try:
-        ckpt.load_weights(model, file, device)
-    except ckpt.CheckpointError as e:
-        raise ckpt.CheckpointError(f"model.init_from={source!r}: {e}") from None
-
-
 class TrainingError(RuntimeError):
     """The run cannot go on (e.g. repeated non-finite losses); the last checkpoint is intact."""
 
@@ -80,7 +67,7 @@ class RLTrainer:
         model = model if model is not None else build_model(cfg.model, self.task.tokenizer.vocab_size)
         self.model = model.to(self.device)
         if cfg.model.init_from:
-            load_initial_weights(self.model, cfg.model.init_from, self.device)
+            ckpt.load_initial_weights(self.model, cfg.model.init_from, self.device)
         self.module, self.reference = self.model, None  # RL may wrap the policy with a value function
         self.optimizer = self.scheduler = None
         self.reward_fn = reward_fn if reward_fn is not None else \
