@@ -71,22 +71,41 @@ class ModelConfig:
 
 @dataclass
 class TaskConfig:
-    name: str = _f("addition", "addition | multiplication")
+    name: str = _f("addition", "addition | multiplication | math | sql")
     ndigit: int = _f(3, "digits per operand")
     use_format: bool = _f(True, "prompt as 123+456= (False: bare digits 123456)")
     reverse_answer: bool = _f(True, "write the answer least-significant digit first")
     reward: str = _f("exact", "exact (1/0 per answer) | digits (fraction of digits right, per answer) | "
                               "per_digit (1/0 per digit, on that digit's token)")
     heldout_size: int = _f(1000, "problems reserved for evaluation, never trained on")
-    train_file: str | None = _f(None, "math: JSONL rows {prompt or messages, ground_truth} to train on")
+    train_file: str | None = _f(None, "math: JSONL rows {prompt or messages, ground_truth} to train on; "
+                                      "sql: DBBench-format JSONL (default: procedural tasks)")
     generate: str = _f("", "math: when train_file / test_file do not exist, write them first with "
                            "`lmrl data <generate>`'s defaults: word-problems | addition-chat (empty: never)")
-    test_file: str | None = _f(None, "math: JSONL rows held out for evaluation")
-    max_new_tokens: int = _f(256, "math: longest completion sampled")
+    test_file: str | None = _f(None, "math: JSONL rows held out for evaluation; sql: DBBench-format JSONL")
+    max_new_tokens: int = _f(256, "math: longest completion sampled; sql: longest agent turn")
     chat: bool = _f(True, "math: wrap plain-text prompts as a user message in the model's chat template")
     system_prompt: str = _f("", "math: system message put before each chat prompt (empty: none)")
     prompt_template: str = _f("{prompt}", "math: how a row's prompt becomes the question asked; must hold {prompt}")
     scratchpad: bool = _f(False, "multiplication: write the partial products before the product (12*34=840|630|8040)")
+
+
+@dataclass
+class EnvConfig:
+    """The SQL agent's environment (task.name=sql), DBBench-style."""
+    max_rounds: int = _f(15, "agent turns per episode, the answer turn included (DBBench: 15)")
+    max_rows: int = _f(100, "rows shown per query result")
+    max_chars: int = _f(800, "characters per observation; more are cut with [TRUNCATED] (DBBench: 800)")
+    query_timeout_s: float = _f(2.0, "wall-clock limit of one SQL statement")
+    reward_correct: float = _f(1.0, "reward of a correct final answer (or table state)")
+    reward_wrong: float = _f(-0.1, "reward of a wrong final answer")
+    reward_timeout: float = _f(-0.3, "reward of an episode that ends with no answer")
+    invalid_action_penalty: float = _f(0.0, "subtracted for each turn that breaks the protocol (>= 0)")
+    max_context: int = _f(2048, "tokens a conversation may reach; an episode that would outgrow it ends as a timeout")
+    train_tasks: int = _f(2000, "procedural training tasks (distinct)")
+    heldout_per_skill: int = _f(10, "procedural held-out tasks of each skill")
+    skills: list = _f([], "procedural skills to draw from (empty: all of filter, count, sum, avg, max, min, "
+                          "ranking, group_by, comparison, insert, update, delete)")
 
 
 @dataclass
@@ -190,6 +209,7 @@ class Config:
     model: ModelConfig = field(default_factory=ModelConfig)
     task: TaskConfig = field(default_factory=TaskConfig)
     lora: LoraConfig = field(default_factory=LoraConfig)
+    env: EnvConfig = field(default_factory=EnvConfig)
     reward: RewardConfig = field(default_factory=RewardConfig)
     sft: SFTConfig = field(default_factory=SFTConfig)
     algo: AlgoConfig = field(default_factory=AlgoConfig)

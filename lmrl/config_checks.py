@@ -13,7 +13,7 @@ CHOICES = {
     "run.wandb_mode": ["online", "offline"],
     "model.type": ["gpt", "hf"],
     "model.dtype": ["fp32", "bf16"],
-    "task.name": ["addition", "multiplication", "math"],
+    "task.name": ["addition", "multiplication", "math", "sql"],
     "task.reward": ["exact", "digits", "per_digit"],
     "task.generate": ["", "word-problems", "addition-chat"],
     "schedule.name": ["constant", "cosine"],
@@ -56,6 +56,8 @@ def validate(cfg: Config) -> None:
          f"optim.betas must be two numbers in [0, 1), got {cfg.optim.betas}"),
     ]
     task_checks = _arithmetic_checks(cfg) if cfg.task.name in ARITHMETIC else _text_task_checks(cfg)
+    if cfg.task.name == "sql":
+        task_checks += _env_checks(cfg)
     for ok, msg in checks + task_checks + _algo_checks(cfg):
         if not ok:
             raise ConfigError(msg)
@@ -93,7 +95,7 @@ def _text_task_checks(cfg: Config) -> list[tuple[bool, str]]:
     return [
         (m.type == "hf", f"task.name={t.name} needs a Hugging Face model: set model.type=hf and model.path"),
         (bool(m.path), "model.type=hf needs model.path (a local directory, or smollm2-135m-instruct)"),
-        (bool(t.train_file) and bool(t.test_file),
+        (t.name == "sql" or (bool(t.train_file) and bool(t.test_file)),
          f"task.name={t.name} reads its problems from JSONL: set task.train_file and task.test_file "
          f"(`lmrl data word-problems OUT_DIR` writes a pair offline)"),
         ("{prompt}" in t.prompt_template, f"task.prompt_template must contain {{prompt}}, got {t.prompt_template!r}"),
@@ -107,6 +109,24 @@ def _text_task_checks(cfg: Config) -> list[tuple[bool, str]]:
         (not cfg.reward.cls or ":" in cfg.reward.cls,
          f"reward.cls={cfg.reward.cls!r} must look like package.module:ClassName"),
         (cfg.reward.timeout_s > 0, "reward.timeout_s must be > 0"),
+    ]
+
+
+def _env_checks(cfg: Config) -> list[tuple[bool, str]]:
+    from .tasks.sql.procedural import SKILLS
+
+    e = cfg.env
+    unknown = [s for s in e.skills if s not in SKILLS]
+    return [
+        (e.max_rounds >= 1, f"env.max_rounds must be >= 1, got {e.max_rounds}"),
+        (e.max_rows >= 1 and e.max_chars >= 1, "env.max_rows and env.max_chars must be >= 1"),
+        (e.query_timeout_s > 0, f"env.query_timeout_s must be > 0, got {e.query_timeout_s}"),
+        (e.invalid_action_penalty >= 0, f"env.invalid_action_penalty is subtracted, so it must be >= 0, "
+                                        f"got {e.invalid_action_penalty}"),
+        (e.max_context > cfg.task.max_new_tokens, f"env.max_context={e.max_context} leaves no room for one "
+                                                  f"turn of task.max_new_tokens={cfg.task.max_new_tokens}"),
+        (e.train_tasks >= 1 and e.heldout_per_skill >= 1, "env.train_tasks and env.heldout_per_skill must be >= 1"),
+        (not unknown, f"env.skills: unknown skill(s) {unknown}; choose from {', '.join(SKILLS)}"),
     ]
 
 

@@ -76,7 +76,7 @@ def load_run(run_dir: Path, which: str = "latest") -> LoadedRun:
     cfg = load_config(run_dir / "config.yaml")
     if cfg.model.type == "hf":  # the base model from model.path, then the checkpoint's weights (or adapter)
         model = build_model(cfg.model, lora=cfg.lora)
-        task = build_task(cfg.task, tokenizer=model.tokenizer, reward=cfg.reward)
+        task = build_task(cfg.task, tokenizer=model.tokenizer, reward=cfg.reward, env=cfg.env)
     else:
         task = build_task(cfg.task)
         model = build_model(cfg.model, task.tokenizer.vocab_size)

@@ -34,6 +34,7 @@ from ..models.reference import is_reference_view, reference_view
 from ..rollout.local import Rollout
 from ..tasks import build_task
 from . import checkpoint as ckpt
+from .callbacks import CallbackList
 from .evaluate import evaluate
 from .rewards import RewardFn, load_reward_class, score_rollout
 from .run_dir import RunLog, prepare_run_dir
@@ -52,10 +53,14 @@ class RLTrainer:
     task: prompts, rollouts and verifier (default: from `config.task`; see `lmrl.tasks`).
     reward_fn: optional `f(prompts: list[str], completions: list[str], **columns) -> list[float]`,
         TRL-style (a math task passes `ground_truth=[...]`); default: `reward.cls`, else the task's
-        own verifier."""
+        own verifier.
+    callbacks: objects with any of `on_episode_end`, `on_step_end`, `on_checkpoint` (see
+        `lmrl.train.callbacks`)."""
 
-    def __init__(self, config: Config, *, model=None, task=None, reward_fn: RewardFn | None = None):
+    def __init__(self, config: Config, *, model=None, task=None, reward_fn: RewardFn | None = None,
+                 callbacks=None):
         self.config = cfg = config
+        self.callbacks = CallbackList(callbacks)
         self.dist, self.device = init_distributed(cfg.run.device)
         if cfg.run.threads:
             torch.set_num_threads(cfg.run.threads)
@@ -63,7 +68,7 @@ class RLTrainer:
         if model is None and cfg.model.type == "hf":
             model = build_model(cfg.model, lora=cfg.lora)
         self.task = task if task is not None else build_task(cfg.task, tokenizer=getattr(model, "tokenizer", None),
-                                                             reward=cfg.reward)
+                                                             reward=cfg.reward, env=cfg.env)
         model = model if model is not None else build_model(cfg.model, self.task.tokenizer.vocab_size)
         self.model = model.to(self.device)
         if cfg.model.init_from:
@@ -126,27 +131,9 @@ class RLTrainer:
 
     # -- stages ----------------------------------------------------------------------------------
     def _run_sft(self):
-        cfg, task = self.config, self.task
-        rows = task.labeled(self.sft_pool)  # the only place labels are read
-        self.sft_rows = rows
-        self._make_optimizer(cfg.sft.lr, cfg.sft.weight_decay, cfg.sft.steps, "cosine", cfg.sft.warmup_steps)
-        self._restore_pending()
-        bs = cfg.sft.batch_size // self.dist.world_size
-        while self.state["step"] < cfg.sft.steps and not self._stop_requested:
-            t0 = time.perf_counter()
-            idx = torch.randint(len(rows), (bs,), generator=self.generators["data"])
-            x = rows[idx].to(self.device)
-            logits = self.train_model(x[:, :-1])[:, -task.answer_len:]  # (B, N, V): answer positions only
-            loss = F.cross_entropy(logits.reshape(-1, logits.size(-1)).float(), x[:, -task.answer_len:].reshape(-1))
-            metrics = self._sft_update(loss)
-            metrics["sft/accuracy"] = (logits.argmax(-1) == x[:, -task.answer_len:]).all(-1).float().mean().item()
-            self._end_step("sft", metrics, time.perf_counter() - t0, tokens=x.numel())
-        if self.state["step"] >= cfg.sft.steps and not self._stop_requested:
-            self.state["stage"] = "rl"
-            self._info(f"warm-up done: held-out accuracy {self.state['warmup_accuracy']:.3f} from "
-                       f"{len(self.sft_pool)} labeled problems")
-            self.optimizer = None
-            self._save_checkpoint()
+        from .sft_stage import run_sft_stage
+
+        run_sft_stage(self)
 
     def _run_rl(self):
         cfg, task = self.config, self.task
@@ -165,6 +152,7 @@ class RLTrainer:
             ro = task.rollout(self.model, ids, temperature=cfg.train.temperature, top_k=cfg.train.top_k,
                               generator=self.generators["sample"])
             rewards, exact, extras = score_rollout(task, ids, ro, self.reward_fn)
+            self.callbacks.rollout_end(self, self.state["step"] + 1, ids, ro, rewards)
             metrics = self._rollout_metrics(ro, rewards, exact, extras)
             t_update = time.perf_counter()
             metrics.update(self.algo.step(self, ro, rewards))
@@ -280,13 +268,6 @@ class RLTrainer:
             for i, g in enumerate(self.generators.values()):
                 g.manual_seed(self.config.run.seed + 7919 * self.dist.rank + 31 * self.state["step"] + i)
 
-    def _sft_update(self, loss: torch.Tensor) -> dict:
-        loss.backward()
-        lr = self.optimizer.param_groups[0]["lr"]
-        metrics = {f"sft/{k}": v for k, v in self.optimizer_step(loss.detach()).items()}
-        self.scheduler.step()
-        return {**metrics, "sft/lr": lr}
-
     def _end_step(self, stage: str, metrics: dict, seconds: float, tokens: int):
         cfg = self.config
         self.state["step"] += 1
@@ -305,6 +286,7 @@ class RLTrainer:
             self._log(step, metrics, stage=stage, stage_step=stage_step, stage_total=stage_total)
         if self.log is not None:
             self.log.advance(step)
+        self.callbacks.step_end(self, step, metrics)
         if stage_step % cfg.train.ckpt_every == 0 and not last and self.state["nonfinite_run"] == 0:
             self._save_checkpoint()  # never during a run of skipped updates: the last one stays a good one
 
@@ -335,10 +317,11 @@ class RLTrainer:
 
     def _write_checkpoint(self):
         in_stage = self.optimizer is not None  # the boundary checkpoint after the warm-up has no optimizer
-        ckpt.save_checkpoint(self.ckpt_dir, self.state["step"], model=self.model, optimizer=self.optimizer,
-                             scheduler=self.scheduler if in_stage else None, generators=self.generators,
-                             trainer_state=self.state, keep=self.config.train.keep_checkpoints,
-                             modules=self._rl_modules() if in_stage else None)
+        path = ckpt.save_checkpoint(self.ckpt_dir, self.state["step"], model=self.model, optimizer=self.optimizer,
+                                    scheduler=self.scheduler if in_stage else None, generators=self.generators,
+                                    trainer_state=self.state, keep=self.config.train.keep_checkpoints,
+                                    modules=self._rl_modules() if in_stage else None)
+        self.callbacks.checkpoint(self, path)
 
     def _maybe_resume(self) -> Path | None:
         """With run.resume=auto, load weights and trainer state from the latest checkpoint now; the

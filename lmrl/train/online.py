@@ -1,0 +1,164 @@
+"""RL from an agent loop you run yourself: hand over each finished conversation and its reward;
+every `batch_episodes` episodes the adapter takes one REINFORCE step.
+
+    learner = EpisodeLearner(policy, EpisodeLearnerConfig(lr=1e-4, batch_episodes=8, run_dir="runs/my-agent"))
+    for task in my_tasks:
+        messages, reward = my_agent.play(task, policy)       # your loop, your tools, your environment
+        metrics = learner.add_episode(messages, reward)      # None until a batch is full
+
+`messages` is the whole chat ([system], user, assistant, user, ...); the loss covers the tokens of
+the assistant messages (each with its end-of-turn token) and nothing else, on the sequence the
+tokenizer's chat template writes. If you recorded the sampling log-probs of the assistant tokens,
+pass them: they are checked against the learner's (`train/logprob_gap`, the mean absolute
+difference), which shows when your sampler saw different tokens than the template writes.
+
+It is also a trainer callback: `RLTrainer(cfg, callbacks=[learner])` feeds it every episode the
+trainer plays (`on_episode_end`), e.g. to train a second adapter on the same experience.
+
+State (adapter or trainable weights, optimizer, step, baseline) is checkpointed atomically to
+`run_dir/checkpoints/` every `ckpt_every` updates, and a learner created on a run dir that holds a
+checkpoint resumes from it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from ..algos.advantages import update_moving_baseline
+from ..algos.base import policy_forward
+from . import checkpoint as ckpt
+from .callbacks import Callback, Episode
+
+
+@dataclass
+class EpisodeLearnerConfig:
+    lr: float = 1e-4
+    weight_decay: float = 0.0
+    batch_episodes: int = 8  # episodes per update
+    baseline_decay: float = 0.9  # b <- decay*b + (1-decay)*mean reward; A = r - b
+    grad_clip: float = 1.0
+    temperature: float = 1.0  # the sampling temperature, for the log-probs
+    run_dir: str | None = None  # where checkpoints go (None: no checkpoints)
+    ckpt_every: int = 1  # updates between checkpoints
+    keep_checkpoints: int = 2
+
+    def __post_init__(self):
+        if self.batch_episodes < 1 or self.ckpt_every < 1 or self.lr <= 0:
+            raise ValueError("EpisodeLearnerConfig: batch_episodes and ckpt_every must be >= 1 and lr > 0")
+        if not 0 <= self.baseline_decay < 1:
+            raise ValueError(f"EpisodeLearnerConfig.baseline_decay must be in [0, 1), got {self.baseline_decay}")
+
+
+def assistant_token_mask(tokenizer, messages: list[dict]) -> tuple[list[int], list[int]]:
+    """(ids, mask) of the chat-templated conversation; mask is 1 on the tokens of assistant message
+    contents and the end-of-turn token that closes each. Needs a fast tokenizer (offsets)."""
+    if not messages or messages[-1].get("role") != "assistant":
+        raise ValueError("an episode's messages must end with the assistant's last turn")
+    text = tokenizer.apply_chat_template(messages, tokenize=False)
+    spans, cursor = [], 0
+    for k, message in enumerate(messages):
+        if message["role"] != "assistant":
+            continue
+        prefix = tokenizer.apply_chat_template(messages[:k], tokenize=False, add_generation_prompt=True)
+        start = text.find(message["content"], max(len(prefix), cursor))
+        if start < 0 or not text.startswith(prefix):
+            raise ValueError(f"the chat template does not render message {k} (assistant) after the conversation "
+                             "before it; cannot find its tokens")
+        end = start + len(message["content"])
+        eos = tokenizer.eos_token or ""
+        if eos and text.startswith(eos, end):
+            end += len(eos)
+        spans.append((start, end))
+        cursor = end
+    enc = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
+    mask = [int(any(s <= a and b <= e and b > a for s, e in spans)) for a, b in enc["offset_mapping"]]
+    return enc["input_ids"], mask
+
+
+class EpisodeLearner(Callback):
+    def __init__(self, policy, config: EpisodeLearnerConfig | None = None):
+        self.policy, self.config = policy, config or EpisodeLearnerConfig()
+        params = [p for p in policy.parameters() if p.requires_grad]
+        if not params:
+            raise ValueError("the policy has no trainable parameters (a LoRA adapter or unfrozen weights)")
+        self.optimizer = torch.optim.AdamW(params, lr=self.config.lr, weight_decay=self.config.weight_decay)
+        self.state = {"step": 0, "episodes": 0, "baseline": None}
+        self.pending: list[tuple[list[int], list[int], float, list[float] | None]] = []
+        self.ckpt_dir = Path(self.config.run_dir) / "checkpoints" if self.config.run_dir else None
+        latest = ckpt.latest_checkpoint(self.ckpt_dir) if self.ckpt_dir and self.ckpt_dir.is_dir() else None
+        if latest is not None:
+            self.state = ckpt.load_checkpoint(latest, model=policy, optimizer=self.optimizer, restore_rng=False)
+            self.resumed_from = latest
+        else:
+            self.resumed_from = None
+
+    # -- feeding ---------------------------------------------------------------------------------
+    def add_episode(self, messages: list[dict], reward: float, logprobs=None) -> dict | None:
+        """Queues one episode; runs an update (and returns its metrics) once `batch_episodes` are queued."""
+        reward = float(reward)
+        if reward != reward or reward in (float("inf"), float("-inf")):
+            raise ValueError(f"episode reward must be a finite number, got {reward!r}")
+        ids, mask = assistant_token_mask(self.policy.tokenizer, messages)
+        if not any(mask):
+            raise ValueError("the episode has no assistant tokens to learn from")
+        self.pending.append((ids, mask, reward, None if logprobs is None else [float(x) for x in logprobs]))
+        return self.update() if len(self.pending) >= self.config.batch_episodes else None
+
+    def on_episode_end(self, trainer, episode: Episode) -> None:
+        if episode.messages is None:
+            raise ValueError("EpisodeLearner as a callback needs multi-turn episodes (with messages)")
+        self.add_episode(episode.messages, episode.reward, episode.logprobs)
+
+    # -- learning --------------------------------------------------------------------------------
+    def update(self) -> dict:
+        """One REINFORCE step on the queued episodes: A = r - b, loss = -sum(A * log p) / tokens."""
+        batch, self.pending = self.pending, []
+        cfg, device = self.config, self.policy.device
+        rewards = torch.tensor([r for _, _, r, _ in batch], dtype=torch.float64)
+        old = self.state["baseline"]
+        baseline = rewards.mean().item() if old is None else old
+        width = max(len(ids) for ids, *_ in batch)
+        pad = self.policy.tokenizer.pad_token_id or 0
+        seq = torch.full((len(batch), width), pad, dtype=torch.long)
+        attn = torch.zeros_like(seq)
+        loss_mask = torch.zeros((len(batch), width), dtype=torch.float32)
+        for i, (ids, mask, _, _) in enumerate(batch):  # left-padded, as the policy's prompts are
+            seq[i, width - len(ids):], attn[i, width - len(ids):] = torch.tensor(ids), 1
+            loss_mask[i, width - len(ids):] = torch.tensor(mask, dtype=torch.float32)
+        seq, attn, loss_mask = seq.to(device), attn.to(device), loss_mask[:, 1:].to(device)
+        self.policy.train()
+        logp, _, _ = policy_forward(self.policy, seq, width - 1, cfg.temperature, attn, entropy_grad=False)
+        adv = (rewards - baseline).float().to(device)
+        loss = -(adv[:, None] * logp * loss_mask).sum() / loss_mask.sum()
+        self.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        params = [p for g in self.optimizer.param_groups for p in g["params"]]
+        grad_norm = torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip if cfg.grad_clip > 0 else float("inf"))
+        if not (torch.isfinite(loss) and torch.isfinite(grad_norm)):
+            self.optimizer.zero_grad(set_to_none=True)
+            raise FloatingPointError(f"non-finite loss or gradient at update {self.state['step'] + 1}; "
+                                     f"nothing was updated (last checkpoint in {self.ckpt_dir})")
+        self.optimizer.step()
+        self.state["baseline"] = update_moving_baseline(old, rewards.mean().item(), cfg.baseline_decay)
+        self.state["step"] += 1
+        self.state["episodes"] += len(batch)
+        metrics = {"step": self.state["step"], "train/policy_loss": loss.item(), "train/grad_norm": grad_norm.item(),
+                   "train/avg_reward": rewards.mean().item(), "train/baseline": self.state["baseline"],
+                   "train/advantage_mean": adv.mean().item()}
+        gaps = [(logp[i][loss_mask[i].bool()].detach().cpu() - torch.tensor(lp)).abs().mean().item()
+                for i, (_, m, _, lp) in enumerate(batch) if lp is not None and len(lp) == sum(m)]
+        if gaps:
+            metrics["train/logprob_gap"] = sum(gaps) / len(gaps)
+        if self.ckpt_dir is not None and self.state["step"] % cfg.ckpt_every == 0:
+            self.save()
+        return metrics
+
+    def save(self) -> Path:
+        """Atomically checkpoints the trainable weights, optimizer and learner state."""
+        if self.ckpt_dir is None:
+            raise ValueError("EpisodeLearnerConfig.run_dir is not set: nowhere to save")
+        return ckpt.save_checkpoint(self.ckpt_dir, self.state["step"], model=self.policy, optimizer=self.optimizer,
+                                    trainer_state=self.state, keep=self.config.keep_checkpoints)

@@ -1,0 +1,230 @@
+"""The SQL sandbox refuses or cuts off hostile SQL, the turn protocol is parsed strictly, and
+SQLEnv episodes end with the right rewards."""
+
+from __future__ import annotations
+
+import ast
+import time
+
+import pytest
+
+from lmrl.tasks.sql import (Sandbox, SandboxLimits, SQLEnv, SQLEnvConfig, SQLTask, Table, parse_action,
+                            table_md5)
+
+TABLE = Table(name='Bob\'s "odd" table', columns=(("name", "TEXT"), ("home city", "TEXT"), ("age", "INTEGER")),
+              rows=(("Ana", "Oslo", 31), ("Ben", "Lima", 45), ("Chen", "Oslo", 28)))
+T = '"Bob\'s ""odd"" table"'
+FAST = SandboxLimits(max_rows=5, max_chars=200, query_timeout_s=0.2)
+ENDLESS = "WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x+1 FROM c)"
+
+
+def op(sql: str) -> str:
+    return f"I will run a query.\nAction: Operation\n```sql\n{sql}\n```"
+
+
+def answer(items: list) -> str:
+    return f"I am sure now.\nAction: Answer\nFinal Answer: {items!r}"
+
+
+def question(label=("2",)) -> SQLTask:
+    return SQLTask(id="q", description="How many people live in Oslo?", add_description="One table.",
+                   table=TABLE, skill="count", label=tuple(label))
+
+
+@pytest.fixture
+def db():
+    with Sandbox(TABLE, FAST) as sandbox:
+        yield sandbox
+
+
+# --- the sandbox -----------------------------------------------------------------------------------------
+
+def test_table_with_quotes_and_spaces_in_names_is_built_and_queried(db):
+    assert db.run(f'SELECT name FROM {T} WHERE "home city" = \'Oslo\' ORDER BY name') == "[('Ana',), ('Chen',)]"
+    assert db.run("SELECT age FROM `Bob's \"odd\" table` WHERE name = 'Ben'") == "[(45,)]"
+
+
+def test_attach_of_a_file_is_refused_and_no_file_appears(db, tmp_path):
+    evil = tmp_path / "evil.db"
+    assert db.run(f"ATTACH DATABASE '{evil}' AS evil") == "Error: not authorized: ATTACH is disabled in this sandbox"
+    assert db.run(f"VACUUM INTO '{tmp_path / 'copy.db'}'").startswith("Error: not authorized: ATTACH")
+    assert list(tmp_path.iterdir()) == []
+    assert db.run(f"SELECT COUNT(*) FROM {T}") == "[(3,)]"
+
+
+def test_load_extension_is_refused(db):
+    assert db.run("SELECT load_extension('/tmp/evil.so')") == \
+        "Error: not authorized: load_extension() is disabled in this sandbox"
+
+
+def test_pragma_writes_are_refused_and_change_nothing(db):
+    assert db.run("PRAGMA user_version = 7").startswith("Error: not authorized: PRAGMA")
+    assert db.run("PRAGMA writable_schema = ON").startswith("Error: not authorized: PRAGMA")
+    db.conn.set_authorizer(None)  # look behind the sandbox's back
+    assert db.conn.execute("PRAGMA user_version").fetchone() == (0,)
+    assert db.conn.execute("PRAGMA writable_schema").fetchone() == (0,)
+
+
+def test_runaway_recursive_cte_is_cut_at_max_rows(db):
+    start = time.monotonic()
+    observation = db.run(f"{ENDLESS} SELECT x FROM c")
+    assert time.monotonic() - start < 0.5
+    assert observation == "[(1,), (2,), (3,), (4,), (5,)] [TRUNCATED] (more than 5 rows)"
+
+
+def test_endless_aggregate_times_out(db):
+    start = time.monotonic()
+    assert db.run(f"{ENDLESS} SELECT COUNT(*) FROM c") == "Error: query timed out after 0.2 s and was stopped"
+    assert time.monotonic() - start < 1.5
+    assert db.run(f"SELECT COUNT(*) FROM {T}") == "[(3,)]"  # the connection still works
+
+
+def test_million_row_result_shows_max_rows_within_max_chars():
+    with Sandbox(TABLE, SandboxLimits(max_rows=100, max_chars=120)) as db:
+        observation = db.run(f"{ENDLESS} SELECT x, 'padding' FROM c LIMIT 1000000")
+    assert observation.startswith("[(1, 'padding'), (2, 'padding')")
+    assert observation.endswith("[TRUNCATED]")
+    assert len(observation) == 120 + len("[TRUNCATED]")
+
+
+def test_huge_value_is_refused(db):
+    assert db.run("SELECT zeroblob(1000000000)") == "Error: string or blob too big"
+
+
+def test_database_growth_is_capped_for_tables_and_temp_tables():
+    with Sandbox(TABLE, SandboxLimits(max_db_bytes=1 << 20)) as db:
+        for create in (f"INSERT INTO {T} (name)", "CREATE TEMP TABLE big AS"):
+            observation = db.run(f"{create} {ENDLESS} SELECT printf('%.500c', 'x') FROM c LIMIT 100000")
+            assert observation == "Error: database or disk is full"
+        assert db.run(f"SELECT COUNT(*) FROM {T}") == "[(3,)]"
+
+
+def test_multiple_statements_are_refused_and_none_runs(db):
+    assert db.run(f"SELECT 1; DROP TABLE {T}") == "Error: only one SQL statement can run per turn"
+    assert db.run(f"SELECT COUNT(*) FROM {T}") == "[(3,)]"
+
+
+def test_sql_errors_become_observations(db):
+    assert db.run("SELEC nonsense") == 'Error: near "SELEC": syntax error'
+    assert db.run("SELECT missing FROM nowhere") == "Error: no such table: nowhere"
+    assert db.run(f"UPDATE {T} SET age = 46 WHERE name = 'Ben'") == "[]"
+
+
+def test_table_rows_is_none_once_the_table_is_gone(db):
+    assert sorted(db.table_rows()) == sorted(TABLE.rows)
+    db.run(f"DROP TABLE {T}")
+    assert db.table_rows() is None
+
+
+# --- the protocol ----------------------------------------------------------------------------------------
+
+def test_operation_with_reasoning_before_it_is_parsed():
+    action = parse_action("Let me count.\nAction: Operation\n```sql\nSELECT COUNT(*)\nFROM t;\n```\n")
+    assert (action.kind, action.sql) == ("operation", "SELECT COUNT(*)\nFROM t;")
+
+
+@pytest.mark.parametrize("text, items", [
+    ('Action: Answer\nFinal Answer: ["Paris", "Rome"]', ["Paris", "Rome"]),
+    ("Action: Answer\nFinal Answer: ['O\\'Neil', 2.5]\nThat is all.", ["O'Neil", 2.5]),
+    ("Action: Answer\nFinal Answer: [\n  \"a\",\n  \"b\"\n]", ["a", "b"]),
+    ("Action: Answer\nFinal Answer: []", []),
+])
+def test_answer_list_is_parsed(text, items):
+    action = parse_action(text)
+    assert (action.kind, action.answer) == ("answer", items)
+
+
+@pytest.mark.parametrize("text, reason", [
+    ("The answer is Paris.", "no 'Action: Operation' or 'Action: Answer' line"),
+    ("Action: Operation\n```sql\nSELECT 1\n```\n```sql\nSELECT 2\n```", "2 ```sql blocks; write exactly one per turn"),
+    ("Action: Operation\nSELECT 1", "'Action: Operation' without a ```sql block"),
+    ("Action: Operation\n```sql\n\n```", "the ```sql block is empty"),
+    ("Action: Answer\nFinal Answer: Paris", "the final answer 'Paris' is not a list like [\"A\", \"B\"]"),
+    ("Action: Answer\nFinal Answer: [['a', 1]]",
+     "the final answer's items must be plain strings or numbers, not lists or dicts"),
+    ("Action: Answer\nParis", "'Action: Answer' without a 'Final Answer:' line"),
+    ("Action: Answer\nFinal Answer: __import__('os').system('true')",
+     "the final answer \"__import__('os').system('true')\" is not a list like [\"A\", \"B\"]"),
+    ("Action: Operation\n```sql\nSELECT 1\n```\nAction: Answer\nFinal Answer: [1]",
+     "2 'Action:' lines; write exactly one per turn"),
+    ("Action: Guess\n", "unknown action 'Guess'; use 'Operation' or 'Answer'"),
+])
+def test_malformed_turns_are_invalid_with_a_reason(text, reason):
+    action = parse_action(text)
+    assert (action.kind, action.reason) == ("invalid", reason)
+
+
+# --- episodes --------------------------------------------------------------------------------------------
+
+def test_correct_answer_after_a_query_earns_reward_correct():
+    env = SQLEnv(SQLEnvConfig(query_timeout_s=0.2))
+    first = env.reset(question())
+    assert first == "How many people live in Oslo?\nOne table."
+    obs, reward, done, info = env.step(op(f"SELECT COUNT(*) FROM {T} WHERE \"home city\" = 'Oslo'"))
+    assert (obs, reward, done, info["outcome"]) == ("[(2,)]", 0.0, False, None)
+    count = ast.literal_eval(obs)[0][0]
+    obs, reward, done, info = env.step(answer([count]))
+    assert (reward, done) == (1.0, True)
+    assert info == {"action": "answer", "rounds": 2, "invalid_actions": 0, "outcome": "correct", "skill": "count",
+                    "episode_reward": 1.0}
+
+
+def test_hostile_queries_and_invalid_turns_do_not_end_the_episode():
+    env = SQLEnv(SQLEnvConfig(query_timeout_s=0.2, max_rows=5, invalid_action_penalty=0.05))
+    env.reset(question())
+    turns = [op("ATTACH 'x.db' AS x"), op(f"{ENDLESS} SELECT COUNT(*) FROM c"), op("PRAGMA user_version = 1"),
+             op("SELECT 1; SELECT 2"), "no action at all", op("SELECT 1") + op("SELECT 2"),
+             "Action: Answer\nFinal Answer: two"]
+    rewards = []
+    for turn in turns:
+        obs, reward, done, info = env.step(turn)
+        assert not done
+        rewards.append(reward)
+    assert rewards == [0.0] * 4 + [-0.05] * 3
+    assert info["invalid_actions"] == 3 and info["rounds"] == 7
+    obs, reward, done, info = env.step(answer(["2"]))
+    assert (reward, done, info["outcome"]) == (1.0, True, "correct")
+    assert info["episode_reward"] == pytest.approx(1.0 - 3 * 0.05)
+
+
+def test_wrong_answer_earns_reward_wrong():
+    env = SQLEnv()
+    env.reset(question())
+    obs, reward, done, info = env.step(answer(["3"]))
+    assert (reward, done, info["outcome"]) == (-0.1, True, "wrong")
+
+
+def test_round_limit_without_an_answer_is_a_timeout():
+    env = SQLEnv(SQLEnvConfig(max_rounds=3))
+    env.reset(question())
+    results = [env.step(op("SELECT 1")) for _ in range(3)]
+    assert [r[2] for r in results] == [False, False, True]
+    obs, reward, done, info = results[-1]
+    assert (reward, info["outcome"], info["rounds"]) == (-0.3, "timeout", 3)
+    assert obs == "Round limit reached: 3 turns without a final answer."
+    with pytest.raises(RuntimeError, match="call reset"):
+        env.step(answer(["2"]))
+
+
+def test_answer_on_the_last_round_is_scored_not_timed_out():
+    env = SQLEnv(SQLEnvConfig(max_rounds=2))
+    env.reset(question())
+    env.step("thinking, no action")
+    obs, reward, done, info = env.step(answer(["2"]))
+    assert (reward, done, info["outcome"]) == (1.0, True, "correct")
+
+
+def test_modification_is_checked_by_the_final_table_not_the_answer():
+    expected = table_md5([("Ana", "Oslo", 31), ("Ben", "Lima", 46), ("Chen", "Oslo", 28)])
+    task = SQLTask(id="u", description="Ben turned 46.", add_description="", table=TABLE, skill="UPDATE",
+                   label=(), answer_md5=expected)
+    env = SQLEnv()
+    env.reset(task)
+    env.step(op(f"UPDATE {T} SET age = 46 WHERE name = 'Ben'"))
+    assert env.step(answer(["anything"]))[1] == 1.0
+    env.reset(task)  # a fresh table: the update above is gone
+    obs, reward, done, info = env.step(answer([]))
+    assert (reward, done, info["outcome"]) == (-0.1, True, "wrong")
+    env.reset(task)
+    env.step(op(f"DROP TABLE {T}"))
+    assert env.step(answer([]))[3]["outcome"] == "wrong"
