@@ -223,3 +223,35 @@ def test_time_limit_stops_rl_early_then_evaluates_and_saves(tiny_config, tmp_pat
     assert summary["final_accuracy"] is not None
     rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert rows[-1]["step"] == cfg.sft.steps + summary["steps_done"] and "eval/accuracy" in rows[-1]
+
+
+def test_callbacks_see_every_completion_each_step_and_each_checkpoint(tiny_config):
+    from lmrl.train.callbacks import Callback
+
+    class Recorder(Callback):
+        def __init__(self):
+            self.episodes, self.steps, self.checkpoints = [], [], []
+
+        def on_episode_end(self, trainer, episode):
+            self.episodes.append(episode)
+
+        def on_step_end(self, trainer, step, metrics):
+            self.steps.append((step, "train/policy_loss" in metrics))
+
+        def on_checkpoint(self, trainer, path):
+            self.checkpoints.append(path.name)
+
+    cfg = tiny_config()
+    recorder = Recorder()
+    RLTrainer(cfg, callbacks=[recorder]).train()
+    rl_steps = list(range(cfg.sft.steps + 1, cfg.sft.steps + cfg.train.steps + 1))
+    assert recorder.steps == [(s, s in rl_steps) for s in range(1, rl_steps[-1] + 1)]
+    assert [e.step for e in recorder.episodes] == [s for s in rl_steps for _ in range(cfg.train.rollout_size)]
+    first = recorder.episodes[0]
+    assert first.prompt.endswith("=") and len(first.logprobs) == len(first.completion) and first.messages is None
+    assert recorder.checkpoints[-1] == f"step_{rl_steps[-1]}"
+
+
+def test_an_object_with_no_hook_is_refused_as_a_callback(tiny_config):
+    with pytest.raises(TypeError, match="on_episode_end"):
+        RLTrainer(tiny_config(), callbacks=[object()])
