@@ -1,0 +1,103 @@
+"""Preference losses as pure functions: DPO and its variants, the Bradley–Terry reward-model loss,
+and the summed sequence log-probabilities they are computed from. Shapes: B pairs, T tokens, V vocab.
+
+Names follow TRL's DPOTrainer, so a TRL user reads the same numbers: `rewards/chosen` is the implicit
+reward β·(log π(y_c|x) − log π_ref(y_c|x)), averaged over the batch."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+DPO_LOSS_TYPES = ("sigmoid", "ipo", "hinge")
+
+
+def sequence_logps(logits: torch.Tensor, labels: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """log π(y | x) = Σ_t m_t · log softmax(z_t)[y_t], one number per sequence, shape (B,).
+
+    logits (B, T, V) are already aligned with labels (B, T): logits[:, t] predicts labels[:, t] (the
+    caller has shifted them). mask (B, T) is 1 on the response tokens that count and 0 elsewhere; a
+    masked token contributes exactly nothing, whatever its logits or label (−100, a pad id), because
+    it is selected away, not multiplied by 0 (0·(−inf) would be nan). Computed in float32."""
+    if logits.shape[:2] != labels.shape or labels.shape != mask.shape:
+        raise ValueError(f"sequence_logps: logits {tuple(logits.shape)} must be (B, T, V) over labels and mask (B, T); "
+                         f"got labels {tuple(labels.shape)}, mask {tuple(mask.shape)}")
+    keep = mask.bool()
+    safe_labels = torch.where(keep, labels, torch.zeros_like(labels))  # an ignore index like −100 cannot be gathered
+    logits = logits.float()
+    # log softmax at one index = z_y − logsumexp(z): no (B, T, V) log-prob tensor is kept
+    token_logps = logits.gather(-1, safe_labels.unsqueeze(-1)).squeeze(-1) - logits.logsumexp(-1)  # (B, T)
+    return torch.where(keep, token_logps, torch.zeros_like(token_logps)).sum(-1)
+
+
+def dpo_loss(policy_chosen_logps: torch.Tensor, policy_rejected_logps: torch.Tensor,
+             ref_chosen_logps: torch.Tensor, ref_rejected_logps: torch.Tensor, beta: float = 0.1,
+             loss_type: str = "sigmoid", label_smoothing: float = 0.0) -> tuple[torch.Tensor, dict]:
+    """Direct preference losses on summed sequence log-probs (B,), with the log-ratio margin
+
+        h = (log π(y_c) − log π_ref(y_c)) − (log π(y_r) − log π_ref(y_r))
+
+    sigmoid  DPO (Rafailov et al. 2023):      L = −log σ(β·h)
+             with label smoothing ε (cDPO):   L = −(1 − ε)·log σ(β·h) − ε·log σ(−β·h)
+                                              (ε = the probability that a label is flipped)
+    ipo      IPO (Azar et al. 2023, eq. 17):  L = (h − 1/(2β))²
+    hinge    SLiC / RSO:                      L = max(0, 1 − β·h)     (1/β is the margin)
+
+    averaged over the batch. The reference log-probs are constants. IPO takes h as given: TRL divides
+    each log-prob by its response length first (what the IPO authors ran); pass per-token means for that.
+    Stats (floats), as in TRL: rewards/chosen = mean β·(log π(y_c) − log π_ref(y_c)), rewards/rejected
+    likewise, rewards/margins = mean (chosen − rejected reward), rewards/accuracy = the fraction of
+    pairs whose chosen reward is strictly higher (TRL logs it as `rewards/accuracies`)."""
+    if loss_type not in DPO_LOSS_TYPES:
+        raise ValueError(f"DPO loss_type must be one of {', '.join(DPO_LOSS_TYPES)}, got {loss_type!r}")
+    if not beta > 0:
+        raise ValueError(f"DPO beta must be > 0 (it scales the implicit reward; 0.1 is usual), got {beta}")
+    if not 0 <= label_smoothing < 0.5:
+        raise ValueError(f"DPO label_smoothing must be in [0, 0.5) (the chance a label is flipped), "
+                         f"got {label_smoothing}")
+    if label_smoothing > 0 and loss_type != "sigmoid":
+        raise ValueError(f"DPO label_smoothing applies to loss_type 'sigmoid' (cDPO) only, not {loss_type!r}; "
+                         f"set it to 0 (got {label_smoothing})")
+    shapes = {"policy_chosen_logps": policy_chosen_logps, "policy_rejected_logps": policy_rejected_logps,
+              "ref_chosen_logps": ref_chosen_logps, "ref_rejected_logps": ref_rejected_logps}
+    if len({tuple(t.shape) for t in shapes.values()}) > 1:
+        got = ", ".join(f"{name} {tuple(t.shape)}" for name, t in shapes.items())
+        raise ValueError(f"dpo_loss needs four log-prob tensors of one shape (B,), got {got}")
+
+    chosen_logratios = policy_chosen_logps - ref_chosen_logps.detach()  # (B,)
+    rejected_logratios = policy_rejected_logps - ref_rejected_logps.detach()
+    h = chosen_logratios - rejected_logratios
+    if loss_type == "sigmoid":
+        losses = -(1 - label_smoothing) * F.logsigmoid(beta * h) - label_smoothing * F.logsigmoid(-beta * h)
+    elif loss_type == "ipo":
+        losses = (h - 1 / (2 * beta)) ** 2
+    else:
+        losses = torch.relu(1 - beta * h)
+
+    with torch.no_grad():
+        chosen_rewards, rejected_rewards = beta * chosen_logratios, beta * rejected_logratios
+        stats = {"rewards/chosen": chosen_rewards.mean().item(),
+                 "rewards/rejected": rejected_rewards.mean().item(),
+                 "rewards/margins": (chosen_rewards - rejected_rewards).mean().item(),
+                 "rewards/accuracy": (chosen_rewards > rejected_rewards).float().mean().item()}
+    return losses.mean(), stats
+
+
+def bradley_terry_loss(chosen_rewards: torch.Tensor, rejected_rewards: torch.Tensor,
+                       margin: torch.Tensor | float | None = None) -> tuple[torch.Tensor, dict]:
+    """Reward-model loss under the Bradley–Terry model P(y_c ≻ y_r) = σ(r_c − r_r):
+
+        L = −(1/B) Σ_i log σ(r_c,i − r_r,i − m_i)
+
+    with an optional margin m (a number, or one per pair (B,)) that the chosen reward must beat the
+    rejected one by (Llama 2's reward models; TRL's `margin` column). Stats, as in TRL's RewardTrainer:
+    rm/accuracy = fraction of pairs with r_c > r_r, rm/margin_mean = mean (r_c − r_r), margin not
+    subtracted."""
+    if chosen_rewards.shape != rejected_rewards.shape:
+        raise ValueError(f"bradley_terry_loss needs rewards of one shape, got chosen {tuple(chosen_rewards.shape)} "
+                         f"and rejected {tuple(rejected_rewards.shape)}")
+    diff = chosen_rewards - rejected_rewards
+    loss = -F.logsigmoid(diff if margin is None else diff - margin).mean()
+    with torch.no_grad():
+        stats = {"rm/accuracy": (diff > 0).float().mean().item(), "rm/margin_mean": diff.mean().item()}
+    return loss, stats
