@@ -206,3 +206,42 @@ def test_bad_arguments_are_refused(model, prompts):
         generate(model, ids, mask, 4, eos_token_ids=[2], pad_token_id=PAD, temperature=0.0)
     with pytest.raises(ValueError, match="cache"):
         generate(model, ids, mask, 4, eos_token_ids=[2], pad_token_id=PAD, cache="paged")
+
+
+# ------------------------------------------------------------------- the learner's shared-prompt forward
+
+def test_learner_forward_with_shared_prompts_equals_one_full_pass_in_logits_and_gradients(tmp_path):
+    """GRPO-like batch: 2 distinct left-padded prompts x 3 samples each. Running each distinct prompt
+    once and expanding its KV cache must give the logits and LoRA gradients of the plain pass."""
+    from lmrl.algos.base import policy_forward
+    from lmrl.models.hf import load_hf_policy
+    from lmrl.models.lora import add_lora
+    from tests.test_hf import save_tiny_llama
+
+    save_tiny_llama(tmp_path / "m", max_positions=128)
+    torch.manual_seed(0)
+    policy = add_lora(load_hf_policy(str(tmp_path / "m"))[0], r=4, alpha=8, target_modules="all-linear")
+    for name, p in policy.named_parameters():  # LoRA B starts at 0: give it values, so A gets gradients too
+        if "lora_B" in name:
+            torch.nn.init.normal_(p, std=0.1)
+    ids, mask = policy.encode(["2 plus 3", "what is 12 plus 30 then"])
+    ids, mask = ids.repeat_interleave(3, 0), mask.repeat_interleave(3, 0)
+    completions = torch.randint(4, 90, (6, 5), generator=torch.Generator().manual_seed(0))
+    seq, attn = torch.cat([ids, completions], 1), torch.cat([mask, torch.ones_like(completions)], 1)
+
+    def run(share):
+        policy.share_prompts = share
+        policy.zero_grad()
+        logp, _, _ = policy_forward(policy, seq, 5, 1.0, attn)
+        (logp * torch.arange(1.0, 31.0).view(6, 5)).sum().backward()
+        return logp.detach(), {n: p.grad.clone() for n, p in policy.named_parameters() if p.requires_grad}
+
+    plain_logp, plain_grads = run(False)
+    taken, inner = [], policy._forward_shared_prompts
+    policy._forward_shared_prompts = lambda *a: taken.append(inner(*a)) or taken[-1]
+    shared_logp, shared_grads = run(True)
+    assert taken and taken[0] is not None  # the shared path ran
+    torch.testing.assert_close(shared_logp, plain_logp, atol=1e-5, rtol=1e-5)
+    for name, g in plain_grads.items():
+        torch.testing.assert_close(shared_grads[name], g, atol=1e-5, rtol=1e-4, msg=name)
+    assert any(g.abs().sum() > 0 for n, g in plain_grads.items() if "lora_A" in n)

@@ -70,11 +70,15 @@ def test_sql_agent_trains_its_adapter_and_reports_episodes_to_callbacks(tiny_dir
     assert any(p.abs().sum() > 0 for n, p in trainer.model.named_parameters() if "lora_B" in n), "adapter did not train"
     # 4 episodes per step, each with its whole conversation, the agent's log-probs and its return
     assert len(recorder.episodes) == 8 and {e.step for e in recorder.episodes} == {1, 2}
+    start = len(trainer.task.preamble)  # the system prompt and the worked example come first
+    assert start == 5 and trainer.task.preamble[0]["role"] == "system"
     for e in recorder.episodes:
-        assert [m["role"] for m in e.messages[:3]] == ["system", "user", "assistant"]
+        assert e.messages[:start] == trainer.task.preamble
+        assert [m["role"] for m in e.messages[start:start + 2]] == ["user", "assistant"]
+        assert e.prompt == e.messages[start]["content"]
         assert e.info["outcome"] in ("correct", "wrong", "timeout") and 1 <= e.info["turns"] <= 2
         assert e.reward == len(e.completion)  # the custom reward replaced the environment's
-        assert e.completion.startswith("[assistant] ") and e.messages[2]["content"] in e.completion
+        assert e.completion.startswith("[assistant] ") and e.messages[start + 1]["content"] in e.completion
         assert len(e.logprobs) > 0 and (e.logprobs <= 0).all()
     assert recorder.steps == [1, 2] and recorder.checkpoints[:1] == ["step_1"]
     rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]

@@ -241,6 +241,8 @@ class HFPolicy(nn.Module):
         self.eos_token_ids = sorted({*ids, *([tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else [])})
         # "lean": lmrl.rollout.hf_generate (shared prompt prefixes, finished rows dropped); "hf": HF `generate`
         self.generation_engine = "lean"
+        # scoring completions (`logits_to_keep` > 0): run each distinct prompt once (see `_forward_shared_prompts`)
+        self.share_prompts = True
 
     @property
     def hf_model(self) -> nn.Module:
@@ -267,9 +269,47 @@ class HFPolicy(nn.Module):
         position_ids = None
         if attention_mask is not None:  # the same positions `generate` gives a left-padded row
             position_ids = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
+        if logits_to_keep and not return_hidden and self.share_prompts:
+            logits = self._forward_shared_prompts(ids, attention_mask, position_ids, logits_to_keep)
+            if logits is not None:
+                return logits
         out = self.model(input_ids=ids, attention_mask=attention_mask, position_ids=position_ids,
                          use_cache=False, output_hidden_states=return_hidden, logits_to_keep=logits_to_keep)
         return (out.logits, out.hidden_states[-1]) if return_hidden else out.logits
+
+    def _forward_shared_prompts(self, ids, attention_mask, position_ids, n: int):
+        """Logits of the last `n` positions, with the rows' common head (everything before those
+        positions: the prompt, in a learner's pass) run once per distinct head. RL batches repeat
+        each prompt (GRPO's G samples), and the prompt is often most of a row's tokens, so this
+        saves most of the forward and backward work of the prompt part. The distinct heads fill a
+        KV cache, which is expanded to every row (`index_select`: gradients flow back through it)
+        before the last `n` tokens run on top. Same logits as one full pass up to float rounding.
+        None when no head repeats, or when activations are recomputed (gradient checkpointing
+        turns the KV cache off)."""
+        from ..rollout.hf_generate import _unique_rows
+
+        head = ids.size(1) - n
+        hf = self.hf_model
+        checkpointing = hf.is_activation_checkpointing if hasattr(hf, "is_activation_checkpointing") else \
+            hf.is_gradient_checkpointing  # transformers < 5
+        if head < 1 or checkpointing:
+            return None
+        key = ids[:, :head] if attention_mask is None else ids[:, :head].masked_fill(attention_mask[:, :head] == 0, -1)
+        _, first, inverse = _unique_rows(key)
+        if first.numel() == ids.size(0):
+            return None
+        if position_ids is None:
+            position_ids = torch.arange(ids.size(1), device=ids.device).expand(ids.size(0), -1)
+        from transformers import DynamicCache
+
+        past = DynamicCache(config=self.hf_model.config)
+        self.model(input_ids=ids[first, :head], position_ids=position_ids[first, :head], past_key_values=past,
+                   attention_mask=None if attention_mask is None else attention_mask[first, :head],
+                   use_cache=True, logits_to_keep=1)
+        past.reorder_cache(inverse)  # one cache row per distinct head -> one per row
+        out = self.model(input_ids=ids[:, head:], attention_mask=attention_mask, position_ids=position_ids[:, head:],
+                         past_key_values=past, use_cache=True, logits_to_keep=n)
+        return out.logits
 
     def encode(self, prompts: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
         """(ids (B, P), attention_mask (B, P)), left-padded, on the policy's device. Special tokens
