@@ -24,7 +24,6 @@ from typing import Protocol
 
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 
 from .losses import aggregate, kl_estimate
 
@@ -75,10 +74,12 @@ def policy_forward(model: nn.Module, sequences: torch.Tensor, n: int, temperatur
     out = model(sequences[:, :-1], logits_to_keep=n, **kw)  # logits of the completion positions only
     logits, values = out if isinstance(out, tuple) else (out, None)
     logits = logits[:, -n:].float() / temperature  # (B, N, V): position t predicts token t+1
-    logp_all = F.log_softmax(logits, dim=-1)
-    logp = logp_all.gather(-1, sequences[:, -n:].unsqueeze(-1)).squeeze(-1)
+    # log softmax at the chosen token = z_y - logsumexp(z): no (B, N, V) log-prob tensor is kept for backward
+    lse = logits.logsumexp(-1)
+    logp = logits.gather(-1, sequences[:, -n:].unsqueeze(-1)).squeeze(-1) - lse
     with torch.set_grad_enabled(torch.is_grad_enabled() and entropy_grad):  # a metric only, unless in the loss
-        entropy = -(logp_all.exp() * logp_all).sum(-1)
+        probs = (logits - lse.unsqueeze(-1)).exp()
+        entropy = lse - (probs * logits).sum(-1)  # H = -sum p log p = logsumexp(z) - sum p z
     return logp, entropy, None if values is None else values[:, -n:].float()
 
 
