@@ -47,9 +47,8 @@ class EvalRecorder:
 
 def by_skill(task, record) -> tuple[dict[str, float], float, int, float]:
     ids, infos, seconds = record
-    ro = type("R", (), {"infos": infos})
     overall = sum(i.get("outcome") == "correct" for i in infos) / len(infos)
-    return per_skill_success(task, torch.tensor(ids), ro), overall, len(infos), seconds
+    return per_skill_success(task, torch.tensor(ids), infos), overall, len(infos), seconds
 
 
 def main() -> None:

@@ -111,15 +111,12 @@ def test_held_out_sql_tasks_are_balanced_over_skills_and_never_trained_on(tiny_d
 
 
 def test_per_skill_success_counts_correct_episodes_by_skill(tiny_dir):
-    from types import SimpleNamespace
-
     from transformers import AutoTokenizer
 
     task = SQLAgentTask(AutoTokenizer.from_pretrained(tiny_dir), n_train=4, heldout_per_skill=1, skills=("count", "sum"))
     ids = task.heldout_ids.repeat(2)  # count, sum, count, sum
-    ro = SimpleNamespace(infos=[{"outcome": "correct"}, {"outcome": "wrong"}, {"outcome": "timeout"},
-                                {"outcome": "correct"}])
-    assert per_skill_success(task, ids, ro) == {"count": 0.5, "sum": 0.5}
+    infos = [{"outcome": "correct"}, {"outcome": "wrong"}, {"outcome": "timeout"}, {"outcome": "correct"}]
+    assert per_skill_success(task, ids, infos) == {"count": 0.5, "sum": 0.5}
 
 
 @pytest.mark.parametrize("override, needle", [

@@ -96,7 +96,7 @@ def run_episodes(policy, envs: list, first_messages: list[list[dict]], *, max_tu
     returns, infos, turns = [0.0] * n, [dict() for _ in range(n)], [0] * n
     running = list(range(n))
     while running:
-        ids, attn = _left_pad([prompts[i] + body[i] for i in running], tok.pad_token_id, prompt_ids.device)
+        ids, attn = left_pad([prompts[i] + body[i] for i in running], tok.pad_token_id, prompt_ids.device)
         completion, keep, logprobs = policy.generate_ids(ids, attn, max_new_tokens, temperature=temperature,
                                                          top_k=top_k, greedy=greedy, generator=generator)
         still = []
@@ -137,7 +137,8 @@ def run_episodes(policy, envs: list, first_messages: list[list[dict]], *, max_tu
                         rewards=torch.tensor(returns, dtype=torch.float32), infos=infos, transcripts=transcripts)
 
 
-def _left_pad(rows: list[list[int]], pad: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+def left_pad(rows: list[list[int]], pad: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """(ids (B, W), attention mask (B, W)) of token rows left-padded to the longest, on `device`."""
     width = max(len(r) for r in rows)
     ids = torch.full((len(rows), width), pad, dtype=torch.long)
     attn = torch.zeros((len(rows), width), dtype=torch.long)

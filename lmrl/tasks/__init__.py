@@ -9,20 +9,20 @@ def build_task(cfg, *, tokenizer=None, reward=None, env=None):
     (for its chat template) and takes its reward weights from the `reward` section; the SQL agent
     takes its environment from the `env` section."""
     if cfg.name == "sql":
+        from ..config import EnvConfig
         from .sql.agent_task import SQLAgentTask
         from .sql.env import SQLEnvConfig
         from .sql.procedural import SKILLS
 
         if tokenizer is None:
             raise ValueError("task.name=sql needs a Hugging Face policy's tokenizer (model.type=hf)")
+        env = env if env is not None else EnvConfig()
         env_config = SQLEnvConfig(**{k: getattr(env, k) for k in (
             "max_rounds", "max_rows", "max_chars", "query_timeout_s", "reward_correct", "reward_wrong",
-            "reward_timeout", "invalid_action_penalty")}) if env is not None else SQLEnvConfig()
-        return SQLAgentTask(tokenizer, env_config, n_train=env.train_tasks if env else 2000,
-                            heldout_per_skill=env.heldout_per_skill if env else 10,
-                            skills=tuple(env.skills) if env and env.skills else SKILLS,
-                            train_file=cfg.train_file, test_file=cfg.test_file, max_new_tokens=cfg.max_new_tokens,
-                            max_context=env.max_context if env else 2048)
+            "reward_timeout", "invalid_action_penalty")})
+        return SQLAgentTask(tokenizer, env_config, n_train=env.train_tasks, heldout_per_skill=env.heldout_per_skill,
+                            skills=tuple(env.skills) or SKILLS, train_file=cfg.train_file, test_file=cfg.test_file,
+                            max_new_tokens=cfg.max_new_tokens, max_context=env.max_context)
     if cfg.name == "math":
         from .math_reward import MathReward
         from .math_task import MathTask

@@ -29,6 +29,7 @@ import torch
 
 from ..algos.advantages import update_moving_baseline
 from ..algos.base import policy_forward
+from ..rollout.agent import left_pad
 from . import checkpoint as ckpt
 from .callbacks import Callback, Episode
 
@@ -120,15 +121,10 @@ class EpisodeLearner(Callback):
         rewards = torch.tensor([r for _, _, r, _ in batch], dtype=torch.float64)
         old = self.state["baseline"]
         baseline = rewards.mean().item() if old is None else old
-        width = max(len(ids) for ids, *_ in batch)
         pad = self.policy.tokenizer.pad_token_id or 0
-        seq = torch.full((len(batch), width), pad, dtype=torch.long)
-        attn = torch.zeros_like(seq)
-        loss_mask = torch.zeros((len(batch), width), dtype=torch.float32)
-        for i, (ids, mask, _, _) in enumerate(batch):  # left-padded, as the policy's prompts are
-            seq[i, width - len(ids):], attn[i, width - len(ids):] = torch.tensor(ids), 1
-            loss_mask[i, width - len(ids):] = torch.tensor(mask, dtype=torch.float32)
-        seq, attn, loss_mask = seq.to(device), attn.to(device), loss_mask[:, 1:].to(device)
+        seq, attn = left_pad([ids for ids, *_ in batch], pad, device)  # as the policy's prompts are
+        loss_mask = left_pad([mask for _, mask, _, _ in batch], 0, device)[0][:, 1:].float()
+        width = seq.size(1)
         self.policy.train()
         logp, _, _ = policy_forward(self.policy, seq, width - 1, cfg.temperature, attn, entropy_grad=False)
         adv = (rewards - baseline).float().to(device)

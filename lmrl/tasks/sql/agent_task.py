@@ -22,7 +22,7 @@ import torch
 from ...rollout.agent import AgentRollout, run_episodes
 from .env import SQLEnv, SQLEnvConfig
 from .procedural import SKILLS, ProceduralSQLTasks
-from .protocol import example_turns
+from .protocol import example_turns, system_prompt
 from .tasks import SQLTask, load_dbbench
 
 
@@ -46,7 +46,7 @@ class SQLAgentTask:
         self.tasks: list[SQLTask] = train + heldout
         self.n_train = len(train)
         self.heldout_ids = torch.arange(len(train), len(self.tasks))
-        self.system_prompt = SQLEnv(self.env_config).system_prompt
+        self.system_prompt = system_prompt(self.env_config.max_rounds)
         # a worked episode before each real one (context only: it carries no loss)
         self.preamble = [{"role": "system", "content": self.system_prompt}] + (example_turns() if one_shot else [])
 
@@ -89,10 +89,10 @@ class SQLAgentTask:
         return rollout.rewards.clone(), correct, extras
 
 
-def per_skill_success(task: SQLAgentTask, ids: torch.Tensor, rollout: AgentRollout) -> dict[str, float]:
-    """Success rate of each skill among the episodes of `rollout` (for tables and benchmarks)."""
+def per_skill_success(task: SQLAgentTask, ids: torch.Tensor, infos: list[dict]) -> dict[str, float]:
+    """Success rate of each skill among episodes of tasks `ids` with their infos (`AgentRollout.infos`)."""
     totals: dict[str, list[int]] = {}
-    for skill, info in zip(task.skills(ids), rollout.infos):
+    for skill, info in zip(task.skills(ids), infos):
         won, n = totals.setdefault(skill, [0, 0])
         totals[skill] = [won + (info.get("outcome") == "correct"), n + 1]
     return {skill: won / n for skill, (won, n) in sorted(totals.items())}
