@@ -6,7 +6,8 @@ __version__ = "0.1.0"
 
 
 _TRAINERS = {"RLTrainer": "loop", "ReinforceTrainer": "trainers", "RLOOTrainer": "trainers",
-             "GRPOTrainer": "trainers", "PPOTrainer": "trainers"}
+             "GRPOTrainer": "trainers", "PPOTrainer": "trainers", "SFTTrainer": "sft_trainer",
+             "DPOTrainer": "dpo_trainer", "RewardTrainer": "reward_trainer", "build_trainer": "trainers"}
 
 
 def __getattr__(name):  # the trainers import torch: load them only when asked for

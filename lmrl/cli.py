@@ -5,6 +5,9 @@
     lmrl generate RUN_DIR "123+456=" [...] [--checkpoint ...] [--temperature T]
     lmrl export RUN_DIR [--out DIR] [--checkpoint ...]   a merged model transformers loads
     lmrl data word-problems OUT_DIR [--train N] [--test N] [--kinds add,sub,mul] [--max-value N]
+    lmrl data preferences OUT_DIR [--train N] [--test N]  synthetic preference pairs (preferences-sft: SFT rows)
+    lmrl prepare-data --datasets hh-rlhf belle alpaca-chinese [--hf NAME] [--from PATH] [--max-samples N]
+    lmrl plot RUN_DIR [--out DIR]                        PNG curves from metrics.jsonl (default RUN_DIR/plots)
     lmrl presets
 """
 
@@ -52,17 +55,25 @@ def _parser() -> argparse.ArgumentParser:
     x.add_argument("--checkpoint", default="latest")
 
     d = sub.add_parser("data", help="write offline JSONL data sets (train.jsonl, test.jsonl)")
-    d.add_argument("kind", choices=["word-problems", "addition-chat"],
-                   help="word-problems: arithmetic word problems; addition-chat: 'What is 23 + 58?'")
+    d.add_argument("kind", choices=["word-problems", "addition-chat", "preferences", "preferences-sft"],
+                   help="word-problems: arithmetic word problems; addition-chat: 'What is 23 + 58?'; "
+                        "preferences: synthetic {prompt, chosen, rejected} pairs (right vs wrong sums, concise vs "
+                        "rambling replies); preferences-sft: their chosen side as {prompt, response} rows")
     d.add_argument("out_dir", type=Path)
-    d.add_argument("--train", type=int, default=2000, help="training rows")
-    d.add_argument("--test", type=int, default=200, help="held-out rows (never also in train)")
+    d.add_argument("--train", type=int, default=None, help="training rows (default 2000; preferences: 600)")
+    d.add_argument("--test", type=int, default=None, help="held-out rows, never also in train (default 200; "
+                                                          "preferences: 100)")
     d.add_argument("--kinds", default="add,sub,mul", help="word-problems: comma-separated add, sub, mul, div")
     d.add_argument("--max-value", type=int, default=100, help="largest operand (word-problems)")
     d.add_argument("--digits", type=int, default=2, help="addition-chat: digits per operand")
     d.add_argument("--seed", type=int, default=0)
 
     sub.add_parser("presets", help="list the named presets")
+    from .log.plot import add_parser as add_plot_parser  # cheap: matplotlib loads only when plotting
+    from .tasks.prepare_data import add_parser as add_prepare_data_parser
+
+    add_plot_parser(sub)
+    add_prepare_data_parser(sub)
     return p
 
 
@@ -83,7 +94,7 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         commands = {"train": _train, "eval": _eval, "generate": _generate, "export": _export, "data": _data,
-                    "presets": _presets}
+                    "presets": _presets, "plot": _plot, "prepare-data": _prepare_data}
         return commands[args.command](args)
     except (ConfigError, PromptError, TrainingError, RewardError, DataError, FileNotFoundError, NotADirectoryError,
             PermissionError) as e:
@@ -94,9 +105,11 @@ def main(argv: list[str] | None = None) -> int:
 def _train(args) -> int:
     from .config import ConfigError, load_config
     from .dist.ddp import shutdown
-    from .train.loop import RLTrainer
+    from .train.trainers import build_trainer
 
     overrides = list(args.overrides)
+    if "=" in args.config:  # `lmrl train key=value ...`: overrides on the default preset
+        overrides, args.config = [args.config, *overrides], "adder"
     if args.debug:
         overrides = DEBUG_OVERRIDES + overrides
     if args.resume:
@@ -111,7 +124,7 @@ def _train(args) -> int:
     if args.debug and not any(o.startswith(("run.name=", "run.dir=")) for o in args.overrides):
         cfg.run.name += "-debug"
     try:
-        summary = RLTrainer(cfg).train()
+        summary = build_trainer(cfg).train()
     finally:
         shutdown()  # leaves the torchrun process group, if there is one
     return 130 if summary.get("interrupted") else 0
@@ -142,10 +155,30 @@ def _export(args) -> int:
     return 0
 
 
+def _plot(args) -> int:
+    from .log.plot import run
+
+    return run(args)
+
+
+def _prepare_data(args) -> int:
+    from .tasks.prepare_data import run
+
+    return run(args)
+
+
 def _data(args) -> int:
+    from .tasks.synthetic_preferences import write_preference_splits, write_sft_splits
     from .tasks.word_problems import write_addition_chat, write_splits
 
-    if args.kind == "word-problems":
+    small = args.kind.startswith("preferences")  # ~750 distinct items in all
+    args.train = args.train if args.train is not None else 600 if small else 2000
+    args.test = args.test if args.test is not None else 100 if small else 200
+    if args.kind == "preferences":
+        paths = write_preference_splits(args.out_dir, args.train, args.test, args.seed)
+    elif args.kind == "preferences-sft":
+        paths = write_sft_splits(args.out_dir, args.train, args.test, args.seed)
+    elif args.kind == "word-problems":
         paths = write_splits(args.out_dir, args.train, args.test, args.seed, kinds=tuple(args.kinds.split(",")),
                              max_value=args.max_value)
     else:

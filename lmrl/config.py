@@ -25,6 +25,7 @@ import yaml
 PRESET_DIR = Path(__file__).parent / "configs"
 PRESET_ALIASES = {"AdderRLConfig": "adder", "MultiplierRLConfig": "multiplier"}
 ALGORITHMS = ["reinforce", "rloo", "grpo", "ppo"]
+TRAINERS = ["rl", "sft", "dpo", "reward"]
 
 
 class ConfigError(ValueError):
@@ -40,6 +41,8 @@ def _f(default, help: str, **kw):
 @dataclass
 class RunConfig:
     name: str = _f("adder", "run name; the run dir defaults to runs/<name>")
+    trainer: str = _f("rl", "what this config trains: rl (warm-up + RL on a task) | sft | dpo | reward "
+                            "(offline trainers over data.train_file)")
     dir: str | None = _f(None, "run directory (default runs/<name>)")
     seed: int = _f(1337, "seed for weights, prompts and sampling")
     device: str = _f("auto", "auto | cpu | cuda | cuda:N")
@@ -71,7 +74,8 @@ class ModelConfig:
 
 @dataclass
 class TaskConfig:
-    name: str = _f("addition", "addition | multiplication | math | sql")
+    name: str = _f("addition", "addition | multiplication | math | sql | prompts (open prompts scored by "
+                                 "reward.model)")
     ndigit: int = _f(3, "digits per operand")
     use_format: bool = _f(True, "prompt as 123+456= (False: bare digits 123456)")
     reverse_answer: bool = _f(True, "write the answer least-significant digit first")
@@ -81,7 +85,7 @@ class TaskConfig:
     train_file: str | None = _f(None, "math: JSONL rows {prompt or messages, ground_truth} to train on; "
                                       "sql: DBBench-format JSONL (default: procedural tasks)")
     generate: str = _f("", "math: when train_file / test_file do not exist, write them first with "
-                           "`lmrl data <generate>`'s defaults: word-problems | addition-chat (empty: never)")
+                           "`lmrl data <generate>`'s defaults: word-problems | addition-chat | preferences (empty: never)")
     test_file: str | None = _f(None, "math: JSONL rows held out for evaluation; sql: DBBench-format JSONL")
     max_new_tokens: int = _f(256, "math: longest completion sampled; sql: longest agent turn")
     chat: bool = _f(True, "math: wrap plain-text prompts as a user message in the model's chat template")
@@ -125,6 +129,9 @@ class RewardConfig:
     correct_weight: float = _f(1.0, "math: reward for a correct answer (checked with math-verify)")
     require_format: bool = _f(True, "math: a correct answer counts only when well-formed")
     timeout_s: float = _f(5.0, "math: seconds one answer check may take before it scores 0")
+    model: str = _f("", "a reward model dir (what run.trainer=reward writes to <run dir>/reward_model, or any "
+                        "AutoModelForSequenceClassification); its score of prompt + completion is the reward")
+    model_batch_size: int = _f(16, "completions the reward model scores per forward pass")
 
 
 @dataclass
@@ -135,6 +142,30 @@ class SFTConfig:
     lr: float = _f(1e-3, "warm-up peak learning rate (cosine decay to schedule.min_lr_ratio)")
     weight_decay: float = _f(0.01, "warm-up AdamW weight decay")
     warmup_steps: int = _f(0, "linear LR warm-up steps of the warm-up stage")
+
+
+@dataclass
+class DataConfig:
+    """The offline trainers' data (run.trainer = sft | dpo | reward)."""
+    train_file: str | None = _f(None, "JSONL rows to train on: sft {prompt, response|completion} or {messages}; "
+                                      "dpo and reward {prompt|messages, chosen, rejected}")
+    eval_file: str | None = _f(None, "held-out JSONL rows in the same format, evaluated every train.eval_every steps")
+    generate: str = _f("", "when train_file / eval_file do not exist, write them first: preferences (synthetic "
+                           "pairs) | preferences-sft (their chosen side as SFT rows) (empty: never)")
+    generate_train: int = _f(600, "rows data.generate writes to train_file (the synthetic set has ~750 items)")
+    generate_test: int = _f(100, "rows data.generate writes to eval_file")
+    max_length: int = _f(256, "tokens per prompt + response; longer rows are cut (the prompt's start first) and counted")
+    batch_size: int = _f(16, "rows (pairs) per optimizer step, summed over ranks and accumulation micro-batches")
+    epochs: float = _f(1.0, "passes over train_file when train.steps is 0")
+    chat: bool = _f(True, "hf: put a plain-text prompt in the tokenizer's chat template as a user message")
+    eval_size: int = _f(0, "held-out rows evaluated (0 = all of eval_file)")
+
+
+@dataclass
+class DPOConfig:
+    beta: float = _f(0.1, "beta: how far the policy may move from the reference (implicit reward scale)")
+    loss_type: str = _f("sigmoid", "sigmoid (DPO) | ipo | hinge")
+    label_smoothing: float = _f(0.0, "sigmoid: the chance a pair's label is flipped (conservative DPO), in [0, 0.5)")
 
 
 @dataclass
@@ -175,9 +206,12 @@ class OptimConfig:
 
 @dataclass
 class ScheduleConfig:
-    name: str = _f("constant", "RL LR schedule: constant | cosine")
+    name: str = _f("constant", "LR schedule: constant | linear | cosine (warm-up, decay to the floor) | "
+                               "plateau (drop on a stalled eval metric, see train.best_metric)")
     warmup_steps: int = _f(0, "linear LR warm-up steps")
-    min_lr_ratio: float = _f(0.1, "cosine floor as a fraction of the peak LR")
+    min_lr_ratio: float = _f(0.1, "floor of cosine, linear and plateau as a fraction of the peak LR")
+    plateau_factor: float = _f(0.5, "plateau: the LR is multiplied by this when the eval metric stops improving")
+    plateau_patience: int = _f(2, "plateau: evaluations without improvement before the LR drops")
 
 
 @dataclass
@@ -193,6 +227,11 @@ class TrainConfig:
     ckpt_every: int = _f(50, "checkpoint every N steps")
     keep_checkpoints: int = _f(2, "step checkpoints kept (0 = all)")
     max_nonfinite: int = _f(5, "consecutive NaN/inf losses that stop the run")
+    patience: int = _f(0, "early stopping: evaluations without improvement of train.best_metric before the run "
+                          "stops (0 = never)")
+    early_stop_threshold: float = _f(0.0, "early stopping: an evaluation improves when it beats the best by more than this")
+    best_metric: str = _f("", "eval metric that picks checkpoints/best, early stopping and the plateau schedule "
+                              "(empty: eval/accuracy; a name holding 'loss' is minimised, others maximised)")
     time_limit_min: float = _f(0.0, "stop RL once the run's wall time reaches this many minutes, then evaluate "
                                     "and save as at the last step (0 = no limit)")
 
@@ -210,6 +249,8 @@ class Config:
     task: TaskConfig = field(default_factory=TaskConfig)
     lora: LoraConfig = field(default_factory=LoraConfig)
     env: EnvConfig = field(default_factory=EnvConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    dpo: DPOConfig = field(default_factory=DPOConfig)
     reward: RewardConfig = field(default_factory=RewardConfig)
     sft: SFTConfig = field(default_factory=SFTConfig)
     algo: AlgoConfig = field(default_factory=AlgoConfig)

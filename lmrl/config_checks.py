@@ -3,20 +3,23 @@ problem is one line naming the key (see `lmrl.config` for the classes and loadin
 
 from __future__ import annotations
 
-from .config import ALGORITHMS, Config, ConfigError, TaskConfig, _suggest
+from .config import ALGORITHMS, TRAINERS, Config, ConfigError, TaskConfig, _suggest
 
 ARITHMETIC = ("addition", "multiplication")
 
 
 CHOICES = {
+    "run.trainer": TRAINERS,
     "run.resume": ["never", "auto"],
     "run.wandb_mode": ["online", "offline"],
     "model.type": ["gpt", "hf"],
     "model.dtype": ["fp32", "bf16"],
-    "task.name": ["addition", "multiplication", "math", "sql"],
+    "task.name": ["addition", "multiplication", "math", "sql", "prompts"],
     "task.reward": ["exact", "digits", "per_digit"],
-    "task.generate": ["", "word-problems", "addition-chat"],
-    "schedule.name": ["constant", "cosine"],
+    "task.generate": ["", "word-problems", "addition-chat", "preferences"],
+    "schedule.name": ["constant", "linear", "cosine", "plateau"],
+    "data.generate": ["", "preferences", "preferences-sft"],
+    "dpo.loss_type": ["sigmoid", "ipo", "hinge"],
     "algo.name": ALGORITHMS,
     "algo.adv_mode": ["raw", "grpo", "grpo_no_std"],
     "algo.loss_level": ["token", "sequence", "constant"],
@@ -54,7 +57,20 @@ def validate(cfg: Config) -> None:
         (cfg.sft.steps == 0 or cfg.sft.examples > 0, "sft.steps > 0 needs sft.examples > 0 (the label budget)"),
         (len(cfg.optim.betas) == 2 and all(0 <= b < 1 for b in cfg.optim.betas),
          f"optim.betas must be two numbers in [0, 1), got {cfg.optim.betas}"),
+        (cfg.train.patience >= 0 and cfg.train.early_stop_threshold >= 0,
+         "train.patience and train.early_stop_threshold must be >= 0"),
+        (cfg.train.best_metric == "" or cfg.train.best_metric.startswith("eval/"),
+         f"train.best_metric must name an eval metric (eval/...), got {cfg.train.best_metric!r}"),
+        (0 < cfg.schedule.plateau_factor < 1 and cfg.schedule.plateau_patience >= 1,
+         "schedule.plateau_factor must be in (0, 1) and schedule.plateau_patience >= 1"),
+        (not cfg.reward.model or not cfg.reward.cls, "set reward.model or reward.cls, not both"),
+        (cfg.reward.model_batch_size >= 1, "reward.model_batch_size must be >= 1"),
     ]
+    if cfg.run.trainer != "rl":
+        for ok, msg in checks + _offline_checks(cfg):
+            if not ok:
+                raise ConfigError(msg)
+        return
     task_checks = _arithmetic_checks(cfg) if cfg.task.name in ARITHMETIC else _text_task_checks(cfg)
     if cfg.task.name == "sql":
         task_checks += _env_checks(cfg)
@@ -109,6 +125,33 @@ def _text_task_checks(cfg: Config) -> list[tuple[bool, str]]:
         (not cfg.reward.cls or ":" in cfg.reward.cls,
          f"reward.cls={cfg.reward.cls!r} must look like package.module:ClassName"),
         (cfg.reward.timeout_s > 0, "reward.timeout_s must be > 0"),
+        (t.name != "prompts" or bool(cfg.reward.model or cfg.reward.cls),
+         "task.name=prompts is scored by a learned reward: set reward.model (a reward model dir) or reward.cls"),
+    ]
+
+
+def _offline_checks(cfg: Config) -> list[tuple[bool, str]]:
+    """run.trainer = sft | dpo | reward: a model, data files, and the trainer's own options."""
+    d, m, trainer = cfg.data, cfg.model, cfg.run.trainer
+    return [
+        (bool(d.train_file), f"run.trainer={trainer} reads data.train_file (JSONL); set it (data.generate="
+                             f"preferences writes synthetic pairs offline)"),
+        (trainer != "reward" or m.type == "hf", "run.trainer=reward trains a Hugging Face model: set model.type=hf "
+                                                "and model.path"),
+        (m.type != "hf" or bool(m.path), "model.type=hf needs model.path (a local directory, or smollm2-135m-instruct)"),
+        (m.type == "hf" or m.n_embd % m.n_head == 0, f"model.n_embd={m.n_embd} must be divisible by model.n_head={m.n_head}"),
+        (d.max_length >= 2, f"data.max_length must be >= 2, got {d.max_length}"),
+        (d.batch_size >= 1 and d.batch_size % cfg.train.ga_steps == 0,
+         f"data.batch_size={d.batch_size} must be >= 1 and divisible by train.ga_steps={cfg.train.ga_steps}"),
+        (d.epochs > 0 and d.eval_size >= 0, "data.epochs must be > 0 and data.eval_size >= 0"),
+        (d.generate_train >= 1 and d.generate_test >= 1, "data.generate_train and data.generate_test must be >= 1"),
+        (cfg.dpo.beta > 0, f"dpo.beta must be > 0, got {cfg.dpo.beta}"),
+        (0 <= cfg.dpo.label_smoothing < 0.5, f"dpo.label_smoothing must be in [0, 0.5), got {cfg.dpo.label_smoothing}"),
+        (cfg.dpo.label_smoothing == 0 or cfg.dpo.loss_type == "sigmoid",
+         f"dpo.label_smoothing is for loss_type=sigmoid, not {cfg.dpo.loss_type}"),
+        (cfg.lora.r >= 0 and cfg.lora.alpha > 0 and 0 <= cfg.lora.dropout < 1,
+         "lora.r must be >= 0, lora.alpha > 0 and lora.dropout in [0, 1)"),
+        (cfg.lora.r == 0 or m.type == "hf", "lora.r > 0 needs an hf model (model.type=hf)"),
     ]
 
 

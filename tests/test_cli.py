@@ -85,3 +85,23 @@ def test_wandb_without_its_extra_is_a_one_line_error(tmp_path, capsys):
     assert main(["train", "adder", "run.wandb=true", f"run.dir={tmp_path / 'r'}"]) == 2
     assert "needs the 'wandb' extra: pip install 'lmrl[wandb]'" in capsys.readouterr().err
     assert not (tmp_path / "r").exists()
+
+
+def test_offline_commands_write_data_train_and_plot(tmp_path, capsys):
+    """`lmrl data preferences`, then `lmrl train` with run.trainer=sft on the built-in GPT, then `lmrl plot`."""
+    assert main(["data", "preferences-sft", str(tmp_path / "data"), "--train", "40", "--test", "8"]) == 0
+    rows = [json.loads(line) for line in (tmp_path / "data" / "train.jsonl").read_text().splitlines()]
+    assert len(rows) == 40 and set(rows[0]) == {"prompt", "response"}
+    run = tmp_path / "run"
+    assert main(["train", "run.trainer=sft", f"run.dir={run}", f"data.train_file={tmp_path / 'data' / 'train.jsonl'}",
+                 f"data.eval_file={tmp_path / 'data' / 'test.jsonl'}", "model.n_position=256", "model.n_layer=1",
+                 "model.n_embd=32", "model.n_head=2", "data.batch_size=8", "train.steps=4", "train.eval_every=2",
+                 "run.progress=false", "run.tensorboard=false"]) == 0
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["trainer"] == "sft" and summary["steps_done"] == 4 and summary["best"]["step"] in (2, 4)
+    assert main(["plot", str(run)]) == 0
+    assert {p.name for p in (run / "plots").glob("*.png")} >= {"loss.png", "lr.png", "eval.png"}
+    capsys.readouterr()
+    assert main(["prepare-data", "--datasets", "hh-rlhf", "--from", str(tmp_path / "missing"),
+                 "--output-dir", str(tmp_path / "out")]) == 1
+    assert "missing" in capsys.readouterr().err

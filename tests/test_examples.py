@@ -7,12 +7,14 @@ from pathlib import Path
 import pytest
 
 EXAMPLES = sorted((Path(__file__).parent.parent / "examples").glob("*.py"))
+SLOW = {"rlhf_smollm2.py"}  # loads SmolLM2 four times: minutes on a 2-core CPU
 
 
-@pytest.mark.parametrize("script", EXAMPLES, ids=[p.name for p in EXAMPLES])
+@pytest.mark.parametrize("script", [pytest.param(p, marks=pytest.mark.slow) if p.name in SLOW else p
+                                    for p in EXAMPLES], ids=[p.name for p in EXAMPLES])
 def test_example_runs(script, tmp_path):
     proc = subprocess.run([sys.executable, str(script), "--quick"], cwd=tmp_path, capture_output=True, text=True,
-                          timeout=300)
+                          timeout=900)
     assert proc.returncode == 0, proc.stderr[-2000:]
-    assert "after RL" in proc.stdout
+    assert "after RL" in proc.stdout or "held-out" in proc.stdout
     assert list((tmp_path / "runs").glob("*/summary.json"))

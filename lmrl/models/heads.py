@@ -55,3 +55,31 @@ class ActorCritic(nn.Module):
         if "critic" in self.value:
             _, hidden = self.value["critic"](ids, return_hidden=True, **kw)
         return logits, self.value["head"](hidden)
+
+    def init_value_from(self, reward_model: nn.Module) -> None:
+        """Start the value function as the reward model (RLHF's usual critic initialisation): the
+        critic's trunk takes the reward model's trunk weights and the head its score weights, so
+        V(s_T) at a completion's last token is the reward model's score of it. Needs a separate
+        critic of the reward model's architecture (same base model)."""
+        if "critic" not in self.value:
+            raise ValueError("initialising the value function from a reward model needs algo.value_model=separate")
+        critic, rm = self.value["critic"].hf_model, reward_model.hf_model
+        target = getattr(critic, critic.base_model_prefix)
+        source = getattr(rm, rm.base_model_prefix).state_dict()
+        names = dict(target.named_parameters())
+        loaded = {}
+        for key, value in source.items():
+            # a LoRA-wrapped critic keeps its base weights under `<module>.base_layer.<name>`
+            module, _, leaf = key.rpartition(".")
+            name = key if key in names else f"{module}.base_layer.{leaf}"
+            if name not in names or names[name].shape != value.shape:
+                raise ValueError(f"the reward model's {key} {tuple(value.shape)} has no counterpart in the value "
+                                 f"model: reward.model must be trained from the policy's base model")
+            loaded[name] = value
+        with torch.no_grad():
+            for name, value in loaded.items():
+                names[name].copy_(value)
+            score = rm.score.weight  # (1, C), no bias
+            self.value["head"].proj.weight.copy_(score.float())
+            self.value["head"].proj.bias.zero_()
+

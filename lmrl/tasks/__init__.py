@@ -4,10 +4,13 @@ Imports are lazy, so a light module (e.g. `math_reward`, which reward worker pro
 does not pull in torch through this package."""
 
 
-def build_task(cfg, *, tokenizer=None, reward=None, env=None):
+def build_task(cfg, *, tokenizer=None, reward=None, env=None, device="cpu"):
     """The task described by the `task` config section. A math task needs the policy's tokenizer
     (for its chat template) and takes its reward weights from the `reward` section; the SQL agent
-    takes its environment from the `env` section."""
+    takes its environment from the `env` section; open prompts take their reward model from
+    `reward.model` (loaded on `device`) or a custom `reward.cls`."""
+    if cfg.name == "prompts":
+        return _prompt_task(cfg, tokenizer, reward, device)
     if cfg.name == "sql":
         from ..config import EnvConfig
         from .sql.agent_task import SQLAgentTask
@@ -42,6 +45,31 @@ def build_task(cfg, *, tokenizer=None, reward=None, env=None):
                           scratchpad=cfg.scratchpad)
 
 
+def _prompt_task(cfg, tokenizer, reward, device):
+    from ..config import ConfigError
+    from .prompt_task import PromptTask
+
+    if tokenizer is None:
+        raise ValueError("task.name=prompts needs a Hugging Face policy's tokenizer (model.type=hf)")
+    _ensure_data(cfg)
+    if reward is not None and reward.model:
+        from ..models.reward_model import RewardModelScorer, same_vocabulary
+
+        scorer = RewardModelScorer(reward.model, device=device, batch_size=reward.model_batch_size, chat=cfg.chat)
+        if not same_vocabulary(tokenizer, scorer.tokenizer):
+            raise ConfigError(f"reward.model={reward.model!r} uses a different tokenizer than the policy "
+                              f"({len(scorer.tokenizer)} vs {len(tokenizer)} tokens, or other ids): train the reward "
+                              f"model from the policy's own base model (model.path)")
+    elif reward is not None and reward.cls:
+        from ..train.rewards import load_reward_class
+
+        scorer = load_reward_class(reward.cls)
+    else:
+        raise ConfigError("task.name=prompts needs a reward: set reward.model (a reward model dir) or reward.cls")
+    return PromptTask(cfg.train_file, cfg.test_file, tokenizer, scorer=scorer, max_new_tokens=cfg.max_new_tokens,
+                      chat=cfg.chat, system_prompt=cfg.system_prompt, prompt_template=cfg.prompt_template)
+
+
 def _ensure_data(cfg) -> None:
     """Writes the task's JSONL files with `task.generate`'s generator when they are missing."""
     from pathlib import Path
@@ -52,14 +80,16 @@ def _ensure_data(cfg) -> None:
     if not cfg.generate:
         missing = train if not train.exists() else test
         raise FileNotFoundError(f"task data {missing} does not exist: write a set with `lmrl data addition-chat DIR` "
-                                f"or `lmrl data word-problems DIR`, or set task.generate")
+                                f"or `lmrl data word-problems DIR` (prompts: `lmrl data preferences DIR`), or set task.generate")
     if train.parent != test.parent or (train.name, test.name) != ("train.jsonl", "test.jsonl"):
         raise FileNotFoundError(f"task.generate writes DIR/train.jsonl and DIR/test.jsonl; task.train_file="
                                 f"{train} and task.test_file={test} are not such a pair")
+    from .synthetic_preferences import write_preference_splits
     from .word_problems import write_addition_chat, write_splits
 
-    writer = write_addition_chat if cfg.generate == "addition-chat" else write_splits
-    writer(train.parent, 2000, 200, seed=0)
+    writer = {"addition-chat": write_addition_chat, "preferences": write_preference_splits}.get(cfg.generate, write_splits)
+    sizes = (600, 100) if cfg.generate == "preferences" else (2000, 200)  # as `lmrl data <generate>` writes
+    writer(train.parent, *sizes, seed=0)
 
 
 def __getattr__(name):

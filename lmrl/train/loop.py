@@ -68,7 +68,7 @@ class RLTrainer:
         if model is None and cfg.model.type == "hf":
             model = build_model(cfg.model, lora=cfg.lora)
         self.task = task if task is not None else build_task(cfg.task, tokenizer=getattr(model, "tokenizer", None),
-                                                             reward=cfg.reward, env=cfg.env)
+                                                             reward=cfg.reward, env=cfg.env, device=self.device)
         model = model if model is not None else build_model(cfg.model, self.task.tokenizer.vocab_size)
         self.model = model.to(self.device)
         if cfg.model.init_from:
@@ -142,7 +142,8 @@ class RLTrainer:
                              cfg.schedule.warmup_steps, betas=tuple(cfg.optim.betas), eps=cfg.optim.eps)
         self._restore_pending()
         if self.state["warmup_accuracy"] is None:  # no warm-up: the starting point is the initial model
-            self.state["warmup_accuracy"] = self._evaluate()["eval/accuracy"]
+            self.state["start_eval"] = self._evaluate()
+            self.state["warmup_accuracy"] = self.state["start_eval"]["eval/accuracy"]
         group = self.algo.group_size
         n_prompts = cfg.train.rollout_size // self.dist.world_size // group
         while self.state["step"] < self.total_steps and not self._stop_requested and not self._out_of_time():
@@ -190,6 +191,8 @@ class RLTrainer:
             # With LoRA the reference is the base model: the policy with its adapter switched off.
             self.reference = reference_view(self.model) or copy.deepcopy(self.model).eval().requires_grad_(False)
         self.module = ActorCritic(self.model, cfg.algo.value_model) if self.algo.uses_values else self.model
+        if self.algo.uses_values and cfg.reward.model and cfg.algo.value_model == "separate" and not self.state["step"]:
+            self.module.init_value_from(self.task.reward.model)  # the critic starts as the reward model
         self.module.to(self.device)
 
     def _rl_modules(self) -> dict:
@@ -303,10 +306,17 @@ class RLTrainer:
         self.state["time"]["eval"] += time.perf_counter() - start
         acc, step = metrics["eval/accuracy"], self.state["step"]
         self.state["history"].append([step, acc])
-        if acc > self.state["best"]["accuracy"]:
-            self.state["best"] = {"accuracy": acc, "step": step}
+        self.state["last_eval"] = metrics
+        key = cfg.train.best_metric or "eval/accuracy"  # what picks checkpoints/best (higher is better)
+        if key not in metrics:
+            raise ValueError(f"train.best_metric={key!r} is not an eval metric of this task ({', '.join(sorted(metrics))})")
+        if self.scheduler is not None:
+            self.scheduler.observe(metrics[key])  # schedule.name=plateau; a no-op for the others
+        best = self.state["best"].get("value")
+        if best is None or metrics[key] > best:
+            self.state["best"] = {"accuracy": acc, "step": step, "value": metrics[key]}
             if self.dist.is_main:
-                ckpt.save_weights(self.ckpt_dir / "best", self.model, trainer_state={"step": step, "eval/accuracy": acc})
+                ckpt.save_weights(self.ckpt_dir / "best", self.model, trainer_state={"step": step, key: metrics[key]})
         return metrics
 
     def _save_checkpoint(self):
@@ -345,6 +355,7 @@ class RLTrainer:
             "final_accuracy": final,
             "rl_gain": None if self.state["warmup_accuracy"] is None else final - self.state["warmup_accuracy"],
             "best": self.state["best"],
+            "start_eval": self.state.get("start_eval", {}), "final_eval": self.state.get("last_eval", {}),
             "sft_examples": 0 if self.sft_pool is None else len(self.sft_pool),
             "sft_steps": self.config.sft.steps,
             "rl_steps": self.config.train.steps,

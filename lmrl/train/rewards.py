@@ -28,9 +28,15 @@ def score_rollout(task, ids: torch.Tensor, rollout,
     if reward_fn is None:
         return rewards, exact, extras
     p_txt, c_txt = task.texts(ids, rollout)
+    return call_reward_fn(reward_fn, p_txt, c_txt, task.reward_kwargs(ids)), exact, extras
+
+
+def call_reward_fn(reward_fn: RewardFn, p_txt: Sequence[str], c_txt: Sequence[str], columns: dict) -> torch.Tensor:
+    """`reward_fn(prompts, completions, **columns)` as a float tensor (B,), or a RewardError that
+    names the function and the sample: it raised, returned the wrong count, or a non-finite value."""
     name = getattr(reward_fn, "__qualname__", type(reward_fn).__name__)
     try:
-        values = list(reward_fn(p_txt, c_txt, **task.reward_kwargs(ids)))
+        values = list(reward_fn(p_txt, c_txt, **columns))
     except Exception as e:
         raise RewardError(f"reward function {name} raised {type(e).__name__}: {e} "
                           f"(first sample: prompt {p_txt[0]!r}, completion {c_txt[0]!r})") from e
@@ -44,7 +50,7 @@ def score_rollout(task, ids: torch.Tensor, rollout,
         if not math.isfinite(values[i]):
             raise RewardError(f"reward function {name} returned {v!r} for prompt {p_txt[i]!r}, "
                               f"completion {c_txt[i]!r}; rewards must be finite numbers")
-    return torch.tensor(values, dtype=torch.float32), exact, extras
+    return torch.tensor(values, dtype=torch.float32)
 
 
 def load_reward_class(spec: str):

@@ -2,8 +2,9 @@
 
     GRPOTrainer(load_config("adder-grpo"), reward_fn=my_reward).train()
 
-Each is `RLTrainer` with `algo.name` set (and the config re-validated, so e.g. a group size of 1
-is refused with the key named); every other `algo.*` option is taken from the config as it is."""
+Each RL trainer is `RLTrainer` with `algo.name` set (and the config re-validated, so e.g. a group size of 1
+is refused with the key named); every other `algo.*` option is taken from the config as it is.
+`build_trainer(config)` picks the trainer `run.trainer` names (the CLI's `lmrl train` uses it)."""
 
 from __future__ import annotations
 
@@ -38,3 +39,17 @@ class GRPOTrainer(RLTrainer):
 class PPOTrainer(RLTrainer):
     def __init__(self, config: Config, **kwargs):
         super().__init__(_with_algorithm(config, "ppo"), **kwargs)
+
+
+def build_trainer(config: Config, **kwargs):
+    """The trainer `run.trainer` names: rl (RLTrainer), sft, dpo or reward."""
+    name = config.run.trainer
+    if name == "sft":
+        from .sft_trainer import SFTTrainer as cls
+    elif name == "dpo":
+        from .dpo_trainer import DPOTrainer as cls
+    elif name == "reward":
+        from .reward_trainer import RewardTrainer as cls
+    else:
+        cls = RLTrainer
+    return cls(config, **kwargs)

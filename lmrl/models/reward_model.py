@@ -1,0 +1,156 @@
+"""Reward models: a transformer with a one-number sequence-classification head, scoring a prompt +
+response by the head's output at its last token (transformers' `*ForSequenceClassification`,
+num_labels=1, so a trained one loads back with `AutoModelForSequenceClassification`).
+
+    rm, tokenizer = build_reward_model("smollm2-135m-instruct")   # trunk from a causal LM, new head
+    rm, tokenizer = load_reward_model("runs/rm-smollm2/reward_model")
+    scores = rm(ids, attention_mask)                               # (B,)
+
+    reward = RewardModelScorer("runs/rm-smollm2/reward_model")    # a reward function for RL
+    reward(["What is 2+2?"], ["4"])                                # -> [1.73]
+
+Rows are right-padded; the score is read at the rightmost token that is not the pad token (what
+transformers does), so a model loaded from disk scores exactly as it did in training.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+
+import torch
+from torch import nn
+
+
+class RewardModel(nn.Module):
+    """`forward(ids, attention_mask) -> scores (B,)` over a sequence-classification model (optionally
+    wrapped by peft)."""
+
+    def __init__(self, model: nn.Module, tokenizer):
+        super().__init__()
+        self.model = model
+        self.tokenizer = tokenizer
+
+    @property
+    def hf_model(self) -> nn.Module:
+        return self.model.get_base_model() if hasattr(self.model, "get_base_model") else self.model
+
+    def forward(self, ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
+        return self.model(input_ids=ids, attention_mask=attention_mask, use_cache=False).logits[:, 0].float()
+
+    def num_params(self) -> int:
+        return sum(p.numel() for p in self.parameters())
+
+    def save(self, out_dir: Path) -> Path:
+        """A plain transformers model (LoRA merged) + tokenizer in `out_dir`."""
+        model = copy.deepcopy(self.model)
+        if hasattr(model, "merge_and_unload"):
+            model = model.merge_and_unload()
+        model.save_pretrained(str(out_dir))
+        self.tokenizer.save_pretrained(str(out_dir))
+        return Path(out_dir)
+
+
+def is_reward_model_dir(path: str | Path) -> bool:
+    config = Path(path) / "config.json"
+    if not config.is_file():
+        return False
+    archs = json.loads(config.read_text()).get("architectures") or []
+    return any(a.endswith("ForSequenceClassification") for a in archs)
+
+
+def build_reward_model(path: str, *, gguf_file: str | None = None, dtype: str = "fp32", lora=None,
+                       device="cpu") -> tuple[RewardModel, object]:
+    """A reward model on the trunk of the causal LM at `path` (a directory, GGUF, or a packaged name;
+    see `load_hf_policy`) with a fresh score head; or, when `path` already holds a sequence-
+    classification model, that model. `lora` (a LoraConfig section with r > 0) puts an adapter on
+    the trunk and trains the head in full."""
+    from transformers import AutoModelForSequenceClassification
+
+    if is_reward_model_dir(path):
+        rm, tokenizer = load_reward_model(path, device=device)
+    else:
+        from .hf import load_hf_policy
+
+        policy, tokenizer = load_hf_policy(path, gguf_file=gguf_file, dtype=dtype)
+        causal = policy.model
+        config = copy.deepcopy(causal.config)
+        config.num_labels = 1
+        config.pad_token_id = tokenizer.pad_token_id
+        config.architectures = None
+        seq = AutoModelForSequenceClassification.from_config(config, dtype=causal.dtype)
+        trunk = getattr(causal, causal.base_model_prefix)
+        getattr(seq, seq.base_model_prefix).load_state_dict(trunk.state_dict())
+        del policy, causal, trunk
+        rm = RewardModel(seq, tokenizer)
+    if lora is not None and lora.r > 0:
+        from peft import LoraConfig, get_peft_model
+
+        targets = "all-linear" if list(lora.target_modules) == ["all-linear"] else list(lora.target_modules)
+        rm.model = get_peft_model(rm.model, LoraConfig(r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
+                                                       target_modules=targets, task_type="SEQ_CLS"))
+    return rm.to(device), tokenizer
+
+
+def load_reward_model(path: str | Path, device="cpu") -> tuple[RewardModel, object]:
+    """A saved reward model (what the reward trainer exports, or any local
+    `AutoModelForSequenceClassification` with num_labels=1)."""
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    path = Path(path)
+    if not is_reward_model_dir(path):
+        raise FileNotFoundError(f"reward model {path}: no sequence-classification model there (expected config.json "
+                                f"naming a *ForSequenceClassification architecture, as the reward trainer writes)")
+    tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
+    model = AutoModelForSequenceClassification.from_pretrained(path, local_files_only=True)
+    if model.config.num_labels != 1:
+        raise ValueError(f"reward model {path} has {model.config.num_labels} labels; a reward model has one")
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    model.config.pad_token_id = tokenizer.pad_token_id
+    return RewardModel(model, tokenizer).to(device).eval(), tokenizer
+
+
+def same_vocabulary(a, b) -> bool:
+    """Two tokenizers that map every token to the same id (what scoring one model's ids with another needs)."""
+    return a.get_vocab() == b.get_vocab()
+
+
+class RewardModelScorer:
+    """A reward function for the RL trainers: `scorer(prompts, completions, **_) -> list[float]`, the
+    reward model's score of each prompt + completion, encoded as in reward-model training (a plain
+    prompt through the chat template, the completion followed by the end token)."""
+
+    def __init__(self, path: str | Path, *, device="cpu", batch_size: int = 16, chat: bool = True):
+        from ..train.text_batches import TextCodec
+
+        self.path = str(path)
+        self.model, self.tokenizer = load_reward_model(path, device=device)
+        self.model.requires_grad_(False)
+        self.codec = TextCodec(self.tokenizer, chat=chat)
+        self.batch_size = batch_size
+        self.device = torch.device(device)
+
+    @torch.no_grad()
+    def __call__(self, prompts: list, completions: list[str], **_) -> list[float]:
+        from ..train.text_batches import pad_sequences
+
+        scores = []
+        for i in range(0, len(completions), self.batch_size):
+            rows = [self._ids(p) + self.codec.response_ids(c)
+                    for p, c in zip(prompts[i:i + self.batch_size], completions[i:i + self.batch_size])]
+            ids, attention, _ = pad_sequences(rows, rows, self.tokenizer.pad_token_id, self.device)
+            scores += self.model(ids, attention).tolist()
+        return scores
+
+    def _ids(self, prompt) -> list[int]:
+        # a prompt that already carries the chat template (what RL tasks pass) is used as it is
+        if isinstance(prompt, str) and self.codec.chat and prompt.lstrip().startswith(_template_start(self.tokenizer)):
+            return self.codec._ids(prompt)
+        return self.codec.prompt_ids(prompt)
+
+
+def _template_start(tokenizer) -> str:
+    text = tokenizer.apply_chat_template([{"role": "user", "content": "x"}], tokenize=False, add_generation_prompt=True)
+    return text[: max(1, text.find("x"))][:8]

@@ -1,0 +1,77 @@
+"""Direct Preference Optimization on {prompt, chosen, rejected} pairs (Rafailov et al., 2023), with
+the IPO and hinge variants and conservative-DPO label smoothing (see `algos/preference_losses.py`).
+
+    DPOTrainer(load_config("dpo-smollm2")).train()
+
+The reference is the policy as training starts: with a LoRA adapter, the same model with the
+adapter switched off (no second copy in memory); otherwise a frozen copy. Both sides of every pair
+go through one forward pass. Metrics follow TRL's names: dpo/loss, rewards/chosen,
+rewards/rejected, rewards/margins, rewards/accuracy (the fraction of pairs whose implicit reward
+β·log(π/π_ref) prefers the chosen response), logps/chosen, logps/rejected; evaluation reports
+them as eval/... with eval/accuracy = the held-out preference accuracy.
+"""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+
+import torch
+
+from ..algos.preference_losses import dpo_loss
+from ..config import Config, validate
+from ..models.reference import reference_view
+from ..tasks.preference_data import TruncationCounter, read_preference
+from .offline import OfflineTrainer
+from .offline_setup import build_policy, ensure_data, export_policy
+from .text_batches import TextCodec, encode_preferences, pair_batch, response_logps
+
+
+class DPOTrainer(OfflineTrainer):
+    name = "dpo"
+    accuracy_key = "rewards/accuracy"
+    default_best_metric = "eval/accuracy"
+
+    def __init__(self, config: Config, *, model=None, tokenizer=None, reference=None):
+        config.run.trainer = "dpo"
+        validate(config)
+        ensure_data(config)
+        if model is None:
+            model, tokenizer = build_policy(config)
+        tokenizer = tokenizer if tokenizer is not None else getattr(model, "tokenizer", None)
+        if tokenizer is None:
+            raise ValueError("DPOTrainer(model=...) needs its tokenizer: pass tokenizer=...")
+        self.model, self.tokenizer = model, tokenizer
+        # the reference is the starting policy: a view with the adapter off, or a frozen copy made now
+        self.reference = reference if reference is not None else \
+            reference_view(model) or copy.deepcopy(model).eval().requires_grad_(False)
+        self.codec = TextCodec(tokenizer, chat=config.data.chat)
+        self.pad_id = getattr(tokenizer, "pad_token_id", None) or 0
+        self.data_notes = []
+        self._setup(config)
+        self.reference.to(self.device)
+
+    def encode(self, path: str) -> list:
+        counter = TruncationCounter()
+        pairs = encode_preferences(read_preference(path), self.codec, self.config.data.max_length, counter)
+        self.data_notes.append(f"{path}: {counter}")
+        return pairs
+
+    def collate(self, rows):
+        return pair_batch(rows, self.pad_id, self.device)
+
+    def compute_loss(self, batch) -> tuple[torch.Tensor, dict]:
+        ids, attention, loss_mask = batch
+        n = ids.size(0) // 2
+        logps = response_logps(self.model, ids, attention, loss_mask, call=self._call())[0]
+        with torch.no_grad():
+            ref = response_logps(self.reference, ids, attention, loss_mask)[0]
+        d = self.config.dpo
+        loss, stats = dpo_loss(logps[:n], logps[n:], ref[:n], ref[n:], beta=d.beta, loss_type=d.loss_type,
+                               label_smoothing=d.label_smoothing)
+        stats = {"dpo/loss": loss.item(), **stats, "logps/chosen": logps[:n].mean().item(),
+                 "logps/rejected": logps[n:].mean().item()}
+        return loss, stats
+
+    def export(self, out_dir: Path) -> Path:
+        return export_policy(self.model, self.tokenizer, out_dir / "model")

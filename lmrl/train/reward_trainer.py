@@ -1,0 +1,66 @@
+"""Reward-model training on preference pairs: the Bradley–Terry loss −log σ(r(x, y_c) − r(x, y_r)).
+
+    RewardTrainer(load_config("rm-smollm2")).train()   # writes <run dir>/reward_model
+
+The model is a sequence-classification head (one number) on the trunk of `model.path` (see
+`lmrl.models.reward_model`), the whole model trained or, with `lora.r > 0`, an adapter plus the
+head. Both sides of a pair are scored in one forward pass. Metrics: rm/loss, rm/accuracy (pairs
+ranked right), rm/margin_mean, rm/chosen_mean, rm/rejected_mean; evaluation: eval/... with
+eval/accuracy the held-out preference accuracy. The exported reward model (the best one by
+train.best_metric) is what `reward.model: <run dir>/reward_model` scores RL completions with.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from ..algos.preference_losses import bradley_terry_loss
+from ..config import Config, validate
+from ..models.reward_model import RewardModel, build_reward_model
+from ..tasks.preference_data import TruncationCounter, read_preference
+from .offline import OfflineTrainer
+from .offline_setup import ensure_data
+from .text_batches import TextCodec, encode_preferences, pair_batch
+
+
+class RewardTrainer(OfflineTrainer):
+    name = "rm"
+    accuracy_key = "rm/accuracy"
+    default_best_metric = "eval/accuracy"
+
+    def __init__(self, config: Config, *, model: RewardModel | None = None, tokenizer=None):
+        config.run.trainer = "reward"
+        validate(config)
+        ensure_data(config)
+        if model is None:
+            m = config.model
+            torch.manual_seed(config.run.seed)  # the same score head (and adapter) for a seed
+            model, tokenizer = build_reward_model(m.path, gguf_file=m.gguf_file, dtype=m.dtype, lora=config.lora)
+        tokenizer = tokenizer if tokenizer is not None else model.tokenizer
+        self.model, self.tokenizer = model, tokenizer
+        self.codec = TextCodec(tokenizer, chat=config.data.chat)
+        self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+        self.data_notes = []
+        self._setup(config)
+
+    def encode(self, path: str) -> list:
+        counter = TruncationCounter()
+        pairs = encode_preferences(read_preference(path), self.codec, self.config.data.max_length, counter)
+        self.data_notes.append(f"{path}: {counter}")
+        return pairs
+
+    def collate(self, rows):
+        return pair_batch(rows, self.pad_id, self.device)
+
+    def compute_loss(self, batch) -> tuple[torch.Tensor, dict]:
+        ids, attention, _ = batch
+        n = ids.size(0) // 2
+        scores = self._call()(ids, attention)
+        loss, stats = bradley_terry_loss(scores[:n], scores[n:])
+        return loss, {"rm/loss": loss.item(), **stats, "rm/chosen_mean": scores[:n].mean().item(),
+                      "rm/rejected_mean": scores[n:].mean().item()}
+
+    def export(self, out_dir: Path) -> Path:
+        return self.model.save(out_dir / "reward_model")

@@ -1,0 +1,155 @@
+"""Token ids and loss masks for the offline trainers: SFT rows and preference pairs, encoded once with
+the policy's tokenizer, truncated to `max_length` with every cut counted, and padded per batch.
+
+    codec = TextCodec(tokenizer, chat=True)             # an HF tokenizer, or the GPT's CharTokenizer
+    rows = encode_sft(read_sft("sft.jsonl"), codec, max_length=256, counter=counter)
+    ids, attention, loss_mask = pad_sequences([r.ids for r in rows], [r.mask for r in rows])
+
+The text a model is trained on is the text it will be prompted with: a plain-text prompt goes into
+the tokenizer's chat template as a user message (when it has one and `chat` is on), a response is
+followed by the end-of-sequence token (the end of an assistant turn in chat models), and loss
+masks cover the response tokens (with that end token) and nothing else."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from ..tasks.preference_data import PreferenceRow, SFTRow, TruncationCounter, truncate_pair
+
+
+@dataclass(frozen=True)
+class SFTExample:
+    ids: list[int]
+    mask: list[int]  # 1 where the token is predicted with loss (the response)
+
+
+@dataclass(frozen=True)
+class PairExample:
+    prompt: list[int]
+    chosen: list[int]
+    rejected: list[int]
+
+
+class TextCodec:
+    """Prompts and responses as token ids for one tokenizer: a Hugging Face tokenizer, or the
+    built-in GPT's `CharTokenizer` (plain text only: no chat template, no end token)."""
+
+    def __init__(self, tokenizer, chat: bool = True):
+        self.tokenizer = tokenizer
+        self.is_hf = hasattr(tokenizer, "apply_chat_template")
+        self.chat = chat and self.is_hf and bool(getattr(tokenizer, "chat_template", None))
+        self.eos = [tokenizer.eos_token_id] if self.is_hf and tokenizer.eos_token_id is not None else []
+
+    def prompt_ids(self, prompt: str | list[dict]) -> list[int]:
+        if isinstance(prompt, list):  # a conversation so far
+            if not self.chat:
+                raise ValueError("a conversational prompt (a list of messages) needs an hf tokenizer with a chat "
+                                 "template and data.chat=true")
+            return self._ids(self.tokenizer.apply_chat_template(prompt, tokenize=False, add_generation_prompt=True))
+        if self.chat:
+            return self.prompt_ids([{"role": "user", "content": prompt}])
+        return self._ids(prompt)
+
+    def response_ids(self, text: str) -> list[int]:
+        return self._ids(text) + self.eos
+
+    def _ids(self, text: str) -> list[int]:
+        if self.is_hf:
+            return self.tokenizer(text, add_special_tokens=False)["input_ids"]
+        return self.tokenizer.encode(text)
+
+
+def encode_sft(rows: list[SFTRow], codec: TextCodec, max_length: int, counter: TruncationCounter,
+               where: str = "") -> list[SFTExample]:
+    """Prompt/response rows as prompt + response ids (loss on the response); conversations through
+    the chat template (loss on every assistant turn and its end token). Over-long rows keep their
+    end nearest the response (a pair) or their start (a conversation), and are counted."""
+    from .online import assistant_token_mask
+
+    out = []
+    for i, row in enumerate(rows):
+        if row.chat:
+            if not codec.chat:
+                raise ValueError(f"{where} row {i + 1}: a conversation (messages) needs an hf tokenizer with a chat "
+                                 f"template and data.chat=true")
+            ids, mask = assistant_token_mask(codec.tokenizer, row.messages)
+            counter.rows += 1
+            if len(ids) > max_length:
+                counter.truncated += 1
+                ids, mask = ids[:max_length], mask[:max_length]
+        else:
+            prompt, response = row.messages[0]["content"], row.messages[1]["content"]
+            p, r = counter.truncate(codec.prompt_ids(prompt), codec.response_ids(response), max_length)
+            ids, mask = p + r, [0] * len(p) + [1] * len(r)
+        out.append(SFTExample(ids, mask))
+    return out
+
+
+def encode_preferences(rows: list[PreferenceRow], codec: TextCodec, max_length: int,
+                       counter: TruncationCounter) -> list[PairExample]:
+    """Each pair as (prompt, chosen, rejected) ids. Both sides keep the same prompt: when either
+    prompt + response is too long, the prompt is cut (its start first) for the longer response,
+    then each response is cut at its end; a pair with any cut counts once."""
+    out = []
+    for row in rows:
+        prompt = codec.prompt_ids(row.prompt)
+        chosen, rejected = codec.response_ids(row.chosen), codec.response_ids(row.rejected)
+        longer = chosen if len(chosen) >= len(rejected) else rejected
+        prompt, _, cut = truncate_pair(prompt, longer, max_length)
+        room = max_length - len(prompt)
+        counter.rows += 1
+        counter.truncated += cut
+        out.append(PairExample(prompt, chosen[:room], rejected[:room]))
+    return out
+
+
+def pad_sequences(ids: list[list[int]], masks: list[list[int]], pad_id: int = 0,
+                  device: torch.device | str = "cpu") -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Right-padded (ids, attention_mask, loss_mask), each (B, T) with T the longest row."""
+    width = max(len(x) for x in ids)
+    out = torch.full((len(ids), width), pad_id, dtype=torch.long)
+    attention = torch.zeros((len(ids), width), dtype=torch.long)
+    loss = torch.zeros((len(ids), width), dtype=torch.long)
+    for i, (row, mask) in enumerate(zip(ids, masks)):
+        out[i, : len(row)] = torch.tensor(row, dtype=torch.long)
+        attention[i, : len(row)] = 1
+        loss[i, : len(mask)] = torch.tensor(mask, dtype=torch.long)
+    return out.to(device), attention.to(device), loss.to(device)
+
+
+def pair_batch(pairs: list[PairExample], pad_id: int, device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Chosen rows first, then rejected rows (2B rows), as `pad_sequences` output: one forward pass
+    scores both sides, and the loss mask covers the responses."""
+    seqs = [p.prompt + p.chosen for p in pairs] + [p.prompt + p.rejected for p in pairs]
+    masks = [[0] * len(p.prompt) + [1] * len(p.chosen) for p in pairs] + \
+            [[0] * len(p.prompt) + [1] * len(p.rejected) for p in pairs]
+    return pad_sequences(seqs, masks, pad_id, device)
+
+
+def model_logits(model, ids: torch.Tensor, attention: torch.Tensor, call=None, keep: int = 0) -> torch.Tensor:
+    """Logits (B, T, V) of an HFPolicy (attention mask passed) or the built-in GPT (no padding
+    mask needed: rows are right-padded, so a real token never attends to a pad); with `keep` > 0,
+    those of the last `keep` positions only (B, keep, V): with a 49k-word vocabulary the output
+    layer over the prompt would be most of the cost. `call` runs the forward instead of `model`
+    (its DDP wrapper)."""
+    call = model if call is None else call
+    if type(model).__name__ in ("HFPolicy", "AdapterDisabledView"):  # the latter: a LoRA policy's reference
+        return call(ids, attention_mask=attention, logits_to_keep=keep)
+    return call(ids, logits_to_keep=keep)
+
+
+def response_logps(model, ids: torch.Tensor, attention: torch.Tensor, loss_mask: torch.Tensor, call=None):
+    """(log π(response | prompt) per row (B,), the logits used (B, K, V), their targets and mask (B, K − 1)).
+
+    Only the positions from the earliest response token on are computed: rows that share their
+    prompt start (a pair's chosen and rejected rows) then share that prefix's forward pass too (see
+    HFPolicy._forward_shared_prompts)."""
+    from ..algos.preference_losses import sequence_logps
+
+    first = int(loss_mask.float().argmax(1).min().item())  # the earliest response token over the rows
+    keep = ids.size(1) - max(first - 1, 0)
+    logits = model_logits(model, ids, attention, call, keep=keep)
+    targets, mask = ids[:, -keep + 1:], loss_mask[:, -keep + 1:]
+    return sequence_logps(logits[:, :-1], targets, mask), logits[:, :-1], targets, mask
