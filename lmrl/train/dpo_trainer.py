@@ -21,13 +21,12 @@ import torch
 from ..algos.preference_losses import dpo_loss
 from ..config import Config, validate
 from ..models.reference import reference_view
-from ..tasks.preference_data import TruncationCounter, read_preference
-from .offline import OfflineTrainer
+from .offline import PairTrainer
 from .offline_setup import build_policy, ensure_data, export_policy
-from .text_batches import TextCodec, encode_preferences, pair_batch, response_logps
+from .text_batches import TextCodec, response_logps
 
 
-class DPOTrainer(OfflineTrainer):
+class DPOTrainer(PairTrainer):
     name = "dpo"
     accuracy_key = "rewards/accuracy"
     default_best_metric = "eval/accuracy"
@@ -50,15 +49,6 @@ class DPOTrainer(OfflineTrainer):
         self.data_notes = []
         self._setup(config)
         self.reference.to(self.device)
-
-    def encode(self, path: str) -> list:
-        counter = TruncationCounter()
-        pairs = encode_preferences(read_preference(path), self.codec, self.config.data.max_length, counter)
-        self.data_notes.append(f"{path}: {counter}")
-        return pairs
-
-    def collate(self, rows):
-        return pair_batch(rows, self.pad_id, self.device)
 
     def compute_loss(self, batch) -> tuple[torch.Tensor, dict]:
         ids, attention, loss_mask = batch

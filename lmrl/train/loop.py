@@ -36,13 +36,10 @@ from ..tasks import build_task
 from . import checkpoint as ckpt
 from .callbacks import CallbackList
 from .evaluate import evaluate
+from .guarded_step import TrainingError, guarded_step  # noqa: F401  (TrainingError: re-exported)
 from .rewards import RewardFn, load_reward_class, score_rollout
 from .run_dir import RunLog, prepare_run_dir
 from .schedule import make_scheduler
-
-
-class TrainingError(RuntimeError):
-    """The run cannot go on (e.g. repeated non-finite losses); the last checkpoint is intact."""
 
 
 class RLTrainer:
@@ -220,25 +217,11 @@ class RLTrainer:
 
     # -- what an algorithm sees of the trainer (algos.base.Learner) ------------------------------
     def optimizer_step(self, loss: torch.Tensor) -> dict:
-        """Clip, then step — or skip the update when the loss or gradient is not finite (counted;
-        `train.max_nonfinite` in a row stops the run). Gradients are already accumulated."""
-        cfg = self.config
-        clip = cfg.train.grad_clip if cfg.train.grad_clip > 0 else float("inf")
-        grad_norm = torch.nn.utils.clip_grad_norm_(self.module.parameters(), clip)
-        flag = torch.tensor([float(not (torch.isfinite(loss) and torch.isfinite(grad_norm)))], device=self.device)
-        if all_reduce_sum(flag).item() > 0:
-            self.state["nonfinite_total"] += 1
-            self.state["nonfinite_run"] += 1
-            self._info(f"step {self.state['step'] + 1}: non-finite loss or gradient, update skipped "
-                       f"({self.state['nonfinite_run']} in a row)")
-            if self.state["nonfinite_run"] >= cfg.train.max_nonfinite:
-                raise TrainingError(f"{self.state['nonfinite_run']} non-finite losses in a row at step "
-                                    f"{self.state['step'] + 1}; stopped. The last good checkpoint is in {self.ckpt_dir}")
-        else:
-            self.optimizer.step()
-            self.state["nonfinite_run"] = 0
-        self.optimizer.zero_grad(set_to_none=True)
-        return {"loss": loss.item(), "grad_norm": grad_norm.item(), "nonfinite_skipped": self.state["nonfinite_total"]}
+        """Clip, then step — or skip a non-finite update (see `guarded_step`). Gradients are already accumulated."""
+        t = self.config.train
+        stats = guarded_step(self.optimizer, self.module.parameters(), loss, self.state, grad_clip=t.grad_clip,
+                             max_nonfinite=t.max_nonfinite, device=self.device, ckpt_dir=self.ckpt_dir, info=self._info)
+        return {"loss": loss.item(), **stats}
 
     def no_sync(self, sync: bool):
         """Under DDP, gradients are all-reduced only on the micro-batch that says `sync`."""

@@ -33,9 +33,9 @@ import torch
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from ..config import Config, save_config
-from ..dist.ddp import all_reduce_sum, barrier, broadcast_object, init_distributed
+from ..dist.ddp import barrier, broadcast_object, init_distributed
 from . import checkpoint as ckpt
-from .loop import TrainingError
+from .guarded_step import guarded_step
 from .run_dir import RunLog, prepare_run_dir
 from .schedule import make_scheduler
 
@@ -200,24 +200,10 @@ class OfflineTrainer:
         self._end_step(sums, time.perf_counter() - t0)
 
     def _optimizer_step(self, loss: torch.Tensor) -> dict:
-        cfg = self.config
-        clip = cfg.train.grad_clip if cfg.train.grad_clip > 0 else float("inf")
-        params = [p for p in self.trainable_module().parameters() if p.requires_grad]
-        grad_norm = torch.nn.utils.clip_grad_norm_(params, clip)
-        bad = torch.tensor([float(not (torch.isfinite(loss) and torch.isfinite(grad_norm)))], device=self.device)
-        if all_reduce_sum(bad).item() > 0:
-            self.state["nonfinite_total"] += 1
-            self.state["nonfinite_run"] += 1
-            self._info(f"step {self.state['step'] + 1}: non-finite loss or gradient, update skipped "
-                       f"({self.state['nonfinite_run']} in a row)")
-            if self.state["nonfinite_run"] >= cfg.train.max_nonfinite:
-                raise TrainingError(f"{self.state['nonfinite_run']} non-finite losses in a row at step "
-                                    f"{self.state['step'] + 1}; stopped. The last good checkpoint is in {self.ckpt_dir}")
-        else:
-            self.optimizer.step()
-            self.state["nonfinite_run"] = 0
-        self.optimizer.zero_grad(set_to_none=True)
-        return {"grad_norm": grad_norm.item(), "nonfinite_skipped": self.state["nonfinite_total"]}
+        t = self.config.train
+        return guarded_step(self.optimizer, (p for p in self.trainable_module().parameters() if p.requires_grad), loss,
+                            self.state, grad_clip=t.grad_clip, max_nonfinite=t.max_nonfinite, device=self.device,
+                            ckpt_dir=self.ckpt_dir, info=self._info)
 
     def _end_step(self, metrics: dict, seconds: float) -> None:
         cfg = self.config
@@ -367,3 +353,23 @@ class OfflineTrainer:
             raise KeyboardInterrupt
         self._stop_requested = True
         self._info("Ctrl-C: finishing this step, then saving a checkpoint (press again to stop at once)")
+
+
+class PairTrainer(OfflineTrainer):
+    """An offline trainer over preference pairs {prompt|messages, chosen, rejected} (DPO, reward
+    models): rows encoded once with `self.codec`, each batch chosen rows first, then rejected."""
+
+    def encode(self, path: str) -> list:
+        from ..tasks.preference_data import TruncationCounter, read_preference
+        from .text_batches import encode_preferences
+
+        counter = TruncationCounter()
+        pairs = encode_preferences(read_preference(path), self.codec, self.config.data.max_length, counter)
+        self.data_notes.append(f"{path}: {counter}")
+        return pairs
+
+    def collate(self, rows):
+        from .text_batches import pair_batch
+
+        return pair_batch(rows, self.pad_id, self.device)
+

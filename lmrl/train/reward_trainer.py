@@ -19,13 +19,12 @@ import torch
 from ..algos.preference_losses import bradley_terry_loss
 from ..config import Config, validate
 from ..models.reward_model import RewardModel, build_reward_model
-from ..tasks.preference_data import TruncationCounter, read_preference
-from .offline import OfflineTrainer
+from .offline import PairTrainer
 from .offline_setup import ensure_data
-from .text_batches import TextCodec, encode_preferences, pair_batch
+from .text_batches import TextCodec
 
 
-class RewardTrainer(OfflineTrainer):
+class RewardTrainer(PairTrainer):
     name = "rm"
     accuracy_key = "rm/accuracy"
     default_best_metric = "eval/accuracy"
@@ -44,15 +43,6 @@ class RewardTrainer(OfflineTrainer):
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
         self.data_notes = []
         self._setup(config)
-
-    def encode(self, path: str) -> list:
-        counter = TruncationCounter()
-        pairs = encode_preferences(read_preference(path), self.codec, self.config.data.max_length, counter)
-        self.data_notes.append(f"{path}: {counter}")
-        return pairs
-
-    def collate(self, rows):
-        return pair_batch(rows, self.pad_id, self.device)
 
     def compute_loss(self, batch) -> tuple[torch.Tensor, dict]:
         ids, attention, _ = batch
