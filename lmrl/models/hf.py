@@ -183,6 +183,13 @@ def apply_chat_template(tokenizer, messages: list[dict]) -> str:
     return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
 
 
+def already_templated(tokenizer, text: str) -> bool:
+    """Text that already holds the tokenizer's special tokens (e.g. `<|im_start|>`, a rendered chat
+    prompt) rather than plain text to be put into the template."""
+    specials = set(tokenizer.all_special_tokens) - {tokenizer.pad_token, tokenizer.unk_token}
+    return any(s and s in text for s in specials)
+
+
 # ------------------------------------------------------------------------------------------------ policy
 
 class _RecordLogprobs(LogitsProcessor):

@@ -138,19 +138,8 @@ class RewardModelScorer:
 
         scores = []
         for i in range(0, len(completions), self.batch_size):
-            rows = [self._ids(p) + self.codec.response_ids(c)
+            rows = [self.codec.prompt_ids(p) + self.codec.response_ids(c)
                     for p, c in zip(prompts[i:i + self.batch_size], completions[i:i + self.batch_size])]
             ids, attention, _ = pad_sequences(rows, rows, self.tokenizer.pad_token_id, self.device)
             scores += self.model(ids, attention).tolist()
         return scores
-
-    def _ids(self, prompt) -> list[int]:
-        # a prompt that already carries the chat template (what RL tasks pass) is used as it is
-        if isinstance(prompt, str) and self.codec.chat and prompt.lstrip().startswith(_template_start(self.tokenizer)):
-            return self.codec._ids(prompt)
-        return self.codec.prompt_ids(prompt)
-
-
-def _template_start(tokenizer) -> str:
-    text = tokenizer.apply_chat_template([{"role": "user", "content": "x"}], tokenize=False, add_generation_prompt=True)
-    return text[: max(1, text.find("x"))][:8]

@@ -53,22 +53,18 @@ class MathTask:
 
     # -- prompts ---------------------------------------------------------------------------------
     def _render(self, row: dict) -> str:
-        from ..models.hf import apply_chat_template
+        from ..models.hf import already_templated, apply_chat_template
 
         if "messages" in row:
             messages = list(row["messages"])
         else:
             text = self.prompt_template.format(prompt=row["prompt"])
-            if not self.chat or self._already_templated(text):
+            if not self.chat or already_templated(self.tokenizer, text):
                 return text
             messages = [{"role": "user", "content": text}]
         if self.system_prompt and not (messages and messages[0].get("role") == "system"):
             messages.insert(0, {"role": "system", "content": self.system_prompt})
         return apply_chat_template(self.tokenizer, messages)
-
-    def _already_templated(self, text: str) -> bool:
-        specials = set(self.tokenizer.all_special_tokens) - {self.tokenizer.pad_token, self.tokenizer.unk_token}
-        return any(s and s in text for s in specials)
 
     def render_prompt(self, prompt: str) -> str:
         """A new question as the model is asked it in training (template, chat format)."""

@@ -64,9 +64,7 @@ class OfflineTrainer:
     def _setup(self, config: Config) -> None:
         """Run dir, seeds, data; call from the subclass's __init__ once `self.model` exists."""
         cfg = self.config = config
-        self.dist, self.device = getattr(self, "dist", None), getattr(self, "device", None)
-        if self.dist is None:
-            self.dist, self.device = init_distributed(cfg.run.device)
+        self.dist, self.device = init_distributed(cfg.run.device)
         if cfg.run.threads:
             torch.set_num_threads(cfg.run.threads)
         self.model.to(self.device)
@@ -309,7 +307,7 @@ class OfflineTrainer:
             "steps_done": self.state["step"], "steps_planned": self.total_steps,
             "stopped_early": self.state["stopped_early"],
             "best_metric": self.best_metric, "best": best,
-            "final": {k: v for k, v in self.state.get("last_eval", {}).items()},
+            "final": dict(self.state.get("last_eval", {})),
             "exported": None if not self.dist.is_main or out is None else str(out),
             "exported_step": exported_step,
             "nonfinite_skipped": self.state["nonfinite_total"],

@@ -49,6 +49,10 @@ class TextCodec:
                                  "template and data.chat=true")
             return self._ids(self.tokenizer.apply_chat_template(prompt, tokenize=False, add_generation_prompt=True))
         if self.chat:
+            from ..models.hf import already_templated
+
+            if already_templated(self.tokenizer, prompt):  # a rendered chat prompt (what RL tasks pass)
+                return self._ids(prompt)
             return self.prompt_ids([{"role": "user", "content": prompt}])
         return self._ids(prompt)
 
