@@ -18,13 +18,16 @@ CHOICES = {
     "task.reward": ["exact", "digits", "per_digit"],
     "task.generate": ["", "word-problems", "addition-chat", "preferences"],
     "schedule.name": ["constant", "linear", "cosine", "plateau"],
-    "data.generate": ["", "preferences", "preferences-sft"],
+    "data.generate": ["", "preferences", "preferences-sft", "sql-demos"],
     "dpo.loss_type": ["sigmoid", "ipo", "hinge"],
     "algo.name": ALGORITHMS,
     "algo.adv_mode": ["raw", "grpo", "grpo_no_std"],
     "algo.loss_level": ["token", "sequence", "constant"],
     "algo.kl_estimator": ["k1", "k2", "k3"],
     "algo.value_model": ["none", "head", "separate"],
+    "rollout.engine": ["local", "vllm"],
+    "distributed.backend": ["torch", "ray"],
+    "distributed.strategy": ["ddp", "fsdp"],
 }
 
 
@@ -67,14 +70,17 @@ def validate(cfg: Config) -> None:
         (cfg.reward.model_batch_size >= 1, "reward.model_batch_size must be >= 1"),
     ]
     if cfg.run.trainer != "rl":
-        for ok, msg in checks + _offline_checks(cfg):
+        env_checks = [] if cfg.data.generate != "sql-demos" else _env_checks(cfg) + [  # demonstrations play in env
+            (cfg.env.max_rounds >= 2, f"data.generate=sql-demos plays 2 turns (a query, then the answer): "
+                                      f"env.max_rounds must be >= 2, got {cfg.env.max_rounds}")]
+        for ok, msg in checks + _offline_checks(cfg) + env_checks:
             if not ok:
                 raise ConfigError(msg)
         return
     task_checks = _arithmetic_checks(cfg) if cfg.task.name in ARITHMETIC else _text_task_checks(cfg)
     if cfg.task.name == "sql":
         task_checks += _env_checks(cfg)
-    for ok, msg in checks + task_checks + _algo_checks(cfg):
+    for ok, msg in checks + task_checks + _algo_checks(cfg) + _scale_checks(cfg):
         if not ok:
             raise ConfigError(msg)
 
@@ -197,4 +203,28 @@ def _algo_checks(cfg: Config) -> list[tuple[bool, str]]:
         (0 <= a.gamma <= 1 and 0 <= a.lam <= 1, "algo.gamma and algo.lam must be in [0, 1]"),
         (a.adv_eps > 0 and a.loss_constant >= 0 and a.value_clip >= 0,
          "algo.adv_eps must be > 0, algo.loss_constant and algo.value_clip >= 0"),
+    ]
+
+
+def _scale_checks(cfg: Config) -> list[tuple[bool, str]]:
+    """Rollout engine, Ray workers, overlap and the torchrun strategy (see lmrl.rollout.engine)."""
+    r, d = cfg.rollout, cfg.distributed
+    return [
+        (r.workers >= 0, f"rollout.workers must be >= 0, got {r.workers}"),
+        (r.workers == 0 or d.backend == "ray",
+         f"rollout.workers={r.workers} runs rollout workers as Ray actors: set distributed.backend=ray"),
+        (d.backend != "ray" or r.workers >= 1, "distributed.backend=ray needs rollout.workers >= 1"),
+        (r.workers == 0 or cfg.train.rollout_size // cfg.algo.group_size >= r.workers,
+         f"train.rollout_size={cfg.train.rollout_size} makes {cfg.train.rollout_size // cfg.algo.group_size} "
+         f"prompt groups, fewer than rollout.workers={r.workers}"),
+        (r.engine != "vllm" or cfg.model.type == "hf", "rollout.engine=vllm serves Hugging Face policies: "
+                                                       "set model.type=hf (the built-in GPT samples locally)"),
+        (min(r.worker_gpus, r.worker_cpus, d.learner_gpus, d.learner_cpus) >= 0,
+         "rollout.worker_gpus/worker_cpus and distributed.learner_gpus/learner_cpus must be >= 0"),
+        (r.timeout_s > 0 and d.connect_timeout_s > 0, "rollout.timeout_s and distributed.connect_timeout_s must be > 0"),
+        (r.max_restarts >= 0, f"rollout.max_restarts must be >= 0, got {r.max_restarts}"),
+        (0 < r.gpu_memory_utilization <= 1, f"rollout.gpu_memory_utilization must be in (0, 1], "
+                                            f"got {r.gpu_memory_utilization}"),
+        (d.strategy != "fsdp" or cfg.model.type == "hf",
+         "distributed.strategy=fsdp shards Hugging Face policies (model.type=hf); the built-in GPT uses ddp"),
     ]

@@ -33,6 +33,8 @@ class GRPO(Algorithm):
             old, _ = score_sequences(learner.module, rollout.sequences, n, self.temperature, self.ga_steps,
                                      rollout.attention_mask)
         ref = self.reference_logprobs(learner, rollout)
+        if old is None and rollout.staleness:  # sampled by older weights: the ratio is against them
+            old = rollout.logprobs
         behaviour = old if old is not None else rollout.logprobs
         rewards = self.kl_shaped_rewards(rewards.to(rollout.mask.device), behaviour, ref, rollout.mask)
         advantages = self.group_advantages(rewards.float())

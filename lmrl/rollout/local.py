@@ -20,6 +20,7 @@ class Rollout:
     logprobs: torch.Tensor  # (B, N) log-probs at sampling time
     mask: torch.Tensor  # (B, N) 1 on tokens the policy chose, 0 on padding
     prompt_mask: torch.Tensor | None = None  # (B, P) 1 on real prompt tokens, 0 on left padding
+    staleness: int = 0  # learner updates since the weights that sampled it (rollout.overlap: 1)
 
     @property
     def sequences(self) -> torch.Tensor:

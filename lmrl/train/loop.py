@@ -22,15 +22,16 @@ from contextlib import nullcontext
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from ..algos import build_algorithm
+from ..algos.base import score_sequences
 from ..config import Config, save_config
 from ..dist.ddp import all_reduce_sum, barrier, broadcast_object, init_distributed
 from ..models import build_model
 from ..models.heads import ActorCritic
 from ..models.reference import is_reference_view, reference_view
+from ..rollout.engine import make_engine, rollout_to
 from ..rollout.local import Rollout
 from ..tasks import build_task
 from . import checkpoint as ckpt
@@ -143,22 +144,54 @@ class RLTrainer:
             self.state["warmup_accuracy"] = self.state["start_eval"]["eval/accuracy"]
         group = self.algo.group_size
         n_prompts = cfg.train.rollout_size // self.dist.world_size // group
-        while self.state["step"] < self.total_steps and not self._stop_requested and not self._out_of_time():
-            t0 = time.perf_counter()
-            # G completions per prompt, each group's rows contiguous (what group baselines expect)
-            ids = task.sample_train_ids(n_prompts, self.generators["data"]).repeat_interleave(group)
-            ro = task.rollout(self.model, ids, temperature=cfg.train.temperature, top_k=cfg.train.top_k,
-                              generator=self.generators["sample"])
-            rewards, exact, extras = score_rollout(task, ids, ro, self.reward_fn)
-            self.callbacks.rollout_end(self, self.state["step"] + 1, ids, ro, rewards)
-            metrics = self._rollout_metrics(ro, rewards, exact, extras)
-            t_update = time.perf_counter()
-            metrics.update(self.algo.step(self, ro, rewards))
-            metrics.update({"time/rollout_s": t_update - t0, "time/update_s": time.perf_counter() - t_update})
-            self.state["algo"] = self.algo.state_dict()
-            metrics["train/lr"] = self.optimizer.param_groups[0]["lr"]
-            self.scheduler.step()
-            self._end_step("rl", metrics, time.perf_counter() - t0, tokens=ro.sequences.numel())
+        self.engine = make_engine(self)
+        pending = None
+        try:
+            while self.state["step"] < self.total_steps and not self._stop_requested and not self._out_of_time():
+                t0 = time.perf_counter()
+                # G completions per prompt, each group's rows contiguous (what group baselines expect)
+                pending = pending or self._submit_rollout(n_prompts, group)
+                sampled = pending.result()
+                # rollout.overlap: the next batch samples with these weights while this one trains
+                more = self.state["step"] + 1 < self.total_steps
+                pending = self._submit_rollout(n_prompts, group) if cfg.rollout.overlap and more else None
+                ids, ro = sampled.ids, self._on_learner(sampled)
+                rewards, exact, extras = score_rollout(task, ids, ro, self.reward_fn)
+                self.callbacks.rollout_end(self, self.state["step"] + 1, ids, ro, rewards)
+                metrics = self._rollout_metrics(ro, rewards, exact, extras)
+                t_update = time.perf_counter()
+                metrics.update(self.algo.step(self, ro, rewards))
+                metrics.update({"time/rollout_s": t_update - t0, "time/update_s": time.perf_counter() - t_update,
+                                "rollout/staleness": float(ro.staleness)})
+                self.state["algo"] = self.algo.state_dict()
+                metrics["train/lr"] = self.optimizer.param_groups[0]["lr"]
+                self.scheduler.step()
+                self._end_step("rl", metrics, time.perf_counter() - t0, tokens=ro.sequences.numel())
+        finally:
+            self.engine.close()
+
+    def _submit_rollout(self, n_prompts: int, group: int):
+        """Asks the engine for the next batch, sampled with the weights the learner has now."""
+        cfg = self.config
+        ids = self.task.sample_train_ids(n_prompts, self.generators["data"]).repeat_interleave(group)
+        self.engine.sync(self.model, self._version())
+        return self.engine.submit(ids, temperature=cfg.train.temperature, top_k=cfg.train.top_k,
+                                  generator=self.generators["sample"])
+
+    def _version(self) -> int:
+        """Updates the learner has made in RL: the version of its weights."""
+        return self.state["step"] - self.config.sft.steps
+
+    def _on_learner(self, sampled) -> Rollout:
+        """The rollout on the learner's device, its staleness set, and log-probs recomputed with
+        the training weights where the engine returned none (vLLM)."""
+        ro = rollout_to(sampled.rollout, self.device)
+        ro.staleness = self._version() - sampled.version
+        if ro.logprobs is None:
+            ro.logprobs, _ = score_sequences(self.model, ro.sequences, ro.completions.size(1),
+                                             self.config.train.temperature, self.config.train.ga_steps,
+                                             ro.attention_mask)
+        return ro
 
     def _out_of_time(self) -> bool:
         """`train.time_limit_min` reached (wall time summed over sessions): RL ends here."""
