@@ -124,7 +124,12 @@ def _train(args) -> int:
     if args.debug and not any(o.startswith(("run.name=", "run.dir=")) for o in args.overrides):
         cfg.run.name += "-debug"
     try:
-        summary = build_trainer(cfg).train()
+        if cfg.distributed.backend == "ray":  # the learner in a Ray actor, rollout workers beside it
+            from .dist.ray_launch import train_with_ray
+
+            summary = train_with_ray(cfg)
+        else:
+            summary = build_trainer(cfg).train()
     finally:
         shutdown()  # leaves the torchrun process group, if there is one
     return 130 if summary.get("interrupted") else 0
