@@ -227,4 +227,8 @@ def _scale_checks(cfg: Config) -> list[tuple[bool, str]]:
                                             f"got {r.gpu_memory_utilization}"),
         (d.strategy != "fsdp" or cfg.model.type == "hf",
          "distributed.strategy=fsdp shards Hugging Face policies (model.type=hf); the built-in GPT uses ddp"),
+        # a sampler other than the learner's own policy copies its weights, which FSDP holds in shards
+        (d.strategy != "fsdp" or (r.engine == "local" and not r.overlap and d.backend == "torch"),
+         "distributed.strategy=fsdp samples with the sharded policy itself: it needs rollout.engine=local, "
+         "rollout.overlap=false and distributed.backend=torch"),
     ]

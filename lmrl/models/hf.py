@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib.util
+import sys
 from pathlib import Path
 
 import torch
@@ -267,6 +268,16 @@ class HFPolicy(nn.Module):
     def num_params(self) -> int:
         return sum(p.numel() for p in self.parameters())
 
+    def gathered(self):
+        """A block in which all of the policy's weights are whole on this process: a no-op unless
+        FSDP shards them (`lmrl.dist.fsdp`). Sampling enters it: ranks run different numbers of
+        forward passes there, which must not all-gather layer by layer as training does."""
+        if "torch.distributed.fsdp" not in sys.modules:  # nothing is sharded (and FSDP takes a second to import)
+            return contextlib.nullcontext()
+        from ..dist.fsdp import full_parameters
+
+        return full_parameters(self)
+
     def forward(self, ids: torch.Tensor, return_hidden: bool = False, attention_mask: torch.Tensor | None = None,
                 logits_to_keep: int = 0):
         """ids (B, T) -> logits (B, T, V) (the last `logits_to_keep` positions' only, if > 0: the
@@ -359,6 +370,11 @@ class HFPolicy(nn.Module):
             raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
         if not greedy and temperature <= 0:
             raise ValueError(f"temperature must be > 0 when sampling (got {temperature}); use greedy=True instead")
+        with self.gathered():
+            return self._generate_ids(ids, mask, max_new_tokens, temperature=temperature, top_k=top_k,
+                                      greedy=greedy, generator=generator)
+
+    def _generate_ids(self, ids, mask, max_new_tokens, *, temperature, top_k, greedy, generator):
         pad = self.tokenizer.pad_token_id
         if self.generation_engine == "lean":
             from ..rollout.hf_generate import generate

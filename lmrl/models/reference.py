@@ -31,7 +31,7 @@ class AdapterDisabledView(nn.Module):
 
 def has_lora_adapter(model: nn.Module) -> bool:
     """An HFPolicy carrying a LoRA adapter (checked without importing peft for other models)."""
-    if type(model).__name__ != "HFPolicy":
+    if not any(c.__name__ == "HFPolicy" for c in type(model).__mro__):  # FSDP makes it an FSDPHFPolicy
         return False
     from .lora import has_adapter
 

@@ -23,6 +23,7 @@ turns): simple, and on the short episodes this is used for, prefill is a small p
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -95,38 +96,41 @@ def run_episodes(policy, envs: list, first_messages: list[list[dict]], *, max_tu
     transcripts = [list(m) for m in first_messages]
     returns, infos, turns = [0.0] * n, [dict() for _ in range(n)], [0] * n
     running = list(range(n))
-    while running:
-        ids, attn = left_pad([prompts[i] + body[i] for i in running], tok.pad_token_id, prompt_ids.device)
-        completion, keep, logprobs = policy.generate_ids(ids, attn, max_new_tokens, temperature=temperature,
-                                                         top_k=top_k, greedy=greedy, generator=generator)
-        still = []
-        for row, i in enumerate(running):
-            k = keep[row].bool()
-            agent = completion[row][k].tolist()
-            body[i] += agent
-            mask[i] += [1.0] * len(agent)
-            logps[i] += logprobs[row][k].tolist()
-            ended = bool(agent) and agent[-1] in eos_ids
-            action = tok.decode(agent, skip_special_tokens=True)
-            transcripts[i].append({"role": "assistant", "content": action})
-            turns[i] += 1
-            observation, reward, done, info = envs[i].step(action)
-            returns[i] += float(reward)
-            infos[i] = dict(info)
-            if done:
-                continue
-            obs = observation_ids(tok, observation, after_eos=ended)
-            if turns[i] >= max_turns or len(prompts[i]) + len(body[i]) + len(obs) + max_new_tokens > max_context:
-                reward, info = envs[i].truncate()
+    # Under FSDP the policy is gathered once for all turns: ranks take different numbers of turns, and
+    # a gather per turn would leave one rank waiting for another's.
+    with policy.gathered() if hasattr(policy, "gathered") else contextlib.nullcontext():
+        while running:
+            ids, attn = left_pad([prompts[i] + body[i] for i in running], tok.pad_token_id, prompt_ids.device)
+            completion, keep, logprobs = policy.generate_ids(ids, attn, max_new_tokens, temperature=temperature,
+                                                             top_k=top_k, greedy=greedy, generator=generator)
+            still = []
+            for row, i in enumerate(running):
+                k = keep[row].bool()
+                agent = completion[row][k].tolist()
+                body[i] += agent
+                mask[i] += [1.0] * len(agent)
+                logps[i] += logprobs[row][k].tolist()
+                ended = bool(agent) and agent[-1] in eos_ids
+                action = tok.decode(agent, skip_special_tokens=True)
+                transcripts[i].append({"role": "assistant", "content": action})
+                turns[i] += 1
+                observation, reward, done, info = envs[i].step(action)
                 returns[i] += float(reward)
                 infos[i] = dict(info)
-                continue
-            transcripts[i].append({"role": "user", "content": observation})
-            body[i] += obs
-            mask[i] += [0.0] * len(obs)
-            logps[i] += [0.0] * len(obs)
-            still.append(i)
-        running = still
+                if done:
+                    continue
+                obs = observation_ids(tok, observation, after_eos=ended)
+                if turns[i] >= max_turns or len(prompts[i]) + len(body[i]) + len(obs) + max_new_tokens > max_context:
+                    reward, info = envs[i].truncate()
+                    returns[i] += float(reward)
+                    infos[i] = dict(info)
+                    continue
+                transcripts[i].append({"role": "user", "content": observation})
+                body[i] += obs
+                mask[i] += [0.0] * len(obs)
+                logps[i] += [0.0] * len(obs)
+                still.append(i)
+            running = still
     for env, info, t in zip(envs, infos, turns):
         info["turns"] = t
         env.close()

@@ -12,6 +12,10 @@ Layout of one checkpoint, `<run_dir>/checkpoints/step_<N>/`:
     trainer_state.json   whatever the trainer needs to resume; written last, so its presence
                          marks a complete checkpoint
 
+A model sharded by FSDP (`lmrl.dist.fsdp`) is written in the same layout: every rank joins the
+gathers (`lmrl.dist.fsdp.full_state_dict`, `full_optimizer_state`) and rank 0 passes the whole
+tensors here in place of the model and optimizer; loading gives each rank its shard.
+
 Every save goes into `.tmp-<name>-<pid>/` next to its final name, is fsynced, and is then
 renamed into place, so a killed run leaves either the old checkpoint or the new one, never half
 of one. Everything is loaded with `torch.load(weights_only=True)`: no pickled code runs on load.
@@ -25,6 +29,7 @@ import os
 import random
 import re
 import shutil
+import sys
 import warnings
 from pathlib import Path
 from typing import Any
@@ -157,7 +162,7 @@ def _write_atomically(final: Path, write_files) -> Path:
     return final
 
 
-def _write_model_and_state(tmp: Path, model: torch.nn.Module, state_json: str) -> None:
+def _write_model_and_state(tmp: Path, model: torch.nn.Module | dict, state_json: str) -> None:
     save_weights_file(model, tmp / MODEL_FILE)
     _fsync(tmp / MODEL_FILE)
     # trainer_state.json goes last: its presence is what marks the checkpoint complete.
@@ -179,6 +184,8 @@ def save_checkpoint(ckpt_dir: Path, step: int, *, model: torch.nn.Module, optimi
                     generators: dict[str, torch.Generator] | None = None, trainer_state: dict,
                     keep: int = 2, modules: dict[str, torch.nn.Module] | None = None) -> Path:
     """Atomically write `ckpt_dir/step_<step>/`, then prune to the `keep` newest (keep<=0: keep all).
+    `model` and each of `modules` may be the weights to write instead (what `weights_to_save` names,
+    gathered whole), and `optimizer` its state dict: how a sharded model is saved.
 
     The checkpoint just written always survives pruning, even if higher steps exist (a run restarted
     from scratch in the same dir); the other `keep - 1` slots go to the highest steps. `best/` and
@@ -191,8 +198,8 @@ def save_checkpoint(ckpt_dir: Path, step: int, *, model: torch.nn.Module, optimi
             shutil.rmtree(stale, ignore_errors=True)
 
     def write_files(tmp: Path) -> None:
-        if optimizer is not None:
-            _torch_save(optimizer.state_dict(), tmp / OPTIMIZER_FILE)
+        if optimizer is not None:  # an optimizer, or its gathered state dict (FSDP)
+            _torch_save(optimizer if isinstance(optimizer, dict) else optimizer.state_dict(), tmp / OPTIMIZER_FILE)
         if scheduler is not None:
             _torch_save(scheduler.state_dict(), tmp / SCHEDULER_FILE)
         _torch_save(capture_rng_state(generators), tmp / RNG_FILE)
@@ -209,8 +216,9 @@ def save_checkpoint(ckpt_dir: Path, step: int, *, model: torch.nn.Module, optimi
     return path
 
 
-def save_weights(path: Path, model: torch.nn.Module, *, trainer_state: dict) -> Path:
-    """Atomically write a weights-only checkpoint (e.g. `checkpoints/best/`): model + trainer_state.json."""
+def save_weights(path: Path, model: torch.nn.Module | dict, *, trainer_state: dict) -> Path:
+    """Atomically write a weights-only checkpoint (e.g. `checkpoints/best/`): model (or its gathered
+    weights) + trainer_state.json."""
     path = Path(path)
     state_json = _to_json(trainer_state)
     return _write_atomically(path, lambda tmp: _write_model_and_state(tmp, model, state_json))
@@ -232,8 +240,45 @@ def _adapter_only(model: torch.nn.Module) -> bool:
     return has_lora_adapter(model)
 
 
-def save_weights_file(model: torch.nn.Module, file: Path) -> None:
+def _sharded(model: torch.nn.Module) -> bool:
+    """Sharded by FSDP (checked without importing FSDP, a second's work, when nothing has)."""
+    if "lmrl.dist.fsdp" not in sys.modules:
+        return False
+    from ..dist.fsdp import is_sharded
+
+    return is_sharded(model)
+
+
+def _sharded_optimizer(optimizer) -> bool:
+    if "lmrl.dist.fsdp" not in sys.modules:
+        return False
+    from ..dist.fsdp import is_sharded_optimizer
+
+    return is_sharded_optimizer(optimizer)
+
+
+def _tied_names(model: torch.nn.Module) -> list[list[str]]:
+    """Names that share one parameter (tied embeddings), sorted, one list per parameter."""
+    groups: dict[int, list[str]] = {}
+    for name, p in model.named_parameters(remove_duplicate=False):
+        groups.setdefault(id(p), []).append(name)
+    return [sorted(names) for names in groups.values() if len(names) > 1]
+
+
+def weights_to_save(model: torch.nn.Module) -> list[str]:
+    """The names `save_weights_file` writes for `model`: a LoRA policy's adapter weights; otherwise
+    its state dict with each tied weight once, under the name safetensors' `save_model` keeps (the
+    first in sort order)."""
     if _adapter_only(model):
+        return [n for n, p in model.named_parameters() if p.requires_grad]
+    dropped = {n for names in _tied_names(model) for n in names[1:]}
+    return [n for n in model.state_dict() if n not in dropped]
+
+
+def save_weights_file(model: torch.nn.Module | dict, file: Path) -> None:
+    if isinstance(model, dict):  # already gathered, named as `weights_to_save` names them
+        save_file({n: t.contiguous() for n, t in model.items()}, str(file))
+    elif _adapter_only(model):
         save_file({n: p.detach().contiguous() for n, p in model.named_parameters() if p.requires_grad}, str(file))
     else:
         save_model(model, str(file))
@@ -241,13 +286,23 @@ def save_weights_file(model: torch.nn.Module, file: Path) -> None:
 
 def load_weights(model: torch.nn.Module, file: Path, map_location: str | torch.device = "cpu") -> None:
     """Load a safetensors file into `model`, every key matching exactly (for a LoRA policy: every
-    adapter weight, and nothing else)."""
-    if _adapter_only(model):
-        state = load_file(str(file), device=str(map_location))
-        expected = {n for n, p in model.named_parameters() if p.requires_grad}
+    adapter weight, and nothing else). A sharded model takes its shard of each tensor on every rank."""
+    sharded = _sharded(model)
+    if _adapter_only(model) or sharded:
+        state = load_file(str(file), device="cpu" if sharded else str(map_location))
+        expected = set(weights_to_save(model))
+        for names in _tied_names(model):  # a saved tied weight may be stored under any of its names
+            present = [n for n in names if n in state]
+            if present and expected & set(names):
+                expected = expected - set(names) | {present[0]}
         missing, unexpected = expected - set(state), set(state) - expected
         if not (missing or unexpected):
-            model.load_state_dict(state, strict=False)
+            if sharded:
+                from ..dist.fsdp import load_full_state_dict
+
+                load_full_state_dict(model, state)
+            else:
+                model.load_state_dict(state, strict=False)
             return
     else:
         missing, unexpected = load_model(model, file, strict=False, device=str(map_location))
@@ -291,8 +346,13 @@ def load_checkpoint(path: Path, *, model: torch.nn.Module, optimizer=None, sched
     for name, module in (modules or {}).items():
         load_weights(module, _require(path / f"{name}.safetensors", name), map_location)
     if optimizer is not None:
-        optimizer.load_state_dict(torch.load(_require(path / OPTIMIZER_FILE, "optimizer"),
-                                             map_location=map_location, weights_only=True))
+        saved = torch.load(_require(path / OPTIMIZER_FILE, "optimizer"), map_location=map_location, weights_only=True)
+        if _sharded_optimizer(optimizer):
+            from ..dist.fsdp import load_optimizer_state
+
+            load_optimizer_state(optimizer, saved)  # each rank keeps its shard of Adam's moments
+        else:
+            optimizer.load_state_dict(saved)
     if scheduler is not None:
         scheduler.load_state_dict(torch.load(_require(path / SCHEDULER_FILE, "scheduler"),
                                              map_location=map_location, weights_only=True))

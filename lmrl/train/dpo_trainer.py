@@ -20,7 +20,7 @@ import torch
 
 from ..algos.preference_losses import dpo_loss
 from ..config import Config, validate
-from ..models.reference import reference_view
+from ..models.reference import is_reference_view, reference_view
 from .offline import PairTrainer
 from .offline_setup import build_policy, ensure_data, export_policy
 from .text_batches import TextCodec, response_logps
@@ -63,5 +63,11 @@ class DPOTrainer(PairTrainer):
                  "logps/rejected": logps[n:].mean().item()}
         return loss, stats
 
-    def export(self, out_dir: Path) -> Path:
-        return export_policy(self.model, self.tokenizer, out_dir / "model")
+    def export(self, out_dir: Path, model) -> Path:
+        return export_policy(model, self.tokenizer, out_dir / "model")
+
+    def fresh_model(self):
+        return build_policy(self.config)[0]
+
+    def frozen_modules(self) -> list:
+        return [] if is_reference_view(self.reference) else [self.reference]

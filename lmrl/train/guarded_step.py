@@ -21,6 +21,8 @@ def guarded_step(optimizer: torch.optim.Optimizer, params: Iterable[torch.Tensor
     "nonfinite_run"; every rank takes the same decision (the flag is all-reduced)."""
     clip = grad_clip if grad_clip > 0 else float("inf")
     grad_norm = torch.nn.utils.clip_grad_norm_(list(params), clip)
+    if hasattr(grad_norm, "full_tensor"):  # FSDP: a DTensor over sharded gradients, made one number
+        grad_norm = grad_norm.full_tensor()
     bad = torch.tensor([float(not (torch.isfinite(loss) and torch.isfinite(grad_norm)))], device=device)
     if all_reduce_sum(bad).item() > 0:
         state["nonfinite_total"] += 1

@@ -60,6 +60,8 @@ class RLTrainer:
         self.config = cfg = config
         self.callbacks = CallbackList(callbacks)
         self.dist, self.device = init_distributed(cfg.run.device)
+        # distributed.strategy=fsdp: the policy is sharded over the ranks when a stage makes its optimizer
+        self.fsdp = self.dist.enabled and cfg.distributed.strategy == "fsdp"
         if cfg.run.threads:
             torch.set_num_threads(cfg.run.threads)
         torch.manual_seed(cfg.run.seed)  # identical initial weights (and LoRA adapters) on every rank
@@ -257,7 +259,11 @@ class RLTrainer:
         return {"loss": loss.item(), **stats}
 
     def no_sync(self, sync: bool):
-        """Under DDP, gradients are all-reduced only on the micro-batch that says `sync`."""
+        """Under DDP (FSDP), gradients are all-reduced (reduce-scattered) only on the micro-batch that says `sync`."""
+        if self.fsdp:
+            from ..dist.fsdp import gradient_sync
+
+            return gradient_sync(self.train_model, sync)
         return self.train_model.no_sync() if isinstance(self.train_model, DDP) and not sync else nullcontext()
 
     @staticmethod
@@ -266,7 +272,14 @@ class RLTrainer:
 
     # -- shared step machinery -------------------------------------------------------------------
     def _make_optimizer(self, lr, weight_decay, steps, schedule, warmup, betas=(0.9, 0.99), eps=1e-8):
-        self.train_model = DDP(self.module) if self.dist.enabled else self.module
+        if self.fsdp:  # sharded in place: self.module is its own wrapper, its parameters DTensor shards
+            from ..dist.fsdp import shard
+
+            self.train_model = shard(self.module)
+            if self.reference is not None and not is_reference_view(self.reference):
+                shard(self.reference, frozen=True)  # the frozen copy is sharded too
+        else:
+            self.train_model = DDP(self.module) if self.dist.enabled else self.module
         trainable = [p for p in self.module.parameters() if p.requires_grad]  # LoRA: the adapter only
         self.optimizer = torch.optim.AdamW(trainable, lr=lr, weight_decay=weight_decay, betas=betas,
                                            eps=eps)
@@ -317,8 +330,11 @@ class RLTrainer:
     def _evaluate(self) -> dict:
         cfg = self.config
         start = time.perf_counter()
-        metrics = evaluate(self.model, self.task, self.task.heldout_ids[: cfg.eval.size], batch_size=cfg.eval.batch_size,
-                           device=self.device, rank=self.dist.rank, world_size=self.dist.world_size)
+        # FSDP: ranks decode different numbers of batches, so the policy is gathered once for all of them
+        with self.model.gathered() if self.fsdp else nullcontext():
+            metrics = evaluate(self.model, self.task, self.task.heldout_ids[: cfg.eval.size],
+                               batch_size=cfg.eval.batch_size, device=self.device, rank=self.dist.rank,
+                               world_size=self.dist.world_size)
         self.state["time"]["eval"] += time.perf_counter() - start
         acc, step = metrics["eval/accuracy"], self.state["step"]
         self.state["history"].append([step, acc])
@@ -331,23 +347,42 @@ class RLTrainer:
         best = self.state["best"].get("value")
         if best is None or metrics[key] > best:
             self.state["best"] = {"accuracy": acc, "step": step, "value": metrics[key]}
+            weights = self._weights(self.model)
             if self.dist.is_main:
-                ckpt.save_weights(self.ckpt_dir / "best", self.model, trainer_state={"step": step, key: metrics[key]})
+                ckpt.save_weights(self.ckpt_dir / "best", weights, trainer_state={"step": step, key: metrics[key]})
         return metrics
 
     def _save_checkpoint(self):
         self._tick_wall_clock()
-        if self.dist.is_main:
-            self._write_checkpoint()
+        self._write_checkpoint()
         barrier()
 
     def _write_checkpoint(self):
+        """Every rank calls it (FSDP gathers the weights and optimizer state); rank 0 writes."""
         in_stage = self.optimizer is not None  # the boundary checkpoint after the warm-up has no optimizer
-        path = ckpt.save_checkpoint(self.ckpt_dir, self.state["step"], model=self.model, optimizer=self.optimizer,
+        model, optimizer, modules = self.model, self.optimizer, self._rl_modules() if in_stage else None
+        if self.fsdp:  # whole tensors in place of the sharded modules and optimizer
+            from ..dist.fsdp import full_optimizer_state
+
+            model = self._weights(model)
+            modules = {name: self._weights(m) for name, m in modules.items()} if modules else None
+            optimizer = full_optimizer_state(optimizer) if optimizer is not None else None
+        if not self.dist.is_main:
+            return
+        path = ckpt.save_checkpoint(self.ckpt_dir, self.state["step"], model=model, optimizer=optimizer,
                                     scheduler=self.scheduler if in_stage else None, generators=self.generators,
                                     trainer_state=self.state, keep=self.config.train.keep_checkpoints,
-                                    modules=self._rl_modules() if in_stage else None)
+                                    modules=modules)
         self.callbacks.checkpoint(self, path)
+
+    def _weights(self, module: torch.nn.Module):
+        """What a checkpoint writes for `module`: the module, or under FSDP its weights gathered whole
+        (every rank takes part; rank 0 gets the tensors)."""
+        if not self.fsdp:
+            return module
+        from ..dist.fsdp import full_state_dict
+
+        return full_state_dict(module, ckpt.weights_to_save(module))
 
     def _maybe_resume(self) -> Path | None:
         """With run.resume=auto, load weights and trainer state from the latest checkpoint now; the
@@ -383,8 +418,8 @@ class RLTrainer:
             "steps_done": self.state["step"] - self.config.sft.steps,
             "stopped_at_time_limit": bool(self.state.get("stopped_at_time_limit")),
         }
+        self._save_checkpoint_final()
         if self.dist.is_main:
-            self._save_checkpoint_final()
             tmp = self.run_dir / "summary.json.tmp"
             tmp.write_text(json.dumps(summary, indent=2))
             os.replace(tmp, self.run_dir / "summary.json")
@@ -402,8 +437,9 @@ class RLTrainer:
         return metrics["eval/accuracy"]
 
     def _save_checkpoint_final(self):
-        latest = ckpt.latest_checkpoint(self.ckpt_dir)
-        if latest is None or latest.name != f"step_{self.state['step']}":
+        """The last step's checkpoint, unless one was just written (rank 0 decides for every rank)."""
+        latest = ckpt.latest_checkpoint(self.ckpt_dir) if self.dist.is_main else None
+        if broadcast_object(latest is None or latest.name != f"step_{self.state['step']}"):
             self._write_checkpoint()
 
     # -- small helpers ---------------------------------------------------------------------------

@@ -65,6 +65,7 @@ class OfflineTrainer:
         """Run dir, seeds, data; call from the subclass's __init__ once `self.model` exists."""
         cfg = self.config = config
         self.dist, self.device = init_distributed(cfg.run.device)
+        self.fsdp = self.dist.enabled and cfg.distributed.strategy == "fsdp"  # sharded when training starts
         if cfg.run.threads:
             torch.set_num_threads(cfg.run.threads)
         self.model.to(self.device)
@@ -100,9 +101,18 @@ class OfflineTrainer:
     def compute_loss(self, batch) -> tuple[torch.Tensor, dict]:
         raise NotImplementedError
 
-    def export(self, out_dir: Path) -> Path | None:
-        """Write the trained model where users load it from (None: the checkpoints are the model)."""
+    def export(self, out_dir: Path, model: torch.nn.Module) -> Path | None:
+        """Write `model` (the trained model) where users load it from (None: the checkpoints are the model)."""
         return None
+
+    def fresh_model(self) -> torch.nn.Module:
+        """The model as training started, built again from the config: under FSDP, rank 0 loads the
+        trained weights into it to export them (shards cannot be saved as a transformers model)."""
+        raise NotImplementedError(f"{type(self).__name__} cannot export under distributed.strategy=fsdp")
+
+    def frozen_modules(self) -> list[torch.nn.Module]:
+        """Modules with weights of their own that never train (DPO's reference copy): FSDP shards them too."""
+        return []
 
     def trainable_module(self) -> torch.nn.Module:
         return self.model
@@ -123,7 +133,14 @@ class OfflineTrainer:
         cfg = self.config
         self._clock = time.perf_counter()
         module = self.trainable_module()
-        self.train_model = DDP(module) if self.dist.enabled else module
+        if self.fsdp:  # sharded in place: the module is its own wrapper, its parameters DTensor shards
+            from ..dist.fsdp import shard
+
+            self.train_model = shard(module)
+            for frozen in self.frozen_modules():
+                shard(frozen, frozen=True)
+        else:
+            self.train_model = DDP(module) if self.dist.enabled else module
         trainable = [p for p in module.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(trainable, lr=cfg.optim.lr, weight_decay=cfg.optim.weight_decay,
                                            betas=tuple(cfg.optim.betas), eps=cfg.optim.eps)
@@ -185,7 +202,7 @@ class OfflineTrainer:
         total, sums = torch.zeros((), device=self.device), {}
         for k, chunk in enumerate(chunks):
             sync = k == len(chunks) - 1  # DDP all-reduces gradients on the last micro-batch only
-            with self.train_model.no_sync() if isinstance(self.train_model, DDP) and not sync else nullcontext():
+            with self._no_sync(sync):
                 loss, metrics = self.compute_loss(self.collate(chunk))
                 (loss * len(chunk) / len(rows)).backward()
             total += loss.detach() * len(chunk) / len(rows)
@@ -196,6 +213,13 @@ class OfflineTrainer:
         self.scheduler.step()
         sums[f"{self.name}/lr"] = lr
         self._end_step(sums, time.perf_counter() - t0)
+
+    def _no_sync(self, sync: bool):
+        if self.fsdp:
+            from ..dist.fsdp import gradient_sync
+
+            return gradient_sync(self.train_model, sync)
+        return self.train_model.no_sync() if isinstance(self.train_model, DDP) and not sync else nullcontext()
 
     def _optimizer_step(self, loss: torch.Tensor) -> dict:
         t = self.config.train
@@ -253,8 +277,9 @@ class OfflineTrainer:
         if best is None or sign * (value - best) > self.config.train.early_stop_threshold:
             self.state["best"] = {"value": value, "step": step}
             self.state["evals_without_gain"] = 0
+            weights = self._weights()
             if self.dist.is_main:
-                ckpt.save_weights(self.ckpt_dir / "best", self.model, trainer_state={"step": step, self.best_metric: value})
+                ckpt.save_weights(self.ckpt_dir / "best", weights, trainer_state={"step": step, self.best_metric: value})
         else:
             self.state["evals_without_gain"] += 1
             patience = self.config.train.patience
@@ -268,11 +293,17 @@ class OfflineTrainer:
     # -- checkpoints and the end -------------------------------------------------------------------
     def _save_checkpoint(self) -> None:
         self._tick()
-        if self.dist.is_main:
-            ckpt.save_checkpoint(self.ckpt_dir, self.state["step"], model=self.model, optimizer=self.optimizer,
-                                 scheduler=self.scheduler, generators=self.generators, trainer_state=self.state,
-                                 keep=self.config.train.keep_checkpoints)
+        self._save_checkpoint_now()
         barrier()
+
+    def _weights(self):
+        """What a checkpoint writes for the model: the model, or under FSDP its weights gathered whole
+        (every rank takes part; rank 0 gets the tensors)."""
+        if not self.fsdp:
+            return self.model
+        from ..dist.fsdp import full_state_dict
+
+        return full_state_dict(self.model, ckpt.weights_to_save(self.model))
 
     def _maybe_resume(self) -> Path | None:
         if self.config.run.resume != "auto":
@@ -291,15 +322,27 @@ class OfflineTrainer:
         self._tick()
         best = self.state["best"]
         exported_step = self.state["step"]
-        if self.dist.is_main:
-            latest = ckpt.latest_checkpoint(self.ckpt_dir)
-            if latest is None or latest.name != f"step_{self.state['step']}":
-                self._save_checkpoint_now()
-            if best["value"] is not None and best["step"] != self.state["step"]:
-                ckpt.load_weights(self.model, self.ckpt_dir / "best" / ckpt.MODEL_FILE, self.device)
-                exported_step = best["step"]
+        final = self.ckpt_dir / f"step_{self.state['step']}"
+        latest = ckpt.latest_checkpoint(self.ckpt_dir) if self.dist.is_main else None
+        if broadcast_object(latest != final):  # rank 0 decides for every rank (FSDP gathers on all of them)
+            self._save_checkpoint_now()
+        barrier()
+        exported = final / ckpt.MODEL_FILE
+        if best["value"] is not None and best["step"] != self.state["step"]:
+            exported, exported_step = self.ckpt_dir / "best" / ckpt.MODEL_FILE, best["step"]
+        if self.fsdp:  # every rank takes its shard of the exported weights; rank 0 writes them from a fresh copy
+            if exported_step != self.state["step"]:
+                ckpt.load_weights(self.model, exported, self.device)
+            if self.dist.is_main:
+                model = self.fresh_model()  # on the CPU: the device holds the sharded model
+                ckpt.load_weights(model, exported)
+                free_memory(self.device)
+                out = self.export(self.run_dir, model)
+        elif self.dist.is_main:
+            if exported_step != self.state["step"]:
+                ckpt.load_weights(self.model, exported, self.device)
             free_memory(self.device)
-            out = self.export(self.run_dir)
+            out = self.export(self.run_dir, self.model)
         times = self.state["time"]
         summary = {
             "trainer": self.name,
@@ -327,9 +370,16 @@ class OfflineTrainer:
         return bool(history) and history[-1][0] == self.state["step"]
 
     def _save_checkpoint_now(self) -> None:
-        ckpt.save_checkpoint(self.ckpt_dir, self.state["step"], model=self.model, optimizer=self.optimizer,
-                             scheduler=self.scheduler, generators=self.generators, trainer_state=self.state,
-                             keep=self.config.train.keep_checkpoints)
+        """Every rank calls it (FSDP gathers the weights and optimizer state); rank 0 writes."""
+        weights, optimizer = self._weights(), self.optimizer
+        if self.fsdp:
+            from ..dist.fsdp import full_optimizer_state
+
+            optimizer = full_optimizer_state(optimizer)
+        if self.dist.is_main:
+            ckpt.save_checkpoint(self.ckpt_dir, self.state["step"], model=weights, optimizer=optimizer,
+                                 scheduler=self.scheduler, generators=self.generators, trainer_state=self.state,
+                                 keep=self.config.train.keep_checkpoints)
 
     def _tick(self) -> None:
         now = time.perf_counter()

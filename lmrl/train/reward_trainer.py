@@ -52,5 +52,9 @@ class RewardTrainer(PairTrainer):
         return loss, {"rm/loss": loss.item(), **stats, "rm/chosen_mean": scores[:n].mean().item(),
                       "rm/rejected_mean": scores[n:].mean().item()}
 
-    def export(self, out_dir: Path) -> Path:
-        return self.model.save(out_dir / "reward_model")
+    def export(self, out_dir: Path, model) -> Path:
+        return model.save(out_dir / "reward_model")
+
+    def fresh_model(self):
+        m = self.config.model
+        return build_reward_model(m.path, gguf_file=m.gguf_file, dtype=m.dtype, lora=self.config.lora)[0]

@@ -65,5 +65,8 @@ class SFTTrainer(OfflineTrainer):
             acc = (picked.argmax(-1) == targets[mask]).float().mean().item() if picked.numel() else 0.0
         return loss, {"sft/loss": loss.item(), "sft/token_accuracy": acc}
 
-    def export(self, out_dir: Path) -> Path:
-        return export_policy(self.model, self.tokenizer, out_dir / "model")
+    def export(self, out_dir: Path, model) -> Path:
+        return export_policy(model, self.tokenizer, out_dir / "model")
+
+    def fresh_model(self):
+        return build_policy(self.config)[0]
