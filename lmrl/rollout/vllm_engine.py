@@ -4,7 +4,7 @@ by a `vllm.LLM` whose weights follow the learner's after every update.
     engine = VLLMEngine(trainer)                  # loads the policy's base model into vLLM
     engine.sync(trainer.model, version)           # full fine-tuning: every weight; LoRA: the adapter
     sampled = engine.submit(ids, temperature=1.0, top_k=0, generator=g).result()
-    sampled.rollout.logprobs is None              # the learner recomputes them (RLTrainer._on_learner)
+    sampled.rollout.logprobs is None              # the learner recomputes them (lmrl.train.rl_stage.on_learner)
 
 What vLLM sees. The prompts are the task's own chat-rendered texts, tokenized by the policy
 (`policy.encode`, left-padded as `sample_text` does) and handed to vLLM as token ids

@@ -25,20 +25,17 @@ import torch
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from ..algos import build_algorithm
-from ..algos.base import score_sequences
 from ..config import Config, save_config
 from ..dist.ddp import all_reduce_sum, barrier, broadcast_object, init_distributed
 from ..models import build_model
 from ..models.heads import ActorCritic
 from ..models.reference import is_reference_view, reference_view
-from ..rollout.engine import make_engine, rollout_to
-from ..rollout.local import Rollout
 from ..tasks import build_task
 from . import checkpoint as ckpt
 from .callbacks import CallbackList
 from .evaluate import evaluate
 from .guarded_step import TrainingError, guarded_step  # noqa: F401  (TrainingError: re-exported)
-from .rewards import RewardFn, load_reward_class, score_rollout
+from .rewards import RewardFn, load_reward_class
 from .run_dir import RunLog, prepare_run_dir
 from .schedule import make_scheduler
 
@@ -136,64 +133,9 @@ class RLTrainer:
         run_sft_stage(self)
 
     def _run_rl(self):
-        cfg, task = self.config, self.task
-        self._build_rl_modules()
-        self._make_optimizer(cfg.optim.lr, cfg.optim.weight_decay, cfg.train.steps, cfg.schedule.name,
-                             cfg.schedule.warmup_steps, betas=tuple(cfg.optim.betas), eps=cfg.optim.eps)
-        self._restore_pending()
-        if self.state["warmup_accuracy"] is None:  # no warm-up: the starting point is the initial model
-            self.state["start_eval"] = self._evaluate()
-            self.state["warmup_accuracy"] = self.state["start_eval"]["eval/accuracy"]
-        group = self.algo.group_size
-        n_prompts = cfg.train.rollout_size // self.dist.world_size // group
-        self.engine = make_engine(self)
-        pending = None
-        try:
-            while self.state["step"] < self.total_steps and not self._stop_requested and not self._out_of_time():
-                t0 = time.perf_counter()
-                # G completions per prompt, each group's rows contiguous (what group baselines expect)
-                pending = pending or self._submit_rollout(n_prompts, group)
-                sampled = pending.result()
-                # rollout.overlap: the next batch samples with these weights while this one trains
-                more = self.state["step"] + 1 < self.total_steps
-                pending = self._submit_rollout(n_prompts, group) if cfg.rollout.overlap and more else None
-                ids, ro = sampled.ids, self._on_learner(sampled)
-                rewards, exact, extras = score_rollout(task, ids, ro, self.reward_fn)
-                self.callbacks.rollout_end(self, self.state["step"] + 1, ids, ro, rewards)
-                metrics = self._rollout_metrics(ro, rewards, exact, extras)
-                t_update = time.perf_counter()
-                metrics.update(self.algo.step(self, ro, rewards))
-                metrics.update({"time/rollout_s": t_update - t0, "time/update_s": time.perf_counter() - t_update,
-                                "rollout/staleness": float(ro.staleness)})
-                self.state["algo"] = self.algo.state_dict()
-                metrics["train/lr"] = self.optimizer.param_groups[0]["lr"]
-                self.scheduler.step()
-                self._end_step("rl", metrics, time.perf_counter() - t0, tokens=ro.sequences.numel())
-        finally:
-            self.engine.close()
+        from .rl_stage import run_rl_stage
 
-    def _submit_rollout(self, n_prompts: int, group: int):
-        """Asks the engine for the next batch, sampled with the weights the learner has now."""
-        cfg = self.config
-        ids = self.task.sample_train_ids(n_prompts, self.generators["data"]).repeat_interleave(group)
-        self.engine.sync(self.model, self._version())
-        return self.engine.submit(ids, temperature=cfg.train.temperature, top_k=cfg.train.top_k,
-                                  generator=self.generators["sample"])
-
-    def _version(self) -> int:
-        """Updates the learner has made in RL: the version of its weights."""
-        return self.state["step"] - self.config.sft.steps
-
-    def _on_learner(self, sampled) -> Rollout:
-        """The rollout on the learner's device, its staleness set, and log-probs recomputed with
-        the training weights where the engine returned none (vLLM)."""
-        ro = rollout_to(sampled.rollout, self.device)
-        ro.staleness = self._version() - sampled.version
-        if ro.logprobs is None:
-            ro.logprobs, _ = score_sequences(self.model, ro.sequences, ro.completions.size(1),
-                                             self.config.train.temperature, self.config.train.ga_steps,
-                                             ro.attention_mask)
-        return ro
+        run_rl_stage(self)
 
     def _out_of_time(self) -> bool:
         """`train.time_limit_min` reached (wall time summed over sessions): RL ends here."""
@@ -235,20 +177,6 @@ class RLTrainer:
         if self.reference is not None and not is_reference_view(self.reference):  # a view has no weights of its own
             extra["reference"] = self.reference
         return extra
-
-    def _rollout_metrics(self, ro: Rollout, rewards: torch.Tensor, exact: torch.Tensor, extras: dict) -> dict:
-        """Accuracy, mean reward, length and the task's extras (e.g. format rate) over every rank's
-        rollouts (a per-token reward counts as the fraction of the completion's tokens it rewards)."""
-        per_completion = rewards.float().mean(1) if rewards.dim() == 2 else rewards.float()
-        names = sorted(extras)
-        stats = all_reduce_sum(torch.tensor([exact.sum().item(), per_completion.sum().item(), len(rewards),
-                                             ro.mask.sum().item()] + [extras[k].float().sum().item() for k in names],
-                                            dtype=torch.float64, device=self.device)).cpu()
-        count = stats[2].item()
-        reward = stats[1].item() / count
-        return {"train/accuracy": stats[0].item() / count, "train/avg_reward": reward,
-                "rollout/reward_mean": reward, "rollout/length_mean": stats[3].item() / count,
-                **{f"rollout/{k}": stats[4 + i].item() / count for i, k in enumerate(names)}}
 
     # -- what an algorithm sees of the trainer (algos.base.Learner) ------------------------------
     def optimizer_step(self, loss: torch.Tensor) -> dict:
