@@ -19,14 +19,14 @@ import torch
 from lmrl.models.hf import load_hf_policy
 from lmrl.models.lora import add_lora
 from lmrl.tasks.sql import ProceduralSQLTasks, SQLEnv, SQLEnvConfig
-from lmrl.tasks.sql.protocol import example_turns
+from lmrl.tasks.sql.agent_task import episode_preamble
 from lmrl.train.online import EpisodeLearner, EpisodeLearnerConfig
 
 
 def play(policy, env: SQLEnv, task, max_new_tokens: int = 96, greedy: bool = False) -> tuple[list[dict], float]:
-    """One episode, one turn at a time: sample a reply, step the environment, append both."""
-    messages = [{"role": "system", "content": env.system_prompt}, *example_turns(),
-                {"role": "user", "content": env.reset(task)}]
+    """One episode, one turn at a time: sample a reply, step the environment, append both. The
+    system prompt and worked example come first (its turns say "training": false: no loss)."""
+    messages = [*episode_preamble(env.config), {"role": "user", "content": env.reset(task)}]
     total, done = 0.0, False
     while not done:
         _, completion, keep, _ = policy.generate_text(

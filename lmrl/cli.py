@@ -6,6 +6,7 @@
     lmrl export RUN_DIR [--out DIR] [--checkpoint ...]   a merged model transformers loads
     lmrl data word-problems OUT_DIR [--train N] [--test N] [--kinds add,sub,mul] [--max-value N]
     lmrl data preferences OUT_DIR [--train N] [--test N]  synthetic preference pairs (preferences-sft: SFT rows)
+    lmrl data sql-demos OUT_DIR [--train N] [--test N] [--config sql-agent-smollm2]  the SQL agent's demonstrations
     lmrl prepare-data --datasets hh-rlhf belle alpaca-chinese [--hf NAME] [--from PATH] [--max-samples N]
     lmrl plot RUN_DIR [--out DIR]                        PNG curves from metrics.jsonl (default RUN_DIR/plots)
     lmrl presets
@@ -55,18 +56,23 @@ def _parser() -> argparse.ArgumentParser:
     x.add_argument("--checkpoint", default="latest")
 
     d = sub.add_parser("data", help="write offline JSONL data sets (train.jsonl, test.jsonl)")
-    d.add_argument("kind", choices=["word-problems", "addition-chat", "preferences", "preferences-sft"],
+    d.add_argument("kind", choices=["word-problems", "addition-chat", "preferences", "preferences-sft", "sql-demos"],
                    help="word-problems: arithmetic word problems; addition-chat: 'What is 23 + 58?'; "
                         "preferences: synthetic {prompt, chosen, rejected} pairs (right vs wrong sums, concise vs "
-                        "rambling replies); preferences-sft: their chosen side as {prompt, response} rows")
+                        "rambling replies); preferences-sft: their chosen side as {prompt, response} rows; "
+                        "sql-demos: solved SQL agent episodes as {messages} rows (procedural training tasks only)")
     d.add_argument("out_dir", type=Path)
-    d.add_argument("--train", type=int, default=None, help="training rows (default 2000; preferences: 600)")
+    d.add_argument("--train", type=int, default=None, help="training rows (default 2000; preferences: 600; "
+                                                           "sql-demos: 240, as sql-sft-smollm2)")
     d.add_argument("--test", type=int, default=None, help="held-out rows, never also in train (default 200; "
-                                                          "preferences: 100)")
+                                                          "preferences: 100; sql-demos: 24)")
     d.add_argument("--kinds", default="add,sub,mul", help="word-problems: comma-separated add, sub, mul, div")
     d.add_argument("--max-value", type=int, default=100, help="largest operand (word-problems)")
     d.add_argument("--digits", type=int, default=2, help="addition-chat: digits per operand")
     d.add_argument("--seed", type=int, default=0)
+    d.add_argument("--config", default="sql-agent-smollm2",
+                   help="sql-demos: the RL preset or YAML whose env section (round limit, observation caps, "
+                        "rewards, skills) the demonstrations are played in")
 
     sub.add_parser("presets", help="list the named presets")
     from .log.plot import add_parser as add_plot_parser  # cheap: matplotlib loads only when plotting
@@ -177,8 +183,10 @@ def _data(args) -> int:
     from .tasks.word_problems import write_addition_chat, write_splits
 
     small = args.kind.startswith("preferences")  # ~750 distinct items in all
-    args.train = args.train if args.train is not None else 600 if small else 2000
-    args.test = args.test if args.test is not None else 100 if small else 200
+    args.train = args.train if args.train is not None else 240 if args.kind == "sql-demos" else 600 if small else 2000
+    args.test = args.test if args.test is not None else 24 if args.kind == "sql-demos" else 100 if small else 200
+    if args.kind == "sql-demos":
+        return _sql_demos(args)
     if args.kind == "preferences":
         paths = write_preference_splits(args.out_dir, args.train, args.test, args.seed)
     elif args.kind == "preferences-sft":
@@ -189,6 +197,19 @@ def _data(args) -> int:
     else:
         paths = write_addition_chat(args.out_dir, args.train, args.test, args.seed, digits=args.digits)
     print(f"wrote {paths[0]} and {paths[1]}")
+    return 0
+
+
+def _sql_demos(args) -> int:
+    from .config import load_config
+    from .tasks.sql.demonstrations import write_demo_splits
+    from .tasks.sql.env import SQLEnvConfig
+    from .tasks.sql.procedural import SKILLS
+
+    env = load_config(args.config).env
+    train, test, stats = write_demo_splits(args.out_dir, args.train, args.test, SQLEnvConfig.from_section(env),
+                                           seed=args.seed, skills=tuple(env.skills) or SKILLS)
+    print(f"wrote {train} and {test}: {stats}")
     return 0
 
 

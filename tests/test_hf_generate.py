@@ -245,3 +245,53 @@ def test_learner_forward_with_shared_prompts_equals_one_full_pass_in_logits_and_
     for name, g in plain_grads.items():
         torch.testing.assert_close(shared_grads[name], g, atol=1e-5, rtol=1e-4, msg=name)
     assert any(g.abs().sum() > 0 for n, g in plain_grads.items() if "lora_A" in n)
+
+
+def test_rows_with_distinct_heads_share_their_common_start_with_the_logits_and_gradients_of_one_full_pass(tmp_path):
+    """Rows that open with the same 20 tokens (a system prompt) and then differ: SFT conversations
+    (right-padded) and RL rows (prompts left-padded, completions right-padded). The common start
+    runs once; logits and LoRA gradients equal the plain pass."""
+    from lmrl.models.hf import MIN_SHARED_PREFIX, load_hf_policy
+    from lmrl.models.lora import add_lora
+    from lmrl.rollout.agent import left_pad
+    from lmrl.train.text_batches import model_logits, pad_sequences
+    from tests.test_hf import save_tiny_llama
+
+    save_tiny_llama(tmp_path / "m", max_positions=128)
+    torch.manual_seed(0)
+    policy = add_lora(load_hf_policy(str(tmp_path / "m"))[0], r=4, alpha=8, target_modules="all-linear")
+    for name, p in policy.named_parameters():
+        if "lora_B" in name:
+            torch.nn.init.normal_(p, std=0.1)
+    gen = torch.Generator().manual_seed(1)
+    start = torch.randint(4, 90, (20,), generator=gen).tolist()
+    assert len(start) >= MIN_SHARED_PREFIX
+    rows = [start + torch.randint(4, 90, (n,), generator=gen).tolist() for n in (9, 14, 6)]
+    sft_ids, sft_attn, _ = pad_sequences(rows, [[1] * len(r) for r in rows])
+    prompt_ids, prompt_attn = left_pad(rows, 0, "cpu")
+    completions = torch.randint(4, 90, (3, 9), generator=gen)
+    done = torch.tensor([[1] * 9, [1] * 4 + [0] * 5, [1] * 7 + [0] * 2])  # right padding after each completion
+    rl_ids, rl_attn = torch.cat([prompt_ids, completions], 1), torch.cat([prompt_attn, done], 1)
+    taken, inner = [], policy._forward_common_start
+    policy._forward_common_start = lambda *a: taken.append(inner(*a)) or taken[-1]
+
+    def run(ids, attn, keep, share):
+        policy.share_prompts = share
+        policy.zero_grad()
+        logits = model_logits(policy, ids, attn, keep=keep)
+        (logits.log_softmax(-1)[..., 7] * attn[:, -keep:]).sum().backward()
+        return logits.detach(), {n: p.grad.clone() for n, p in policy.named_parameters() if p.requires_grad}
+
+    for ids, attn, keep in ((sft_ids, sft_attn, sft_ids.size(1) - 22), (rl_ids, rl_attn, 10)):
+        plain, plain_grads = run(ids, attn, keep, False)
+        taken.clear()
+        shared, shared_grads = run(ids, attn, keep, True)
+        assert len(taken) == 1 and taken[0] is not None  # the common start was shared
+        torch.testing.assert_close(shared, plain, atol=1e-5, rtol=1e-5)
+        for name, g in plain_grads.items():
+            torch.testing.assert_close(shared_grads[name], g, atol=1e-5, rtol=1e-4, msg=name)
+    # rows without a common start of MIN_SHARED_PREFIX tokens: the plain pass runs
+    taken.clear()
+    other, other_attn = left_pad([r[5:] for r in rows], 0, "cpu")
+    model_logits(policy, other, other_attn, keep=3)
+    assert taken == [None]

@@ -232,6 +232,15 @@ def _seeded_from(generator: torch.Generator | None, device: torch.device):
         yield
 
 
+MIN_SHARED_PREFIX = 16  # tokens: a shorter common start is not worth a second forward call
+
+
+def common_prefix_length(ids: torch.Tensor) -> int:
+    """How many leading positions all rows of `ids` (B, T) agree on."""
+    differs = (ids != ids[:1]).any(0)
+    return int(differs.int().argmax()) if differs.any() else ids.size(1)
+
+
 class HFPolicy(nn.Module):
     """An HF causal LM with the interface lmrl uses for the built-in GPT: `forward(ids) -> logits`,
     `config.hidden_size`, `num_params()`, batched sampling with log-probs, and `sequence_logprobs`
@@ -302,7 +311,8 @@ class HFPolicy(nn.Module):
         saves most of the forward and backward work of the prompt part. The distinct heads fill a
         KV cache, which is expanded to every row (`index_select`: gradients flow back through it)
         before the last `n` tokens run on top. Same logits as one full pass up to float rounding.
-        None when no head repeats, or when activations are recomputed (gradient checkpointing
+        When every head differs, the rows' common start is shared instead (`_forward_common_start`).
+        None when neither is shared, or when activations are recomputed (gradient checkpointing
         turns the KV cache off)."""
         from ..rollout.hf_generate import _unique_rows
 
@@ -314,10 +324,10 @@ class HFPolicy(nn.Module):
             return None
         key = ids[:, :head] if attention_mask is None else ids[:, :head].masked_fill(attention_mask[:, :head] == 0, -1)
         _, first, inverse = _unique_rows(key)
-        if first.numel() == ids.size(0):
-            return None
         if position_ids is None:
             position_ids = torch.arange(ids.size(1), device=ids.device).expand(ids.size(0), -1)
+        if first.numel() == ids.size(0):
+            return self._forward_common_start(ids, attention_mask, position_ids, n)
         from transformers import DynamicCache
 
         past = DynamicCache(config=self.hf_model.config)
@@ -328,6 +338,44 @@ class HFPolicy(nn.Module):
         out = self.model(input_ids=ids[:, head:], attention_mask=attention_mask, position_ids=position_ids[:, head:],
                          past_key_values=past, use_cache=True, logits_to_keep=n)
         return out.logits
+
+    def _forward_common_start(self, ids, attention_mask, position_ids, n: int):
+        """Logits of the last `n` positions, with the start all rows share (at least
+        `MIN_SHARED_PREFIX` tokens) run once: conversations that open with the same system prompt
+        and worked example (the SQL agent's ~415 tokens of ~500-600), in SFT batches (right-padded)
+        and RL ones (prompts left-padded). Each row is first rotated left past its leading pads
+        (they go to its end, where no real token attends to them; positions come from
+        `position_ids`, so they do not change), which lines the shared start up at column 0. The
+        rows' last `n` original columns then lie in the last n + (most leading pads) rotated ones:
+        those logits are computed and each row's own `n` gathered. None when the start is shorter,
+        or when the rows' leading pads differ by more than `n` (the wider logits would cost more)."""
+        B, T = ids.shape
+        lead = torch.zeros(B, dtype=torch.long, device=ids.device) if attention_mask is None else \
+            (attention_mask.long().cumsum(1) == 0).sum(1)  # (B,) leading pads
+        widest = int(lead.max())
+        keep = n + widest
+        if B < 2 or widest > n or keep >= T:
+            return None
+        cols = (torch.arange(T, device=ids.device) + lead[:, None]) % T  # rotated[i, j] = row i's column j + lead_i
+        ids, position_ids = ids.gather(1, cols), position_ids.gather(1, cols)
+        attention_mask = None if attention_mask is None else attention_mask.gather(1, cols)
+        key = ids[:, :T - keep] if attention_mask is None else \
+            ids[:, :T - keep].masked_fill(attention_mask[:, :T - keep] == 0, -1)
+        head = common_prefix_length(key)
+        if head < MIN_SHARED_PREFIX:
+            return None
+        from transformers import DynamicCache
+
+        past = DynamicCache(config=self.hf_model.config)
+        self.model(input_ids=ids[:1, :head], position_ids=position_ids[:1, :head], past_key_values=past,
+                   attention_mask=None if attention_mask is None else attention_mask[:1, :head],
+                   use_cache=True, logits_to_keep=1)
+        past.reorder_cache(torch.zeros(B, dtype=torch.long, device=ids.device))  # one row -> every row
+        logits = self.model(input_ids=ids[:, head:], attention_mask=attention_mask, position_ids=position_ids[:, head:],
+                            past_key_values=past, use_cache=True, logits_to_keep=keep).logits  # (B, keep, V)
+        # row i's original column T - n + j is rotated column T - n + j - lead_i: offset widest - lead_i + j here
+        at = (widest - lead)[:, None] + torch.arange(n, device=ids.device)  # (B, n)
+        return logits.gather(1, at[..., None].expand(-1, -1, logits.size(-1)))
 
     def encode(self, prompts: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
         """(ids (B, P), attention_mask (B, P)), left-padded, on the policy's device. Special tokens

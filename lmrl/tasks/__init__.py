@@ -20,9 +20,7 @@ def build_task(cfg, *, tokenizer=None, reward=None, env=None, device="cpu"):
         if tokenizer is None:
             raise ValueError("task.name=sql needs a Hugging Face policy's tokenizer (model.type=hf)")
         env = env if env is not None else EnvConfig()
-        env_config = SQLEnvConfig(**{k: getattr(env, k) for k in (
-            "max_rounds", "max_rows", "max_chars", "query_timeout_s", "reward_correct", "reward_wrong",
-            "reward_timeout", "invalid_action_penalty")})
+        env_config = SQLEnvConfig.from_section(env)
         return SQLAgentTask(tokenizer, env_config, n_train=env.train_tasks, heldout_per_skill=env.heldout_per_skill,
                             skills=tuple(env.skills) or SKILLS, train_file=cfg.train_file, test_file=cfg.test_file,
                             max_new_tokens=cfg.max_new_tokens, max_context=env.max_context)

@@ -65,7 +65,9 @@ def read_sft(path: str | os.PathLike) -> list[SFTRow]:
     """Rows {"prompt", "response"} or {"prompt", "completion"} (strings), or a conversation:
     {"messages": [{"role", "content"}, ...]}, or {"conversations": [...]} whose turns are
     {"role", "content"} or ShareGPT's {"from", "value"} (human → user, gpt → assistant, system).
-    A conversation needs an assistant turn; a prompt, response or assistant turn must not be empty."""
+    A turn may say `"training": false` (as in axolotl): an assistant turn that is context, not loss
+    (a worked example). A conversation needs an assistant turn to train on; a prompt, response or
+    assistant turn must not be empty."""
     rows = read_jsonl(path, alternatives=[["prompt", "response"], ["prompt", "completion"],
                                           ["messages"], ["conversations"]])
     out = []
@@ -90,6 +92,9 @@ def read_sft(path: str | os.PathLike) -> list[SFTRow]:
         messages = _conversation(row[key], key, where)
         if not any(m["role"] == "assistant" for m in messages):
             raise DataError(f"{where}: {key!r} has no assistant turn, so there is nothing to learn")
+        if not any(m["role"] == "assistant" and m.get("training", True) for m in messages):
+            raise DataError(f"{where}: every assistant turn of {key!r} is \"training\": false, so there is "
+                            f"nothing to learn")
         out.append(SFTRow(messages, chat=True))
     return out
 
@@ -115,7 +120,13 @@ def _conversation(turns, key: str, where: str) -> list[dict]:
                             f"(or ShareGPT 'from' and 'value'), got {_preview(turn)}")
         if role == "assistant" and not content.strip():
             raise DataError(f"{where}: {field} is an empty assistant turn")
-        messages.append({"role": role, "content": content})
+        message = {"role": role, "content": content}
+        if "training" in turn:
+            if not isinstance(turn["training"], bool):
+                raise DataError(f"{where}: {field} 'training' must be true or false, got {_preview(turn['training'])}")
+            if not turn["training"]:
+                message["training"] = False
+        messages.append(message)
     return messages
 
 

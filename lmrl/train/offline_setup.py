@@ -11,7 +11,8 @@ from ..config import Config, ConfigError
 
 
 def ensure_data(cfg: Config) -> None:
-    """`data.generate` writes DIR/train.jsonl and DIR/test.jsonl when either is missing."""
+    """`data.generate` writes DIR/train.jsonl and DIR/test.jsonl when either is missing (sql-demos: the
+    SQL agent's demonstrations, played in this config's `env`)."""
     d = cfg.data
     train = Path(d.train_file)
     test = Path(d.eval_file) if d.eval_file else None
@@ -24,6 +25,14 @@ def ensure_data(cfg: Config) -> None:
     if test is None or train.parent != test.parent or (train.name, test.name) != ("train.jsonl", "test.jsonl"):
         raise ConfigError(f"data.generate writes DIR/train.jsonl and DIR/test.jsonl; data.train_file={train} and "
                           f"data.eval_file={test} are not such a pair")
+    if d.generate == "sql-demos":  # the SQL agent's solved episodes, in this config's env (as RL will see it)
+        from ..tasks.sql.demonstrations import write_demo_splits
+        from ..tasks.sql.env import SQLEnvConfig
+        from ..tasks.sql.procedural import SKILLS
+
+        write_demo_splits(train.parent, d.generate_train, d.generate_test, SQLEnvConfig.from_section(cfg.env),
+                          seed=cfg.run.seed, skills=tuple(cfg.env.skills) or SKILLS)
+        return
     from ..tasks.synthetic_preferences import write_preference_splits, write_sft_splits
 
     writer = write_sft_splits if d.generate == "preferences-sft" else write_preference_splits

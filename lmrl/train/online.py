@@ -55,13 +55,14 @@ class EpisodeLearnerConfig:
 
 def assistant_token_mask(tokenizer, messages: list[dict]) -> tuple[list[int], list[int]]:
     """(ids, mask) of the chat-templated conversation; mask is 1 on the tokens of assistant message
-    contents and the end-of-turn token that closes each. Needs a fast tokenizer (offsets)."""
+    contents and the end-of-turn token that closes each, except messages marked `"training": false`
+    (context, such as a worked example). Needs a fast tokenizer (offsets)."""
     if not messages or messages[-1].get("role") != "assistant":
         raise ValueError("an episode's messages must end with the assistant's last turn")
     text = tokenizer.apply_chat_template(messages, tokenize=False)
     spans, cursor = [], 0
     for k, message in enumerate(messages):
-        if message["role"] != "assistant":
+        if message["role"] != "assistant" or message.get("training") is False:
             continue
         prefix = tokenizer.apply_chat_template(messages[:k], tokenize=False, add_generation_prompt=True)
         start = text.find(message["content"], max(len(prefix), cursor))

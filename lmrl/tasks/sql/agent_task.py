@@ -26,6 +26,14 @@ from .protocol import example_turns, system_prompt
 from .tasks import SQLTask, load_dbbench
 
 
+def episode_preamble(env_config: SQLEnvConfig, one_shot: bool = True) -> list[dict]:
+    """The messages before each episode's task: the system prompt, then (one_shot) a worked episode.
+    The example's assistant turns say `"training": false`: context, never loss, for whoever trains
+    on the conversation (SFT on demonstrations, an `EpisodeLearner` fed by the trainer)."""
+    example = [dict(m, training=False) if m["role"] == "assistant" else m for m in example_turns()] if one_shot else []
+    return [{"role": "system", "content": system_prompt(env_config.max_rounds)}] + example
+
+
 class SQLAgentTask:
     def __init__(self, tokenizer, env_config: SQLEnvConfig | None = None, *, n_train: int = 2000,
                  heldout_per_skill: int = 10, skills=SKILLS, seed: int = 0, train_file: str | None = None,
@@ -47,8 +55,7 @@ class SQLAgentTask:
         self.n_train = len(train)
         self.heldout_ids = torch.arange(len(train), len(self.tasks))
         self.system_prompt = system_prompt(self.env_config.max_rounds)
-        # a worked episode before each real one (context only: it carries no loss)
-        self.preamble = [{"role": "system", "content": self.system_prompt}] + (example_turns() if one_shot else [])
+        self.preamble = episode_preamble(self.env_config, one_shot)
 
     def sample_train_ids(self, n: int, generator: torch.Generator) -> torch.Tensor:
         return torch.randint(self.n_train, (n,), generator=generator)

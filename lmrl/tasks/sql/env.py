@@ -48,6 +48,13 @@ class SQLEnvConfig:
             raise ValueError(f"answer_tolerance must be >= 0 (got {self.answer_tolerance})")
         self.limits()  # validates max_rows, max_chars and query_timeout_s
 
+    @classmethod
+    def from_section(cls, env) -> SQLEnvConfig:
+        """The environment an `env` config section (`lmrl.config.EnvConfig`) describes."""
+        return cls(**{k: getattr(env, k) for k in (
+            "max_rounds", "max_rows", "max_chars", "query_timeout_s", "reward_correct", "reward_wrong",
+            "reward_timeout", "invalid_action_penalty")})
+
     def limits(self) -> SandboxLimits:
         return SandboxLimits(max_rows=self.max_rows, max_chars=self.max_chars, query_timeout_s=self.query_timeout_s)
 
