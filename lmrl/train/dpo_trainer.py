@@ -21,7 +21,7 @@ import torch
 from ..algos.preference_losses import dpo_loss
 from ..config import Config, validate
 from ..models.reference import is_reference_view, reference_view
-from .offline import PairTrainer
+from .pair_trainer import PairTrainer
 from .offline_setup import build_policy, ensure_data, export_policy
 from .text_batches import TextCodec, response_logps
 

@@ -19,7 +19,7 @@ import torch
 from ..algos.preference_losses import bradley_terry_loss
 from ..config import Config, validate
 from ..models.reward_model import RewardModel, build_reward_model
-from .offline import PairTrainer
+from .pair_trainer import PairTrainer
 from .offline_setup import ensure_data
 from .text_batches import TextCodec
 
