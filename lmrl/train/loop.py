@@ -328,11 +328,11 @@ class RLTrainer:
     def _finish(self) -> dict:
         final = self._evaluate_cached()
         self._tick_wall_clock()
-        times = self.state["time"]
+        times, warmup = self.state["time"], self.state["warmup_accuracy"]
         summary = {
-            "warmup_accuracy": self.state["warmup_accuracy"],
+            "warmup_accuracy": warmup,
             "final_accuracy": final,
-            "rl_gain": None if self.state["warmup_accuracy"] is None else final - self.state["warmup_accuracy"],
+            "rl_gain": None if warmup is None else round(final - warmup, 6),
             "best": self.state["best"],
             "start_eval": self.state.get("start_eval", {}), "final_eval": self.state.get("last_eval", {}),
             "sft_examples": 0 if self.sft_pool is None else len(self.sft_pool),
