@@ -210,10 +210,9 @@ def test_bad_arguments_are_refused(model, prompts):
 
 # ------------------------------------------------------------------- the learner's shared-prompt forward
 
-def test_learner_forward_with_shared_prompts_equals_one_full_pass_in_logits_and_gradients(tmp_path):
-    """GRPO-like batch: 2 distinct left-padded prompts x 3 samples each. Running each distinct prompt
-    once and expanding its KV cache must give the logits and LoRA gradients of the plain pass."""
-    from lmrl.algos.base import policy_forward
+def tiny_lora_policy(tmp_path):
+    """A tiny Llama HFPolicy with LoRA on every linear layer, B given values (it starts at 0) so
+    that A gets gradients too."""
     from lmrl.models.hf import load_hf_policy
     from lmrl.models.lora import add_lora
     from tests.test_hf import save_tiny_llama
@@ -221,9 +220,18 @@ def test_learner_forward_with_shared_prompts_equals_one_full_pass_in_logits_and_
     save_tiny_llama(tmp_path / "m", max_positions=128)
     torch.manual_seed(0)
     policy = add_lora(load_hf_policy(str(tmp_path / "m"))[0], r=4, alpha=8, target_modules="all-linear")
-    for name, p in policy.named_parameters():  # LoRA B starts at 0: give it values, so A gets gradients too
+    for name, p in policy.named_parameters():
         if "lora_B" in name:
             torch.nn.init.normal_(p, std=0.1)
+    return policy
+
+
+def test_learner_forward_with_shared_prompts_equals_one_full_pass_in_logits_and_gradients(tmp_path):
+    """GRPO-like batch: 2 distinct left-padded prompts x 3 samples each. Running each distinct prompt
+    once and expanding its KV cache must give the logits and LoRA gradients of the plain pass."""
+    from lmrl.algos.base import policy_forward
+
+    policy = tiny_lora_policy(tmp_path)
     ids, mask = policy.encode(["2 plus 3", "what is 12 plus 30 then"])
     ids, mask = ids.repeat_interleave(3, 0), mask.repeat_interleave(3, 0)
     completions = torch.randint(4, 90, (6, 5), generator=torch.Generator().manual_seed(0))
@@ -247,22 +255,58 @@ def test_learner_forward_with_shared_prompts_equals_one_full_pass_in_logits_and_
     assert any(g.abs().sum() > 0 for n, g in plain_grads.items() if "lora_A" in n)
 
 
+def test_learner_forward_runs_the_prompts_common_start_once_then_each_distinct_prompt_once(tmp_path):
+    """GRPO batch whose 3 distinct prompts (left-padded, of 3 lengths) open with the same 6 tokens (a
+    chat template's system turn), 2 samples each: the start runs for one row, the prompts' rest once
+    per distinct prompt, the completions for every row; logits and LoRA gradients equal the plain pass."""
+    from lmrl.algos.base import policy_forward
+    from lmrl.rollout.agent import left_pad
+
+    policy = tiny_lora_policy(tmp_path)
+    gen = torch.Generator().manual_seed(2)
+    start = torch.randint(4, 90, (6,), generator=gen).tolist()
+    rows = [start + torch.randint(4, 90, (k,), generator=gen).tolist() for k in (3, 7, 5)]
+    ids, mask = left_pad(rows, 0, "cpu")
+    ids, mask = ids.repeat_interleave(2, 0), mask.repeat_interleave(2, 0)
+    completions = torch.randint(4, 90, (6, 4), generator=gen)
+    done = torch.tensor([[1] * 4, [1] * 2 + [0] * 2] * 3)
+    seq, attn = torch.cat([ids, completions], 1), torch.cat([mask, done], 1)
+    seen = []
+    embed = policy.hf_model.model.embed_tokens
+    hook = embed.register_forward_hook(lambda m, i, o: seen.append(tuple(i[0].shape)))
+
+    def run(share):
+        policy.share_prompts = share
+        policy.zero_grad()
+        seen.clear()
+        logp, _, _ = policy_forward(policy, seq, 4, 1.0, attn)
+        (logp * done * torch.arange(1.0, 25.0).view(6, 4)).sum().backward()
+        return logp.detach() * done, {n: p.grad.clone() for n, p in policy.named_parameters() if p.requires_grad}
+
+    try:
+        plain_logp, plain_grads = run(False)
+        assert seen == [(6, 13 + 3)]
+        shared_logp, shared_grads = run(True)
+        # the inputs are a row's first 16 tokens, the logits those of the last 4 (the prompt's last token and
+        # 3 completion tokens): the start runs once, the 3 prompts' next 6 columns once each, then the 4 per row
+        assert seen == [(1, 6), (3, 6), (6, 4)]
+    finally:
+        hook.remove()
+    torch.testing.assert_close(shared_logp, plain_logp, atol=1e-5, rtol=1e-5)
+    for name, g in plain_grads.items():
+        torch.testing.assert_close(shared_grads[name], g, atol=1e-5, rtol=1e-4, msg=name)
+    assert any(g.abs().sum() > 0 for n, g in plain_grads.items() if "lora_A" in n)
+
+
 def test_rows_with_distinct_heads_share_their_common_start_with_the_logits_and_gradients_of_one_full_pass(tmp_path):
     """Rows that open with the same 20 tokens (a system prompt) and then differ: SFT conversations
     (right-padded) and RL rows (prompts left-padded, completions right-padded). The common start
     runs once; logits and LoRA gradients equal the plain pass."""
-    from lmrl.models.hf import MIN_SHARED_PREFIX, load_hf_policy
-    from lmrl.models.lora import add_lora
+    from lmrl.models.hf import MIN_SHARED_PREFIX
     from lmrl.rollout.agent import left_pad
     from lmrl.train.text_batches import model_logits, pad_sequences
-    from tests.test_hf import save_tiny_llama
 
-    save_tiny_llama(tmp_path / "m", max_positions=128)
-    torch.manual_seed(0)
-    policy = add_lora(load_hf_policy(str(tmp_path / "m"))[0], r=4, alpha=8, target_modules="all-linear")
-    for name, p in policy.named_parameters():
-        if "lora_B" in name:
-            torch.nn.init.normal_(p, std=0.1)
+    policy = tiny_lora_policy(tmp_path)
     gen = torch.Generator().manual_seed(1)
     start = torch.randint(4, 90, (20,), generator=gen).tolist()
     assert len(start) >= MIN_SHARED_PREFIX

@@ -26,6 +26,7 @@ import torch
 import torch.nn as nn
 
 from .losses import aggregate, kl_estimate
+from .token_logprobs import token_logprobs
 
 
 @dataclass
@@ -73,13 +74,10 @@ def policy_forward(model: nn.Module, sequences: torch.Tensor, n: int, temperatur
     kw = {} if attention_mask is None else {"attention_mask": attention_mask[:, :-1]}
     out = model(sequences[:, :-1], logits_to_keep=n, **kw)  # logits of the completion positions only
     logits, values = out if isinstance(out, tuple) else (out, None)
-    logits = logits[:, -n:].float() / temperature  # (B, N, V): position t predicts token t+1
-    # log softmax at the chosen token = z_y - logsumexp(z): no (B, N, V) log-prob tensor is kept for backward
-    lse = logits.logsumexp(-1)
-    logp = logits.gather(-1, sequences[:, -n:].unsqueeze(-1)).squeeze(-1) - lse
-    with torch.set_grad_enabled(torch.is_grad_enabled() and entropy_grad):  # a metric only, unless in the loss
-        probs = (logits - lse.unsqueeze(-1)).exp()
-        entropy = lse - (probs * logits).sum(-1)  # H = -sum p log p = logsumexp(z) - sum p z
+    # (B, N, V): position t predicts token t+1; no (B, N, V) log-prob tensor is made or kept for backward
+    logp, entropy = token_logprobs(logits[:, -n:], sequences[:, -n:], temperature)
+    if not entropy_grad:  # a metric only, unless in the loss
+        entropy = entropy.detach()
     return logp, entropy, None if values is None else values[:, -n:].float()
 
 

@@ -164,12 +164,13 @@ class HFPolicy(nn.Module):
         positions: the prompt, in a learner's pass) run once per distinct head. RL batches repeat
         each prompt (GRPO's G samples), and the prompt is often most of a row's tokens, so this
         saves most of the forward and backward work of the prompt part. The distinct heads fill a
-        KV cache, which is expanded to every row (`index_select`: gradients flow back through it)
-        before the last `n` tokens run on top. Same logits as one full pass up to float rounding.
-        When every head differs, the rows' common start is shared instead (`_forward_common_start`).
-        None when neither is shared, or when activations are recomputed (gradient checkpointing
-        turns the KV cache off)."""
-        from ..rollout.hf_generate import _unique_rows
+        KV cache as a rollout's prompts do (`prefill`: their common start, e.g. a chat template's
+        system turn, runs once too), which is expanded to every row (`index_select`: gradients flow
+        back through it) before the last `n` tokens run on top. Same logits as one full pass up to
+        float rounding. When every head differs, the rows' common start is shared instead
+        (`_forward_common_start`). None when neither is shared, or when activations are recomputed
+        (gradient checkpointing turns the KV cache off)."""
+        from ..rollout.hf_generate import prefill, unique_rows
 
         head = ids.size(1) - n
         hf = self.hf_model
@@ -177,20 +178,19 @@ class HFPolicy(nn.Module):
             hf.is_gradient_checkpointing  # transformers < 5
         if head < 1 or checkpointing:
             return None
-        key = ids[:, :head] if attention_mask is None else ids[:, :head].masked_fill(attention_mask[:, :head] == 0, -1)
-        _, first, inverse = _unique_rows(key)
-        if position_ids is None:
+        if attention_mask is None:
+            attention_mask = torch.ones_like(ids)
             position_ids = torch.arange(ids.size(1), device=ids.device).expand(ids.size(0), -1)
-        if first.numel() == ids.size(0):
+        key = ids[:, :head].masked_fill(attention_mask[:, :head] == 0, -1)
+        if unique_rows(key)[1].numel() == ids.size(0):
             return self._forward_common_start(ids, attention_mask, position_ids, n)
         from transformers import DynamicCache
 
         past = DynamicCache(config=self.hf_model.config)
-        self.model(input_ids=ids[first, :head], position_ids=position_ids[first, :head], past_key_values=past,
-                   attention_mask=None if attention_mask is None else attention_mask[first, :head],
-                   use_cache=True, logits_to_keep=1)
-        past.reorder_cache(inverse)  # one cache row per distinct head -> one per row
-        out = self.model(input_ids=ids[:, head:], attention_mask=attention_mask, position_ids=position_ids[:, head:],
+        # the cache's columns and the 2-D mask that describes them (pads may move: positions do not)
+        _, cache_mask = prefill(self.model, past, ids[:, :head], attention_mask[:, :head].long(), share=True)
+        mask = torch.cat([cache_mask, attention_mask[:, head:].to(cache_mask.dtype)], 1)
+        out = self.model(input_ids=ids[:, head:], attention_mask=mask, position_ids=position_ids[:, head:],
                          past_key_values=past, use_cache=True, logits_to_keep=n)
         return out.logits
 

@@ -57,16 +57,17 @@ def _positions(mask: torch.Tensor, start=0) -> torch.Tensor:
     return (mask.cumsum(-1) - 1).clamp(min=0) + start
 
 
-def _prefill(model, past, ids: torch.Tensor, mask: torch.Tensor, share: bool):
+def prefill(model, past, ids: torch.Tensor, mask: torch.Tensor, share: bool):
     """Runs the left-padded prompts through `model` into the empty cache `past`. Returns the
     last-token logits (B, V) and the 2-D attention mask (B, K) that describes the cache's K columns.
-    With `share`, identical prompts run once and the prefix common to all prompts runs once."""
+    With `share`, identical prompts run once and the prefix common to all prompts runs once.
+    Autograd flows through it (the learner's shared-prompt pass, `HFPolicy._forward_shared_prompts`)."""
     if not share or bool((mask[:, 1:] < mask[:, :-1]).any()):  # not left-padded: nothing to share
         out = model(input_ids=ids, attention_mask=mask, position_ids=_positions(mask), past_key_values=past,
                     use_cache=True, logits_to_keep=1)
         return out.logits[:, -1], mask
     # Identical prompts (pads marked -1: a pad id may also be a real token) run once each.
-    _, first, inverse = _unique_rows(ids.masked_fill(mask == 0, -1))
+    _, first, inverse = unique_rows(ids.masked_fill(mask == 0, -1))
     ids, mask = ids[first], mask[first]
     (u, P), lengths = ids.shape, mask.sum(-1)
     # c: length of the prefix common to every prompt, leaving each at least one token to run after it
@@ -95,7 +96,7 @@ def _prefill(model, past, ids: torch.Tensor, mask: torch.Tensor, share: bool):
     return logits[inverse], mask[inverse]
 
 
-def _unique_rows(x: torch.Tensor):
+def unique_rows(x: torch.Tensor):
     """(unique rows, index of each one's first occurrence, inverse: row i of x = unique row inverse[i])."""
     uniq, inverse = torch.unique(x, dim=0, return_inverse=True)
     first = torch.full((uniq.size(0),), x.size(0), dtype=torch.long, device=x.device)
@@ -164,7 +165,7 @@ def generate(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, max_n
         completion = torch.full((B, max_new_tokens), pad_token_id, dtype=torch.long, device=device)
         logprobs = torch.zeros((B, max_new_tokens), dtype=torch.float32, device=device)
         past = new_cache(model, cache, P + max_new_tokens)
-        logits, mask = _prefill(model, past, input_ids, attention_mask.long(), share_prefix)
+        logits, mask = prefill(model, past, input_ids, attention_mask.long(), share_prefix)
         next_pos = attention_mask.long().sum(-1, keepdim=True)  # (b, 1): position of the next token fed in
         rows = torch.arange(B, device=device)  # original row of each row of the running batch
         done = torch.zeros(B, dtype=torch.bool, device=device)  # rows of the running batch that have ended
