@@ -17,6 +17,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from ..algos.token_logprobs import token_logprobs
+
 
 class CharTokenizer:
     """Maps each character of a fixed alphabet to one id. No merges, no unknowns: an unknown
@@ -247,9 +249,5 @@ def sequence_logprobs(model: nn.Module, input_ids: torch.Tensor, n_completion: i
     from: softmax(logits / temperature)."""
     if not 1 <= n_completion < input_ids.size(1):
         raise ValueError(f"n_completion must be in [1, {input_ids.size(1) - 1}], got {n_completion}")
-    logits = model(input_ids[:, :-1])[:, -n_completion:].float() / temperature  # (B, N, V): t predicts t+1
-    logp_all = F.log_softmax(logits, dim=-1)
-    targets = input_ids[:, -n_completion:]
-    logp = logp_all.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
-    entropy = -(logp_all.exp() * logp_all).sum(-1)
-    return logp, entropy
+    logits = model(input_ids[:, :-1])[:, -n_completion:]  # (B, N, V): t predicts t+1
+    return token_logprobs(logits, input_ids[:, -n_completion:], temperature)

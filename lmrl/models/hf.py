@@ -20,6 +20,7 @@ try:
 except ImportError as e:  # the core of lmrl runs without transformers
     raise ImportError(f"lmrl.models.hf needs the `hf` extra ({e}): pip install -e '.[hf]'") from None
 
+from ..algos.token_logprobs import token_logprobs
 from .hf_loading import (DTYPES, PACKAGED_GGUF, convert_gguf, drop_quantizer_record,  # noqa: F401 (re-exported)
                          load_hf_policy, resolve_model_path)
 
@@ -319,8 +320,6 @@ class HFPolicy(nn.Module):
         of what `generate_text` recorded (top-k is not re-applied, as in gpt.sequence_logprobs)."""
         if not 1 <= n_completion < ids.size(1):
             raise ValueError(f"n_completion must be in [1, {ids.size(1) - 1}], got {n_completion}")
-        logits = self(ids[:, :-1], attention_mask=attention_mask[:, :-1])[:, -n_completion:].float() / temperature
-        logp_all = F.log_softmax(logits, dim=-1)  # (B, N, V): position t predicts t+1
-        logp = logp_all.gather(-1, ids[:, -n_completion:, None]).squeeze(-1)
-        entropy = -(logp_all.exp() * logp_all).sum(-1)
-        return logp, entropy
+        # (B, N, V): position t predicts t+1
+        logits = self(ids[:, :-1], attention_mask=attention_mask[:, :-1], logits_to_keep=n_completion)
+        return token_logprobs(logits[:, -n_completion:], ids[:, -n_completion:], temperature)
