@@ -171,7 +171,7 @@ class HFPolicy(nn.Module):
         float rounding. When every head differs, the rows' common start is shared instead
         (`_forward_common_start`). None when neither is shared, or when activations are recomputed
         (gradient checkpointing turns the KV cache off)."""
-        from ..rollout.hf_generate import prefill, unique_rows
+        from ..rollout.hf_generate import prefill, unique_rows, with_cache
 
         head = ids.size(1) - n
         hf = self.hf_model
@@ -192,7 +192,7 @@ class HFPolicy(nn.Module):
         _, cache_mask = prefill(self.model, past, ids[:, :head], attention_mask[:, :head].long(), share=True)
         mask = torch.cat([cache_mask, attention_mask[:, head:].to(cache_mask.dtype)], 1)
         out = self.model(input_ids=ids[:, head:], attention_mask=mask, position_ids=position_ids[:, head:],
-                         past_key_values=past, use_cache=True, logits_to_keep=n)
+                         **with_cache(self.model, past), use_cache=True, logits_to_keep=n)
         return out.logits
 
     def _forward_common_start(self, ids, attention_mask, position_ids, n: int):
@@ -222,13 +222,15 @@ class HFPolicy(nn.Module):
             return None
         from transformers import DynamicCache
 
+        from ..rollout.hf_generate import with_cache
+
         past = DynamicCache(config=self.hf_model.config)
-        self.model(input_ids=ids[:1, :head], position_ids=position_ids[:1, :head], past_key_values=past,
+        self.model(input_ids=ids[:1, :head], position_ids=position_ids[:1, :head], **with_cache(self.model, past),
                    attention_mask=None if attention_mask is None else attention_mask[:1, :head],
                    use_cache=True, logits_to_keep=1)
         past.reorder_cache(torch.zeros(B, dtype=torch.long, device=ids.device))  # one row -> every row
         logits = self.model(input_ids=ids[:, head:], attention_mask=attention_mask, position_ids=position_ids[:, head:],
-                            past_key_values=past, use_cache=True, logits_to_keep=keep).logits  # (B, keep, V)
+                            **with_cache(self.model, past), use_cache=True, logits_to_keep=keep).logits  # (B, keep, V)
         # row i's original column T - n + j is rotated column T - n + j - lead_i: offset widest - lead_i + j here
         at = (widest - lead)[:, None] + torch.arange(n, device=ids.device)  # (B, n)
         return logits.gather(1, at[..., None].expand(-1, -1, logits.size(-1)))

@@ -30,6 +30,8 @@ near-tie could in principle break the other way).
 
 from __future__ import annotations
 
+import functools
+import inspect
 import math
 
 import torch
@@ -52,6 +54,19 @@ def new_cache(model, kind: str, max_len: int):
     raise ValueError(f"cache must be 'dynamic' or 'static', got {kind!r}")
 
 
+def with_cache(model, past) -> dict:
+    """The keyword that hands the KV cache `past` to `model`'s forward: transformers 5.2x renamed
+    `past_key_values` to `cache` (the old name warns on every call), and older releases (vLLM's
+    environment pins one) know only the old name. A peft wrapper is looked through to its base."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    return {_cache_keyword(type(base)): past}
+
+
+@functools.cache
+def _cache_keyword(model_class) -> str:
+    return "cache" if "cache" in inspect.signature(model_class.forward).parameters else "past_key_values"
+
+
 def _positions(mask: torch.Tensor, start=0) -> torch.Tensor:
     """Position of each real token of left-padded rows, counted from `start` (pads get `start`)."""
     return (mask.cumsum(-1) - 1).clamp(min=0) + start
@@ -63,7 +78,7 @@ def prefill(model, past, ids: torch.Tensor, mask: torch.Tensor, share: bool):
     With `share`, identical prompts run once and the prefix common to all prompts runs once.
     Autograd flows through it (the learner's shared-prompt pass, `HFPolicy._forward_shared_prompts`)."""
     if not share or bool((mask[:, 1:] < mask[:, :-1]).any()):  # not left-padded: nothing to share
-        out = model(input_ids=ids, attention_mask=mask, position_ids=_positions(mask), past_key_values=past,
+        out = model(input_ids=ids, attention_mask=mask, position_ids=_positions(mask), **with_cache(model, past),
                     use_cache=True, logits_to_keep=1)
         return out.logits[:, -1], mask
     # Identical prompts (pads marked -1: a pad id may also be a real token) run once each.
@@ -75,12 +90,12 @@ def prefill(model, past, ids: torch.Tensor, mask: torch.Tensor, share: bool):
     aligned = ids.gather(1, (P - lengths)[:, None] + torch.arange(max(span, 0), device=ids.device))
     c = int((aligned == aligned[:1]).all(0).long().cumprod(0).sum())
     if c == 0:
-        out = model(input_ids=ids, attention_mask=mask, position_ids=_positions(mask), past_key_values=past,
+        out = model(input_ids=ids, attention_mask=mask, position_ids=_positions(mask), **with_cache(model, past),
                     use_cache=True, logits_to_keep=1)
         logits = out.logits[:, -1]
     else:
         model(input_ids=aligned[:1, :c], attention_mask=mask.new_ones(1, c),
-              position_ids=torch.arange(c, device=ids.device)[None], past_key_values=past, use_cache=True,
+              position_ids=torch.arange(c, device=ids.device)[None], **with_cache(model, past), use_cache=True,
               logits_to_keep=1)
         past.reorder_cache(torch.zeros(u, dtype=torch.long, device=ids.device))  # one row -> u rows
         # The suffixes: each row's last (length - c) tokens, left-padded into the last S columns;
@@ -89,7 +104,7 @@ def prefill(model, past, ids: torch.Tensor, mask: torch.Tensor, share: bool):
         suffix_mask = (torch.arange(S, device=ids.device) >= S - (lengths[:, None] - c)).long()
         mask = torch.cat([mask.new_ones(u, c), suffix_mask], 1)
         out = model(input_ids=ids[:, P - S:], attention_mask=mask, position_ids=_positions(suffix_mask, c),
-                    past_key_values=past, use_cache=True, logits_to_keep=1)
+                    **with_cache(model, past), use_cache=True, logits_to_keep=1)
         logits = out.logits[:, -1]
     if u < inverse.numel():
         past.reorder_cache(inverse)  # index_select on the batch dim: back to one row per prompt
@@ -190,7 +205,7 @@ def generate(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, max_n
                 rows, tokens, mask, next_pos, done = rows[keep], tokens[keep], mask[keep], next_pos[keep], done[keep]
             mask = torch.cat([mask, mask.new_ones(mask.size(0), 1)], dim=1)
             out = model(input_ids=tokens[:, None], attention_mask=mask, position_ids=next_pos,
-                        past_key_values=past, use_cache=True)
+                        **with_cache(model, past), use_cache=True)
             next_pos = next_pos + 1
             logits = out.logits[:, -1]
         completion, logprobs = completion[:, :n], logprobs[:, :n]
