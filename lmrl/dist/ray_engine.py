@@ -37,7 +37,7 @@ import torch.nn.functional as F
 from ..rollout.engine import Sampled, draw_seed, load_state_into, rollout_to, trainable_state
 from ..rollout.local import Rollout
 from ..train.guarded_step import TrainingError
-from .ray_launch import check_resources, connect, require_ray
+from .ray_launch import actor_device, check_resources, connect, placement, require_ray
 
 START_TIMEOUT_S = 300.0  # the least a new worker gets to build its policy (see RayRolloutEngine.await_start)
 
@@ -52,7 +52,7 @@ class RolloutWorker:
         if cwd and os.path.isdir(cwd):
             os.chdir(cwd)  # model.path and data files relative to the driver's working directory
         torch.set_num_threads(max(1, int(cfg.rollout.worker_cpus)))
-        self.device = torch.device("cuda" if ray.get_gpu_ids() else "cpu")
+        self.device = torch.device(actor_device(ray))
         self.task, self.model = build_policy(cfg, self.device)
         self._trainable = [name for name, p in self.model.named_parameters() if p.requires_grad]
         self.model.eval().requires_grad_(False)
@@ -75,6 +75,11 @@ class RolloutWorker:
 
     def ping(self) -> int:
         return self.version
+
+    def where(self) -> str:
+        import ray
+
+        return placement(ray, self.device)
 
 
 class NoScore:
@@ -175,6 +180,8 @@ class RayRolloutEngine:
         except BaseException:
             self.close()
             raise
+        for i, where in enumerate(ray.get([w.where.remote() for w in self.workers])):
+            trainer._info(f"rollout worker {i}: {where}")
 
     def await_start(self, workers: list) -> None:
         """Waits for new workers to have built their policy: `rollout.timeout_s` counts rollouts

@@ -110,8 +110,9 @@ class _Learner:
         from ..train.trainers import build_trainer
 
         if cfg.run.device == "auto":  # the GPUs Ray gave this actor, never one it did not reserve
-            cfg.run.device = "cuda" if ray.get_gpu_ids() else "cpu"
+            cfg.run.device = actor_device(ray)
         self.trainer = build_trainer(cfg)
+        self.trainer.placement = f"learner: {placement(ray, cfg.run.device)}"
         return self.trainer.train()
 
     def stop(self) -> None:
@@ -149,6 +150,22 @@ def train_with_ray(cfg) -> dict:
             ray.kill(learner)
         if started:
             ray.shutdown()
+
+
+def actor_device(ray) -> str:
+    """The device of a Ray actor: "cuda" when Ray gave it GPUs and torch can use them, else "cpu".
+    (A cluster may declare GPUs that this torch cannot see, e.g. a CPU build: the actor then runs on
+    the CPU rather than failing.)"""
+    import torch
+
+    return "cuda" if ray.get_gpu_ids() and torch.cuda.is_available() else "cpu"
+
+
+def placement(ray, device) -> str:
+    """Where this Ray actor runs, for the run's log: node, the GPU ids Ray gave it, its device."""
+    node = ray.get_runtime_context().get_node_id()
+    gpus = ",".join(str(g) for g in ray.get_gpu_ids()) or "none"
+    return f"Ray node {node[:12]}, GPU ids {gpus}, device {device}"
 
 
 def check_resources(ray, *, learner=(0.0, 0.0), workers=(0, 0.0, 0.0)) -> None:

@@ -89,6 +89,7 @@ class RLTrainer:
                       "nonfinite_total": 0, "nonfinite_run": 0, "time": {"sft": 0.0, "rl": 0.0, "eval": 0.0, "wall": 0.0},
                       "warmup_accuracy": None, "best": {"accuracy": -1.0, "step": 0}, "history": []}
         self._stop_requested = False
+        self.placement = ""  # where a launcher put this trainer (e.g. its Ray actor's node and GPUs), for the log
         self.log: RunLog | None = None
 
     # -- public ----------------------------------------------------------------------------------
@@ -108,7 +109,8 @@ class RLTrainer:
             trainable = sum(p.numel() for p in self.model.parameters() if p.requires_grad)
             self.log.info(f"run dir {self.run_dir} | {self.model.num_params() / 1e6:.2f}M parameters "
                           f"({trainable / 1e6:.2f}M trainable) | "
-                          f"device {self.device} | world size {self.dist.world_size}")
+                          f"device {self.device} | world size {self.dist.world_size}"
+                          + (f" | {self.placement}" if self.placement else ""))
         previous = signal.signal(signal.SIGINT, self._on_sigint) if self._in_main_thread() else None
         try:
             if self.state["stage"] == "sft":
