@@ -1,7 +1,8 @@
 """Rollout speed on a Hugging Face model: plain `model.generate` against lmrl's lean sampling loop.
 
     python -m benchmarks.hf_rollout [--batch 32] [--max-new-tokens 64] [--repeats 3] [--threads 2]
-                                    [--model smollm2-135m-instruct] [--convert /tmp/smollm2-st]   # from the repo root
+                                    [--model smollm2-135m-instruct] [--convert /tmp/smollm2-st] [--dtype fp32]
+                                    # from the repo root
 
 Samples (temperature 1, no top-k / top-p) `--batch` chat-templated arithmetic questions with each arm,
 in turn within each repeat (so load from other processes falls on all arms alike), after one short
@@ -13,10 +14,12 @@ tokens (their sampling does not depend on the batch's make-up), `generate` draws
   generate              `model.generate(do_sample=True)` with its default dynamic cache, nothing recorded
   generate+logprobs     `HFPolicy.generate_text` with generation_engine="hf": the same plus a logits
                         processor recording log-probs (lmrl's rollouts before the lean loop)
-  lean                  `lmrl.rollout.hf_generate.generate` with no prefix sharing, no compaction
+  lean                  `lmrl.rollout.hf_generate.generate` with no prefix sharing, no compaction, no packing
   lean+share            prefill runs the prompts' common prefix (and repeated prompts) once
   lean+compact(f)       finished rows dropped once they are a fraction f of the running batch
-  lean+share+compact(f) both (f = 1/8: the function's defaults)
+  lean+share+compact(f) both
+  lean+pack             linear layers from weights prepacked for oneDNN (`lmrl.rollout.packed_linear`)
+  lean+share+compact(1/8)+pack   all three: the function's defaults
   lean+static+...       a preallocated StaticCache instead of the dynamic one
 
 Before timing, greedy decoding by `generate` and by the lean loop (defaults) is compared token for
@@ -57,6 +60,7 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=3, help="timed runs per arm; the median is shown (default 3)")
+    parser.add_argument("--dtype", default="fp32", choices=["fp32", "bf16"], help="model weights (default fp32)")
     parser.add_argument("--threads", type=int, default=2, help="torch intra-op threads (default 2)")
     parser.add_argument("--arms", default="", help="comma-separated arms to time besides `generate` (default: all)")
     parser.add_argument("--no-greedy-check", action="store_true", help="skip comparing greedy outputs")
@@ -64,13 +68,13 @@ def main() -> None:
     torch.set_num_threads(args.threads)
 
     path = str(convert_gguf(args.model, None, args.convert)) if args.convert else args.model
-    policy, tokenizer = load_hf_policy(path)
+    policy, tokenizer = load_hf_policy(path, dtype=args.dtype)
     policy.eval()
     model, eos, pad = policy.model, policy.eos_token_ids, tokenizer.pad_token_id
     prompts = [apply_chat_template(tokenizer, [{"role": "user", "content": q}]) for q in questions(args.batch)]
     ids, mask = policy.encode(prompts)
     n = args.max_new_tokens
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, {args.model}: "
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, {args.model} ({args.dtype}): "
           f"{policy.num_params() / 1e6:.0f}M params, prompts {tuple(ids.shape)}, max_new_tokens {n}, eos {eos}")
 
     def hf_generate(seed: int, do_sample: bool = True) -> torch.Tensor:
@@ -105,13 +109,15 @@ def main() -> None:
     arms = {
         "generate": hf_generate,
         "generate+logprobs": recorded,
-        "lean": lambda s: lean(s, compact_at=None, share_prefix=False),
-        "lean+share": lambda s: lean(s, compact_at=None),
-        "lean+compact(1/8)": lambda s: lean(s, compact_at=0.125, share_prefix=False),
-        "lean+share+compact(0)": lambda s: lean(s, compact_at=0.0),
-        "lean+share+compact(1/8)": lambda s: lean(s, compact_at=0.125),
-        "lean+share+compact(1/4)": lambda s: lean(s, compact_at=0.25),
-        "lean+static+share+compact(1/8)": lambda s: lean(s, compact_at=0.125, cache="static"),
+        "lean": lambda s: lean(s, compact_at=None, share_prefix=False, pack_weights=False),
+        "lean+share": lambda s: lean(s, compact_at=None, pack_weights=False),
+        "lean+compact(1/8)": lambda s: lean(s, compact_at=0.125, share_prefix=False, pack_weights=False),
+        "lean+share+compact(1/8)": lambda s: lean(s, compact_at=0.125, pack_weights=False),
+        "lean+pack": lambda s: lean(s, compact_at=None, share_prefix=False),
+        "lean+share+compact(0)+pack": lambda s: lean(s, compact_at=0.0),
+        "lean+share+compact(1/8)+pack": lambda s: lean(s, compact_at=0.125),
+        "lean+share+compact(1/4)+pack": lambda s: lean(s, compact_at=0.25),
+        "lean+static+share+compact(1/8)+pack": lambda s: lean(s, compact_at=0.125, cache="static"),
     }
     if args.arms:
         arms = {k: v for k, v in arms.items() if k == "generate" or k in args.arms.split(",")}
@@ -131,10 +137,10 @@ def main() -> None:
                   file=sys.stderr, flush=True)
 
     base = statistics.median(t / s for t, s in results["generate"])
-    print(f"\n{'arm':<32}{'tokens/s':>10}{'seconds':>9}{'tokens':>8}{'ratio':>7}")
+    print(f"\n{'arm':<40}{'tokens/s':>10}{'seconds':>9}{'tokens':>8}{'ratio':>7}")
     for name, rs in results.items():
         rate = statistics.median(t / s for t, s in rs)
-        print(f"{name:<32}{rate:>10.1f}{statistics.median(s for _, s in rs):>9.2f}"
+        print(f"{name:<40}{rate:>10.1f}{statistics.median(s for _, s in rs):>9.2f}"
               f"{statistics.median(t for t, _ in rs):>8.0f}{rate / base:>7.2f}")
 
 

@@ -1,0 +1,104 @@
+"""Linear layers on prepacked weights (`lmrl.rollout.packed_linear`): same outputs as `F.linear`,
+only wide plain layers packed, everything restored on exit, autograd never goes through a packed
+copy, and sampling with packing draws the same tokens as without."""
+
+from __future__ import annotations
+
+import contextlib
+import platform
+
+import pytest
+import torch
+import torch.nn as nn
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from lmrl.rollout import hf_generate
+from lmrl.rollout.hf_generate import generate
+from lmrl.rollout.packed_linear import MIN_FEATURES, packed_linears, packing_available
+
+needs_packing = pytest.mark.skipif(not packing_available(), reason="this torch build has no oneDNN weight packing")
+
+
+def _replaced(model: nn.Module) -> list[nn.Module]:
+    return [m for m in model.modules() if "forward" in vars(m)]
+
+
+def _mlp() -> nn.Sequential:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(MIN_FEATURES, 768), nn.GELU(), nn.Linear(768, MIN_FEATURES, bias=False),
+                         nn.Linear(MIN_FEATURES, 64)).eval()
+
+
+@pytest.mark.skipif(platform.machine().lower() not in ("x86_64", "amd64"), reason="checked on x86 builds only")
+def test_x86_cpu_builds_of_torch_pack_weights():
+    assert packing_available()
+
+
+@needs_packing
+def test_wide_plain_linears_run_packed_with_the_same_outputs_and_are_restored_on_exit():
+    mlp, x = _mlp(), torch.randn(5, 3, MIN_FEATURES)
+    with torch.no_grad():
+        expected = mlp(x)
+        with packed_linears(mlp, rows=5):
+            assert _replaced(mlp) == [mlp[0], mlp[2]]  # mlp[3] is 64 wide: F.linear is faster there
+            got = mlp(x)
+    assert _replaced(mlp) == []
+    torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-4)
+
+
+@needs_packing
+def test_layers_are_restored_when_the_block_raises():
+    mlp = _mlp()
+    with pytest.raises(RuntimeError, match="boom"), packed_linears(mlp, rows=1):
+        raise RuntimeError("boom")
+    assert _replaced(mlp) == []
+
+
+@needs_packing
+def test_a_call_with_autograd_on_uses_the_live_weight():
+    mlp, x = _mlp(), torch.randn(2, MIN_FEATURES)
+    with packed_linears(mlp, rows=2):
+        with torch.no_grad():
+            mlp[0].weight.mul_(2)  # the packed copy is stale now; a training forward must not see it
+        y = mlp[0](x)
+        assert y.requires_grad
+        y.sum().backward()
+    torch.testing.assert_close(y, torch.nn.functional.linear(x, mlp[0].weight, mlp[0].bias))
+    assert mlp[0].weight.grad is not None
+
+
+@needs_packing
+def test_a_layer_already_replaced_is_left_alone_by_an_inner_block():
+    mlp = _mlp()
+    with packed_linears(mlp, rows=1):
+        outer = [vars(m)["forward"] for m in _replaced(mlp)]
+        with packed_linears(mlp, rows=1):
+            assert [vars(m)["forward"] for m in _replaced(mlp)] == outer
+        assert [vars(m)["forward"] for m in _replaced(mlp)] == outer  # the inner exit kept the outer's
+    assert _replaced(mlp) == []
+
+
+@needs_packing
+def test_sampling_with_packed_weights_draws_the_same_tokens(monkeypatch):
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(LlamaConfig(
+        vocab_size=600, hidden_size=MIN_FEATURES, intermediate_size=2 * MIN_FEATURES, num_hidden_layers=1,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64, initializer_range=0.1,
+        pad_token_id=0, bos_token_id=1, eos_token_id=2)).eval()
+    packed = []
+
+    @contextlib.contextmanager
+    def spy(m, rows):
+        with packed_linears(m, rows):
+            packed.append(len(_replaced(m)))
+            yield m
+
+    monkeypatch.setattr(hf_generate, "packed_linears", spy)
+    ids = torch.randint(3, 600, (4, 7), generator=torch.Generator().manual_seed(1))
+    mask = torch.ones_like(ids)
+    runs = {pack: generate(model, ids, mask, 12, eos_token_ids=2, pad_token_id=0, pack_weights=pack,
+                           generator=torch.Generator().manual_seed(2)) for pack in (False, True)}
+    assert packed == [6]  # q, o, gate, up, down and the head; k and v are 256 wide
+    (c0, m0, lp0), (c1, m1, lp1) = runs[False], runs[True]
+    assert torch.equal(c0, c1) and torch.equal(m0, m1)
+    torch.testing.assert_close(lp1, lp0, rtol=1e-4, atol=1e-4)
