@@ -4,7 +4,8 @@ One run of this script trains, from the same preset (default `adder`) and seed:
 
   (a) SFT only        the warm-up alone, given as many steps as fit in arm (b)'s total time;
   (b) SFT + REINFORCE the preset as it is: the warm-up, then REINFORCE on the reward alone;
-  (c) SFT + GRPO      added here once the GRPO preset exists (`adder-grpo`).
+  (c) SFT + GRPO      the `<preset>-grpo` preset where one exists, stopped at (b)'s wall time
+                      (`train.time_limit_min`), so its cosine may not have run out.
 
 Every arm sees the same `sft.examples` labeled problems (the same draw: it depends only on the
 seed) and is scored on the same 1,000 held-out problems. Arm (a)'s step count is arm (b)'s wall
@@ -58,11 +59,13 @@ def main() -> None:
         sft_steps = int(sft_steps * rl_wall / sft_wall)
         sft, sft_wall = sft_only(sft_steps, "sft_only")
     rows.insert(0, ("(a) SFT only", sft, sft_wall, f"{sft_steps} SFT"))
-    rows.append(("(b) SFT + REINFORCE", rl, rl_wall, f"{rl['sft_steps']} SFT + {rl['rl_steps']} RL"))
+    rows.append(("(b) SFT + REINFORCE", rl, rl_wall, f"{rl['sft_steps']} SFT + {rl['steps_done']} RL"))
     grpo = f"{args.preset}-grpo"
     if grpo in list_presets():
-        g, g_wall = run_arm(grpo, args.overrides, out / "sft_grpo")
-        rows.append(("(c) SFT + GRPO", g, g_wall, f"{g['sft_steps']} SFT + {g['rl_steps']} RL"))
+        # The same wall time as (b): the run stops RL there (train.time_limit_min), then evaluates.
+        limit = [f"train.time_limit_min={rl_wall / 60:.3f}"]
+        g, g_wall = run_arm(grpo, args.overrides + limit, out / "sft_grpo")
+        rows.append(("(c) SFT + GRPO", g, g_wall, f"{g['sft_steps']} SFT + {g['steps_done']} RL"))
     else:
         rows.append(("(c) SFT + GRPO", None, None, f"no {grpo} preset yet"))
 
