@@ -15,7 +15,7 @@ CHOICES = {
     "model.type": ["gpt", "hf"],
     "model.dtype": ["fp32", "bf16"],
     "task.name": ["addition", "multiplication", "math", "sql", "prompts"],
-    "task.reward": ["exact", "digits", "per_digit"],
+    "task.reward": ["exact", "digits", "per_digit", "per_step"],
     "task.generate": ["", "word-problems", "addition-chat", "preferences"],
     "schedule.name": ["constant", "linear", "cosine", "plateau"],
     "data.generate": ["", "preferences", "preferences-sft", "sql-demos"],
@@ -98,6 +98,8 @@ def _arithmetic_checks(cfg: Config) -> list[tuple[bool, str]]:
         (1 <= cfg.eval.size <= t.heldout_size,
          f"eval.size={cfg.eval.size} must be between 1 and task.heldout_size={t.heldout_size}"),
         (not t.scratchpad or t.name == "multiplication", "task.scratchpad is for multiplication only"),
+        (t.reward != "per_step" or t.scratchpad,
+         "task.reward=per_step checks scratchpad steps: it needs task.scratchpad=true"),
         (t.heldout_size < space, f"task.heldout_size={t.heldout_size} leaves no training problems for "
                                  f"ndigit={t.ndigit}"),
         (cfg.sft.examples <= space - t.heldout_size,

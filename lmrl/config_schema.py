@@ -64,7 +64,8 @@ class TaskConfig:
     use_format: bool = _f(True, "prompt as 123+456= (False: bare digits 123456)")
     reverse_answer: bool = _f(True, "write the answer least-significant digit first")
     reward: str = _f("exact", "exact (1/0 per answer) | digits (fraction of digits right, per answer) | "
-                              "per_digit (1/0 per digit, on that digit's token)")
+                              "per_digit (1/0 per digit, on that digit's token) | per_step (per_digit, the scratchpad's "
+                              "product checked against the partial products written)")
     heldout_size: int = _f(1000, "problems reserved for evaluation, never trained on")
     train_file: str | None = _f(None, "math: JSONL rows {prompt or messages, ground_truth} to train on; "
                                       "sql: DBBench-format JSONL (default: procedural tasks)")

@@ -94,3 +94,34 @@ def test_multiplication_scratchpad_writes_partial_products_then_the_product():
 def test_scratchpad_is_refused_for_addition():
     with pytest.raises(ValueError, match="multiplication only"):
         ArithmeticTask("addition", ndigit=2, scratchpad=True)
+
+
+def test_per_step_reward_checks_the_product_against_the_partial_products_written():
+    t = ArithmeticTask("multiplication", ndigit=2, scratchpad=True, reward="per_step")
+    prompt = t.prompt_text(14, 29)  # 14*9 = 126, 14*2 = 28, 14*29 = 406
+    assert t.target(14, 29) == "621|820|6040"
+    # 14*9 written as 196: the product 196 + 280 = 476 is the right sum of what was written
+    wrong_fact = "691|820|6740"
+    assert t.step_target(14, 29, wrong_fact) == "621|820|6740"
+    assert t.score(prompt, wrong_fact) == 11 / 12  # only the wrong partial-product digit loses
+    assert ArithmeticTask("multiplication", ndigit=2, scratchpad=True, reward="per_digit").score(
+        prompt, wrong_fact) == 10 / 12  # per_digit also marks the correctly added 7 wrong
+    # the true product after a wrong partial product is not consistent with it: its digit loses
+    assert t.score(prompt, "691|820|6040") == 10 / 12
+    # partial products that do not parse (a separator misplaced, a non-digit) fall back to the truth
+    assert t.step_target(14, 29, "6921|20|6040") == t.target(14, 29)
+    assert t.step_target(14, 29, "6|1|820|6040") == t.target(14, 29)
+    # a sum too wide for the product's 4 digits falls back to the truth: 999 + 9990
+    assert t.step_target(14, 29, "999|999|6040") == t.target(14, 29)
+
+    completions = torch.tensor([t.tokenizer.encode(c) for c in [t.target(14, 29), wrong_fact]])
+    prompts = torch.tensor([t.tokenizer.encode(prompt)] * 2)
+    rewards, exact = t.score_batch(prompts, completions)
+    assert exact.tolist() == [1.0, 0.0]  # exact match is still against the true answer
+    assert rewards.shape == (2, t.answer_len) and rewards[0].all()
+    assert rewards[1].tolist() == [1, 0] + [1] * 10
+
+
+def test_per_step_reward_needs_a_scratchpad():
+    with pytest.raises(ValueError, match="needs task.scratchpad"):
+        ArithmeticTask("multiplication", ndigit=2, reward="per_step")

@@ -62,6 +62,7 @@ def test_base_inheritance_and_yaml_round_trip(tmp_path):
     (["algo.name=reinforc"], "algo.name='reinforc' is not one of reinforce, rloo, grpo, ppo; did you mean 'reinforce'?"),
     (["train.rollout_size=10", "train.ga_steps=3"], "must be divisible by train.ga_steps=3"),
     (["sft.examples=0"], "sft.steps > 0 needs sft.examples > 0"),
+    (["task.reward=per_step"], "task.reward=per_step checks scratchpad steps: it needs task.scratchpad=true"),
 ])
 def test_bad_overrides_fail_with_a_message_naming_the_key(overrides, message):
     with pytest.raises(ConfigError) as e:

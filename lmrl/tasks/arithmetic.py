@@ -21,12 +21,16 @@ Split. Problems are numbered `a·10^ndigit + b`. A fixed-seed draw of `heldout_s
 held-out set; training draws from everything else, so the two never overlap, whatever the run seed.
 
 Reward. `score` is a verifier: it reads the operands back from the prompt text and checks the
-completion against the true result. RL never needs a label, only the prompt. Three kinds:
+completion against the true result. RL never needs a label, only the prompt. Four kinds:
 `exact` (1 if the whole answer is right, else 0), `digits` (the fraction of answer digits in the
-right place, one number per answer) and `per_digit` (the same credit given token by token: each
+right place, one number per answer), `per_digit` (the same credit given token by token: each
 answer digit is rewarded 1 or 0 on its own token, so REINFORCE credits each digit with its own
 outcome instead of the whole answer's; reversed answers make each digit's correctness depend
-only on that token).
+only on that token) and, with a scratchpad, `per_step`: `per_digit` where each step is checked
+against what it follows from. The partial products are checked against the operands, and the
+product against the sum of the partial products the completion wrote, so a correct sum of a
+wrong partial product earns its digits instead of being marked wrong with it (per_digit would
+push such a completion away from adding correctly). Exact match is always against the true answer.
 """
 
 from __future__ import annotations
@@ -40,7 +44,7 @@ from ..rollout.local import Rollout, sample
 
 HELDOUT_SEED = 20240607  # fixed so every run, whatever its seed, evaluates the same problems
 OPS = {"addition": "+", "multiplication": "*"}
-REWARDS = ("exact", "digits", "per_digit")
+REWARDS = ("exact", "digits", "per_digit", "per_step")
 
 
 @dataclass(frozen=True)
@@ -71,6 +75,8 @@ class ArithmeticTask:
         self.name, self.ndigit, self.use_format = name, ndigit, use_format
         if scratchpad and name != "multiplication":
             raise ValueError("task.scratchpad is for multiplication only")
+        if reward == "per_step" and not scratchpad:
+            raise ValueError("task.reward=per_step checks scratchpad steps: it needs task.scratchpad=true")
         self.reverse_answer, self.reward, self.scratchpad = reverse_answer, reward, scratchpad
         self.op = OPS[name]
         self.tokenizer = CharTokenizer("0123456789" + self.op + "=" + ("|" if scratchpad else ""))
@@ -113,6 +119,21 @@ class ArithmeticTask:
             return result
         b_digits = [int(d) for d in reversed(f"{b:0{self.ndigit}d}")]  # least-significant first
         return "|".join([self._number(a * d, self.ndigit + 1) for d in b_digits] + [result])
+
+    def step_target(self, a: int, b: int, completion: str) -> str:
+        """What `per_step` checks `completion` against: the true partial products, then the sum of
+        the partial products the completion wrote (the true product when they do not parse or their
+        sum does not fit the product's width)."""
+        expected = self.target(a, b)
+        parts = completion.split("|")
+        n = self.ndigit
+        if len(parts) != n + 1 or not all(len(p) == n + 1 and p.isdigit() for p in parts[:n]):
+            return expected
+        numbers = [int(p[::-1] if self.reverse_answer else p) for p in parts[:n]]
+        total = sum(x * 10**i for i, x in enumerate(numbers))
+        if total >= 10 ** (2 * n):
+            return expected
+        return expected.rsplit("|", 1)[0] + "|" + self._number(total, 2 * n)
 
     def decode_answer(self, completion: str) -> str:
         """The completion as the number a person reads (undoes the reversal, drops the scratchpad)."""
@@ -183,21 +204,28 @@ class ArithmeticTask:
     # -- reward ----------------------------------------------------------------------------------
     def score(self, prompt: str, completion: str) -> float:
         """1.0 for an exact answer, else 0.0; with reward='digits' or 'per_digit', the fraction of
-        answer digits in the right place (partial credit)."""
-        expected = self.target(*self.operands(prompt))
+        answer digits in the right place (partial credit); with 'per_step', the fraction of steps'
+        digits right (see `step_target`)."""
+        a, b = self.operands(prompt)
+        expected = self.target(a, b)
         if self.reward == "exact":
             return float(completion == expected)
+        if self.reward == "per_step":
+            expected = self.step_target(a, b, completion)
         return sum(c == e for c, e in zip(completion, expected)) / len(expected)
 
     def score_batch(self, prompts: torch.Tensor, completions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Rewards and exact-match flags (B,) for token tensors. Rewards are (B,), or (B, answer_len)
-        with reward='per_digit' (1 where that digit is right)."""
-        expected = torch.tensor([self.tokenizer.encode(self.target(*self.operands(self.tokenizer.decode(p))))
-                                 for p in prompts]).view(len(prompts), -1)
+        with reward='per_digit' or 'per_step' (1 where that digit is right)."""
+        problems = [self.operands(self.tokenizer.decode(p)) for p in prompts]
+        expected = torch.tensor([self.tokenizer.encode(self.target(a, b)) for a, b in problems]).view(len(prompts), -1)
         right = completions == expected  # (B, N): which digits are right
         exact = right.all(1).float()
         if self.reward == "exact":
             return exact, exact
         if self.reward == "digits":
             return right.float().mean(1), exact
+        if self.reward == "per_step":
+            steps = [self.step_target(a, b, self.tokenizer.decode(c)) for (a, b), c in zip(problems, completions)]
+            right = completions == torch.tensor([self.tokenizer.encode(s) for s in steps]).view(len(prompts), -1)
         return right.float(), exact
