@@ -110,7 +110,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def _train(args) -> int:
     from .config import ConfigError, load_config
-    from .dist.ddp import shutdown
+    from .distributed.ddp import shutdown
     from .train.trainers import build_trainer
 
     overrides = list(args.overrides)
@@ -131,7 +131,7 @@ def _train(args) -> int:
         cfg.run.name += "-debug"
     try:
         if cfg.distributed.backend == "ray":  # the learner in a Ray actor, rollout workers beside it
-            from .dist.ray_launch import train_with_ray
+            from .distributed.ray_launch import train_with_ray
 
             summary = train_with_ray(cfg)
         else:

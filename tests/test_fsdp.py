@@ -30,7 +30,7 @@ import sys
 from safetensors.torch import save_file
 from torch.distributed.tensor import DTensor
 from lmrl.config import load_config
-from lmrl.dist.ddp import shutdown
+from lmrl.distributed.ddp import shutdown
 from lmrl.train.loop import RLTrainer
 
 if __name__ == "__main__":  # MathReward's checker processes are spawned: they import this file
@@ -168,7 +168,7 @@ def one_rank_group(tmp_path):
 def test_sharded_policy_samples_like_the_whole_one_and_round_trips_checkpoints(tiny_hf, one_rank_group, tmp_path):
     from torch.distributed.tensor import DTensor
 
-    from lmrl.dist import fsdp
+    from lmrl.distributed import fsdp
     from lmrl.models.hf import load_hf_policy
     from lmrl.models.lora import add_lora
 

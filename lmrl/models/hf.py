@@ -135,11 +135,11 @@ class HFPolicy(nn.Module):
 
     def gathered(self):
         """A block in which all of the policy's weights are whole on this process: a no-op unless
-        FSDP shards them (`lmrl.dist.fsdp`). Sampling enters it: ranks run different numbers of
+        FSDP shards them (`lmrl.distributed.fsdp`). Sampling enters it: ranks run different numbers of
         forward passes there, which must not all-gather layer by layer as training does."""
         if "torch.distributed.fsdp" not in sys.modules:  # nothing is sharded (and FSDP takes a second to import)
             return contextlib.nullcontext()
-        from ..dist.fsdp import full_parameters
+        from ..distributed.fsdp import full_parameters
 
         return full_parameters(self)
 

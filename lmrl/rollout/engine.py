@@ -13,7 +13,7 @@ is sampled one update behind (`rollout/staleness` = 1).
 
 - `LocalEngine`: the learner's own policy, in its process (the default; exactly the old behaviour).
 - `ThreadEngine`: a copy of the policy sampling in a background thread (`rollout.overlap` without Ray).
-- `lmrl.dist.ray_engine.RayRolloutEngine`: the batch split across `rollout.workers` Ray actors.
+- `lmrl.distributed.ray_engine.RayRolloutEngine`: the batch split across `rollout.workers` Ray actors.
 - `lmrl.rollout.vllm_engine.VLLMEngine`: an HF policy served by vLLM (`rollout.engine: vllm`); it
   returns no log-probs, so the trainer recomputes them with the exact training weights.
 
@@ -159,7 +159,7 @@ def make_engine(trainer) -> RolloutEngine:
     (`rollout.engine: vllm`), a background copy (`rollout.overlap`), else the learner's own policy."""
     cfg = trainer.config
     if cfg.rollout.workers > 0:
-        from ..dist.ray_engine import RayRolloutEngine
+        from ..distributed.ray_engine import RayRolloutEngine
 
         return RayRolloutEngine(trainer)
     if cfg.rollout.engine == "vllm":

@@ -12,8 +12,8 @@ Layout of one checkpoint, `<run_dir>/checkpoints/step_<N>/`:
     trainer_state.json   whatever the trainer needs to resume; written last, so its presence
                          marks a complete checkpoint
 
-A model sharded by FSDP (`lmrl.dist.fsdp`) is written in the same layout: every rank joins the
-gathers (`lmrl.dist.fsdp.full_state_dict`, `full_optimizer_state`) and rank 0 passes the whole
+A model sharded by FSDP (`lmrl.distributed.fsdp`) is written in the same layout: every rank joins the
+gathers (`lmrl.distributed.fsdp.full_state_dict`, `full_optimizer_state`) and rank 0 passes the whole
 tensors here in place of the model and optimizer; loading gives each rank its shard.
 
 Every save goes into `.tmp-<name>-<pid>/` next to its final name, is fsynced, and is then
@@ -242,17 +242,17 @@ def _adapter_only(model: torch.nn.Module) -> bool:
 
 def _sharded(model: torch.nn.Module) -> bool:
     """Sharded by FSDP (checked without importing FSDP, a second's work, when nothing has)."""
-    if "lmrl.dist.fsdp" not in sys.modules:
+    if "lmrl.distributed.fsdp" not in sys.modules:
         return False
-    from ..dist.fsdp import is_sharded
+    from ..distributed.fsdp import is_sharded
 
     return is_sharded(model)
 
 
 def _sharded_optimizer(optimizer) -> bool:
-    if "lmrl.dist.fsdp" not in sys.modules:
+    if "lmrl.distributed.fsdp" not in sys.modules:
         return False
-    from ..dist.fsdp import is_sharded_optimizer
+    from ..distributed.fsdp import is_sharded_optimizer
 
     return is_sharded_optimizer(optimizer)
 
@@ -298,7 +298,7 @@ def load_weights(model: torch.nn.Module, file: Path, map_location: str | torch.d
         missing, unexpected = expected - set(state), set(state) - expected
         if not (missing or unexpected):
             if sharded:
-                from ..dist.fsdp import load_full_state_dict
+                from ..distributed.fsdp import load_full_state_dict
 
                 load_full_state_dict(model, state)
             else:
@@ -348,7 +348,7 @@ def load_checkpoint(path: Path, *, model: torch.nn.Module, optimizer=None, sched
     if optimizer is not None:
         saved = torch.load(_require(path / OPTIMIZER_FILE, "optimizer"), map_location=map_location, weights_only=True)
         if _sharded_optimizer(optimizer):
-            from ..dist.fsdp import load_optimizer_state
+            from ..distributed.fsdp import load_optimizer_state
 
             load_optimizer_state(optimizer, saved)  # each rank keeps its shard of Adam's moments
         else:

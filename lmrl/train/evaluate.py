@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from ..dist.ddp import all_reduce_sum
+from ..distributed.ddp import all_reduce_sum
 
 
 @torch.no_grad()

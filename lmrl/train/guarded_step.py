@@ -8,7 +8,7 @@ from typing import Callable, Iterable
 
 import torch
 
-from ..dist.ddp import all_reduce_sum
+from ..distributed.ddp import all_reduce_sum
 
 
 class TrainingError(RuntimeError):

@@ -26,7 +26,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from ..algos import build_algorithm
 from ..config import Config, save_config
-from ..dist.ddp import all_reduce_sum, barrier, broadcast_object, init_distributed
+from ..distributed.ddp import all_reduce_sum, barrier, broadcast_object, init_distributed
 from ..models import build_model
 from ..models.heads import ActorCritic
 from ..models.reference import is_reference_view, reference_view
@@ -191,7 +191,7 @@ class RLTrainer:
     def no_sync(self, sync: bool):
         """Under DDP (FSDP), gradients are all-reduced (reduce-scattered) only on the micro-batch that says `sync`."""
         if self.fsdp:
-            from ..dist.fsdp import gradient_sync
+            from ..distributed.fsdp import gradient_sync
 
             return gradient_sync(self.train_model, sync)
         return self.train_model.no_sync() if isinstance(self.train_model, DDP) and not sync else nullcontext()
@@ -203,7 +203,7 @@ class RLTrainer:
     # -- shared step machinery -------------------------------------------------------------------
     def _make_optimizer(self, lr, weight_decay, steps, schedule, warmup, betas=(0.9, 0.99), eps=1e-8):
         if self.fsdp:  # sharded in place: self.module is its own wrapper, its parameters DTensor shards
-            from ..dist.fsdp import shard
+            from ..distributed.fsdp import shard
 
             self.train_model = shard(self.module)
             if self.reference is not None and not is_reference_view(self.reference):
@@ -292,7 +292,7 @@ class RLTrainer:
         in_stage = self.optimizer is not None  # the boundary checkpoint after the warm-up has no optimizer
         model, optimizer, modules = self.model, self.optimizer, self._rl_modules() if in_stage else None
         if self.fsdp:  # whole tensors in place of the sharded modules and optimizer
-            from ..dist.fsdp import full_optimizer_state
+            from ..distributed.fsdp import full_optimizer_state
 
             model = self._weights(model)
             modules = {name: self._weights(m) for name, m in modules.items()} if modules else None
@@ -310,7 +310,7 @@ class RLTrainer:
         (every rank takes part; rank 0 gets the tensors)."""
         if not self.fsdp:
             return module
-        from ..dist.fsdp import full_state_dict
+        from ..distributed.fsdp import full_state_dict
 
         return full_state_dict(module, ckpt.weights_to_save(module))
 

@@ -33,7 +33,7 @@ import torch
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from ..config import Config, save_config
-from ..dist.ddp import barrier, broadcast_object, init_distributed
+from ..distributed.ddp import barrier, broadcast_object, init_distributed
 from . import checkpoint as ckpt
 from .guarded_step import guarded_step
 from .run_dir import RunLog, prepare_run_dir
@@ -134,7 +134,7 @@ class OfflineTrainer:
         self._clock = time.perf_counter()
         module = self.trainable_module()
         if self.fsdp:  # sharded in place: the module is its own wrapper, its parameters DTensor shards
-            from ..dist.fsdp import shard
+            from ..distributed.fsdp import shard
 
             self.train_model = shard(module)
             for frozen in self.frozen_modules():
@@ -216,7 +216,7 @@ class OfflineTrainer:
 
     def _no_sync(self, sync: bool):
         if self.fsdp:
-            from ..dist.fsdp import gradient_sync
+            from ..distributed.fsdp import gradient_sync
 
             return gradient_sync(self.train_model, sync)
         return self.train_model.no_sync() if isinstance(self.train_model, DDP) and not sync else nullcontext()
@@ -301,7 +301,7 @@ class OfflineTrainer:
         (every rank takes part; rank 0 gets the tensors)."""
         if not self.fsdp:
             return self.model
-        from ..dist.fsdp import full_state_dict
+        from ..distributed.fsdp import full_state_dict
 
         return full_state_dict(self.model, ckpt.weights_to_save(self.model))
 
@@ -373,7 +373,7 @@ class OfflineTrainer:
         """Every rank calls it (FSDP gathers the weights and optimizer state); rank 0 writes."""
         weights, optimizer = self._weights(), self.optimizer
         if self.fsdp:
-            from ..dist.fsdp import full_optimizer_state
+            from ..distributed.fsdp import full_optimizer_state
 
             optimizer = full_optimizer_state(optimizer)
         if self.dist.is_main:

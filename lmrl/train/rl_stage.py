@@ -15,7 +15,7 @@ import time
 import torch
 
 from ..algos.base import score_sequences
-from ..dist.ddp import all_reduce_sum
+from ..distributed.ddp import all_reduce_sum
 from ..rollout.engine import make_engine, rollout_to
 from ..rollout.local import Rollout
 from .rewards import score_rollout
