@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 
 from lmrl.config import list_presets, load_config
-from lmrl.train.loop import RLTrainer
+from lmrl.train.rl_trainer import RLTrainer
 
 QUIET = ["run.progress=false", "run.tensorboard=false", "run.wandb=false"]
 

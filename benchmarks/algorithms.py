@@ -31,7 +31,7 @@ QUIET = ["run.progress=false", "run.tensorboard=false", "run.wandb=false"]
 ARM = """
 import json, sys
 from lmrl.config import load_config
-from lmrl.train.loop import RLTrainer
+from lmrl.train.rl_trainer import RLTrainer
 print(json.dumps(RLTrainer(load_config(sys.argv[1], sys.argv[2:])).train()))
 """
 

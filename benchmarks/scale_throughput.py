@@ -26,7 +26,7 @@ from pathlib import Path
 import torch
 
 from lmrl.config import load_config
-from lmrl.train.loop import RLTrainer
+from lmrl.train.rl_trainer import RLTrainer
 
 QUIET = ["run.progress=false", "run.tensorboard=false", "run.wandb=false", "sft.steps=0",
          "train.log_every=1", "train.ckpt_every=100000", "eval.size=50"]

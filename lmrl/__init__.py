@@ -5,7 +5,7 @@ from .config import AdderRLConfig, Config, ConfigError, MultiplierRLConfig, load
 __version__ = "0.1.0"
 
 
-_TRAINERS = {"RLTrainer": "loop", "ReinforceTrainer": "trainers", "RLOOTrainer": "trainers",
+_TRAINERS = {"RLTrainer": "rl_trainer", "ReinforceTrainer": "trainers", "RLOOTrainer": "trainers",
              "GRPOTrainer": "trainers", "PPOTrainer": "trainers", "SFTTrainer": "sft_trainer",
              "DPOTrainer": "dpo_trainer", "RewardTrainer": "reward_trainer", "build_trainer": "trainers"}
 

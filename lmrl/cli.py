@@ -95,7 +95,7 @@ def main(argv: list[str] | None = None) -> int:
     from .config import ConfigError
     from .data import DataError
     from .train.inspect import PromptError
-    from .train.loop import TrainingError
+    from .train.lifecycle import TrainingError
     from .train.rewards import RewardError
 
     try:

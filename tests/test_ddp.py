@@ -15,7 +15,7 @@ WORKER = """
 import sys
 from safetensors.torch import save_file
 from lmrl.config import load_config
-from lmrl.train.loop import RLTrainer
+from lmrl.train.rl_trainer import RLTrainer
 from lmrl.distributed.ddp import shutdown
 trainer = RLTrainer(load_config("adder", sys.argv[1:]))
 trainer.train()

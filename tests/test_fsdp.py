@@ -31,7 +31,7 @@ from safetensors.torch import save_file
 from torch.distributed.tensor import DTensor
 from lmrl.config import load_config
 from lmrl.distributed.ddp import shutdown
-from lmrl.train.loop import RLTrainer
+from lmrl.train.rl_trainer import RLTrainer
 
 if __name__ == "__main__":  # MathReward's checker processes are spawned: they import this file
     trainer = RLTrainer(load_config("math-grpo-smollm2", sys.argv[1:]))

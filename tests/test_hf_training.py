@@ -15,7 +15,7 @@ from lmrl.config import ConfigError, load_config
 from lmrl.models.reference import is_reference_view
 from lmrl.tasks.word_problems import write_addition_chat
 from lmrl.train.inspect import export_run, load_run
-from lmrl.train.loop import RLTrainer
+from lmrl.train.rl_trainer import RLTrainer
 from lmrl.train.rewards import RewardError
 from tests.test_hf import save_tiny_llama
 

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from lmrl.config import load_config
-from lmrl.train.loop import RLTrainer
+from lmrl.train.rl_trainer import RLTrainer
 
 
 @pytest.mark.slow

@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from lmrl.train import checkpoint as ckpt
-from lmrl.train.loop import RLTrainer
+from lmrl.train.rl_trainer import RLTrainer
 
 from .conftest import TINY
 
@@ -18,15 +18,15 @@ from .conftest import TINY
 CHILD = """
 import os, signal, sys
 from lmrl.config import load_config
-from lmrl.train.loop import RLTrainer
+from lmrl.train.rl_trainer import RLTrainer
 overrides, kill_at = sys.argv[1:-1], int(sys.argv[-1])
 trainer = RLTrainer(load_config("adder", overrides))
-end_step = trainer._end_step
+end_step = trainer.end_step
 def end_step_then_die(*args, **kwargs):
     end_step(*args, **kwargs)
     if trainer.state["step"] == kill_at:
         os.kill(os.getpid(), signal.SIGKILL)
-trainer._end_step = end_step_then_die
+trainer.end_step = end_step_then_die
 trainer.train()
 """
 

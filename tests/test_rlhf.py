@@ -11,7 +11,7 @@ import torch
 from lmrl.config import ConfigError, load_config
 from lmrl.data import write_jsonl
 from lmrl.models.reward_model import load_reward_model
-from lmrl.train.loop import RLTrainer
+from lmrl.train.rl_trainer import RLTrainer
 from lmrl.train.reward_trainer import RewardTrainer
 from tests.test_hf import save_tiny_llama
 
@@ -48,7 +48,7 @@ def _ppo(root, rm_dir, run_dir, *overrides):
 def test_ppo_against_a_reward_model_starts_its_critic_as_the_reward_model(rm, tmp_path):
     root, rm_dir = rm
     trainer = RLTrainer(_ppo(root, rm_dir, tmp_path / "run"))
-    trainer._build_rl_modules()
+    trainer.build_rl_modules()
     reward_model, tok = load_reward_model(rm_dir)
     text = trainer.task.prompt_texts[0] + "yes"
     ids = torch.tensor([tok(text, add_special_tokens=False)["input_ids"]])

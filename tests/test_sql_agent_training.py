@@ -13,7 +13,7 @@ from lmrl.config import ConfigError, load_config
 from lmrl.tasks.sql.agent_task import SQLAgentTask, per_skill_success
 from lmrl.tasks.sql.env import SQLEnvConfig
 from lmrl.train.callbacks import Callback
-from lmrl.train.loop import RLTrainer
+from lmrl.train.rl_trainer import RLTrainer
 from tests.test_hf import save_tiny_llama
 
 

@@ -147,7 +147,7 @@ def test_sft_on_demonstrations_then_rl_from_its_exported_model(tiny_dir, tmp_pat
     with a fresh adapter, so its starting point (and its KL reference) is the SFT model."""
     from transformers import AutoModelForCausalLM
 
-    from lmrl.train.loop import RLTrainer
+    from lmrl.train.rl_trainer import RLTrainer
     from lmrl.train.sft_trainer import SFTTrainer
 
     common = ["lora.r=4", "lora.target_modules=[all-linear]", "env.max_rounds=2", "env.skills=[count, max, insert]",

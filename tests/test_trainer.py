@@ -10,7 +10,7 @@ import torch
 from lmrl.config import ConfigError
 from lmrl.train import checkpoint as ckpt
 from lmrl.algos import reinforce as reinforce_algo
-from lmrl.train.loop import RLTrainer, TrainingError
+from lmrl.train.rl_trainer import RLTrainer, TrainingError
 from lmrl.train.rewards import RewardError
 
 
@@ -76,16 +76,16 @@ def test_warmup_sees_at_most_its_label_budget_and_rl_never_reads_a_label(tiny_co
     seen = []
     real_labeled = task.labeled
     monkeypatch.setattr(task, "labeled", lambda ids: seen.append(ids.clone()) or real_labeled(ids))
-    run_rl = trainer._run_rl
+    run_rl = trainer.reinforce
 
-    def rl_without_labels():
+    def rl_without_labels(stage):
         def refuse(*args):
             raise AssertionError("RL read a label")
         monkeypatch.setattr(task, "labeled", refuse)
         monkeypatch.setattr(task, "target", refuse)  # not even through the verifier
-        run_rl()
+        run_rl(stage)
 
-    monkeypatch.setattr(trainer, "_run_rl", rl_without_labels)
+    monkeypatch.setattr(trainer, "reinforce", rl_without_labels)
     monkeypatch.setattr(task, "score_batch", _verifier_without_target(task))
     trainer.train()
     labeled_ids = torch.cat(seen)
@@ -138,7 +138,7 @@ def test_a_nan_loss_skips_the_update_and_is_counted(tiny_config, monkeypatch):
         return loss
 
     monkeypatch.setattr(reinforce_algo, "reinforce_loss", nan_on_second)
-    real_end = trainer._end_step
+    real_end = trainer.end_step
 
     def end_step(stage, metrics, *a, **k):
         if calls["n"] == 2 and before:  # right after the NaN step: the weights did not move
@@ -147,7 +147,7 @@ def test_a_nan_loss_skips_the_update_and_is_counted(tiny_config, monkeypatch):
             before.clear()
         real_end(stage, metrics, *a, **k)
 
-    monkeypatch.setattr(trainer, "_end_step", end_step)
+    monkeypatch.setattr(trainer, "end_step", end_step)
     trainer.train()
     rl = [r for r in read_metrics(cfg.run_dir) if "train/nonfinite_skipped" in r]
     assert [r["train/nonfinite_skipped"] for r in rl] == [0, 1, 1]

@@ -62,9 +62,8 @@ def test_missing_vllm_says_which_extra_to_install(monkeypatch):
 
     cfg = load_config("math-grpo-smollm2", ["rollout.engine=vllm"])
     task = types.SimpleNamespace(prompts=lambda ids: ["hi"] * len(ids), max_new_tokens=4)
-    trainer = types.SimpleNamespace(config=cfg, task=task, model=None, dist=types.SimpleNamespace(world_size=1))
     with pytest.raises(ImportError, match=r"lmrl\[vllm\]"):
-        make_engine(trainer)
+        make_engine(cfg, task, None)
 
 
 def test_engine_refuses_an_agent_task_before_loading_anything(monkeypatch):
@@ -73,9 +72,8 @@ def test_engine_refuses_an_agent_task_before_loading_anything(monkeypatch):
     monkeypatch.setitem(sys.modules, "vllm", None)
     cfg = load_config("math-grpo-smollm2", [])
     cfg.task.name = "sql"
-    trainer = types.SimpleNamespace(config=cfg, task=object(), model=None, dist=types.SimpleNamespace(world_size=1))
     with pytest.raises(ValueError, match="multi-turn"):
-        VLLMEngine(trainer)
+        VLLMEngine(cfg, object(), None)
 
 
 # ---------------------------------------------------------------------------------- rollout layout
@@ -155,8 +153,7 @@ def _engine(tmp_path, lora: bool):
                                             "rollout.gpu_memory_utilization=0.05", "rollout.max_model_len=256"])
     if lora:  # as for a GGUF policy: vLLM gets the base model written out by the engine
         cfg.model.gguf_file = "policy.gguf"
-    trainer = types.SimpleNamespace(config=cfg, task=task, model=policy, dist=types.SimpleNamespace(world_size=1))
-    return VLLMEngine(trainer), task, policy
+    return VLLMEngine(cfg, task, policy), task, policy
 
 
 def _greedy_both(engine, task, policy, ids):
@@ -208,7 +205,7 @@ def test_grpo_with_lora_trains_on_vllm_samples_one_update_behind_with_overlap(tm
     import json
 
     from lmrl.tasks.word_problems import write_addition_chat
-    from lmrl.train.loop import RLTrainer
+    from lmrl.train.rl_trainer import RLTrainer
 
     save_vllm_tiny_llama(tmp_path / "model")
     write_addition_chat(tmp_path / "data", n_train=40, n_test=8, seed=0)

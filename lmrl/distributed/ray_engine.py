@@ -1,7 +1,7 @@
 """Rollouts on Ray actors: each step's batch split across `rollout.workers` copies of the policy.
 
-    engine = RayRolloutEngine(trainer)      # joins Ray (ray_launch.connect), starts the workers
-    engine.sync(trainer.model, version)     # one ray.put of the trainable weights, loaded by every worker
+    engine = RayRolloutEngine(config, task, group_size=G, info=log, ckpt_dir=d)  # joins Ray, starts the workers
+    engine.sync(policy, version)            # one ray.put of the trainable weights, loaded by every worker
     sampled = engine.submit(ids, temperature=1.0, top_k=0, generator=g).result()
     engine.close()
 
@@ -36,7 +36,7 @@ import torch.nn.functional as F
 
 from ..rollout.engine import Sampled, draw_seed, load_state_into, rollout_to, trainable_state
 from ..rollout.local import Rollout
-from ..train.guarded_step import TrainingError
+from ..train.lifecycle import TrainingError
 from .ray_launch import actor_device, check_resources, connect, placement, require_ray
 
 START_TIMEOUT_S = 300.0  # the least a new worker gets to build its policy (see RayRolloutEngine.await_start)
@@ -163,14 +163,14 @@ def concat_rollouts(parts: list[Rollout], pad_id: int) -> Rollout:
 class RayRolloutEngine:
     """The `RolloutEngine` of `rollout.workers` Ray actors (see the module docstring)."""
 
-    def __init__(self, trainer):
+    def __init__(self, config, task, *, group_size: int, info, ckpt_dir):
         self.ray = ray = require_ray()
-        self.trainer, self.config = trainer, trainer.config
+        self.config, self.info, self.ckpt_dir = config, info, ckpt_dir
         r, d = self.config.rollout, self.config.distributed
         self._owns_ray = connect(d, cpus_needed=d.learner_cpus + r.workers * r.worker_cpus)
         check_resources(ray, workers=(r.workers, r.worker_cpus, r.worker_gpus))
-        self.group_size = trainer.algo.group_size
-        tokenizer = getattr(trainer.task, "tokenizer", None)
+        self.group_size = group_size
+        tokenizer = getattr(task, "tokenizer", None)
         self.pad_id = getattr(tokenizer, "pad_token_id", None) or 0
         self.version, self.state_ref = -1, None
         self.workers = [start_worker(self.config) for _ in range(r.workers)]
@@ -181,7 +181,7 @@ class RayRolloutEngine:
             self.close()
             raise
         for i, where in enumerate(ray.get([w.where.remote() for w in self.workers])):
-            trainer._info(f"rollout worker {i}: {where}")
+            info(f"rollout worker {i}: {where}")
 
     def await_start(self, workers: list) -> None:
         """Waits for new workers to have built their policy: `rollout.timeout_s` counts rollouts
@@ -249,15 +249,15 @@ class _RayPending:
                 reason = (f"no rollout back within rollout.timeout_s={cfg.timeout_s:g}s"
                           if isinstance(err, ray.exceptions.GetTimeoutError)
                           else f"its process died ({str(err).splitlines()[0]})")
-                step = e.trainer.state["step"] + 1
+                step = e.config.sft.steps + e.version + 1  # the global step this batch is for
                 if restarts >= cfg.max_restarts:
                     raise TrainingError(
                         f"rollout worker {i} of {len(e.workers)} failed at step {step}: {reason}; after {restarts} "
                         f"restart(s) of it (rollout.max_restarts={cfg.max_restarts}) the run stopped. The last "
-                        f"checkpoint in {e.trainer.ckpt_dir} is intact: continue with --resume"
+                        f"checkpoint in {e.ckpt_dir} is intact: continue with --resume"
                     ) from None
                 restarts += 1
-                e.trainer._info(f"step {step}: rollout worker {i} failed ({reason}); replaced, shard resampled "
+                e.info(f"step {step}: rollout worker {i} failed ({reason}); replaced, shard resampled "
                                 f"(restart {restarts} of {cfg.max_restarts})")
                 e.replace_worker(i, self.state_ref, self.version)
                 self.refs[i] = self._launch(i)

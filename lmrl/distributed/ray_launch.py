@@ -118,7 +118,7 @@ class _Learner:
     def stop(self) -> None:
         """The driver's Ctrl-C, as the trainer's own: finish this step, save a checkpoint, return."""
         if self.trainer is not None:
-            self.trainer._on_sigint(signal.SIGINT, None)
+            self.trainer.request_stop()
 
 
 def train_with_ray(cfg) -> dict:

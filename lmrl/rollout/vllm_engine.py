@@ -1,10 +1,10 @@
 """vLLM as the rollout engine (`rollout.engine: vllm`): an HF policy's training completions sampled
 by a `vllm.LLM` whose weights follow the learner's after every update.
 
-    engine = VLLMEngine(trainer)                  # loads the policy's base model into vLLM
-    engine.sync(trainer.model, version)           # full fine-tuning: every weight; LoRA: the adapter
+    engine = VLLMEngine(config, task, policy)     # loads the policy's base model into vLLM
+    engine.sync(policy, version)                  # full fine-tuning: every weight; LoRA: the adapter
     sampled = engine.submit(ids, temperature=1.0, top_k=0, generator=g).result()
-    sampled.rollout.logprobs is None              # the learner recomputes them (lmrl.train.rl_stage.on_learner)
+    sampled.rollout.logprobs is None              # the learner recomputes them (RLTrainer._on_learner)
 
 What vLLM sees. The prompts are the task's own chat-rendered texts, tokenized by the policy
 (`policy.encode`, left-padded as `sample_text` does) and handed to vLLM as token ids
@@ -170,18 +170,17 @@ def reprocess_tied_layers(model: torch.nn.Module) -> None:
 class VLLMEngine:
     """Samples a text task's training completions with vLLM (see the module docstring)."""
 
-    def __init__(self, trainer):
-        cfg = trainer.config
-        world_size = getattr(getattr(trainer, "dist", None), "world_size", 1)
+    def __init__(self, config, task, policy, *, world_size: int = 1):
+        cfg = config
         reason = unsupported_reason(cfg.task.name, cfg.model.type, world_size)
-        if reason is None and not hasattr(trainer.task, "prompts"):
-            reason = f"rollout.engine=vllm needs a text task with prompts(ids); {type(trainer.task).__name__} has none"
+        if reason is None and not hasattr(task, "prompts"):
+            reason = f"rollout.engine=vllm needs a text task with prompts(ids); {type(task).__name__} has none"
         if reason:
             raise ValueError(reason)
         vllm = import_vllm()
         from ..models.lora import has_adapter
 
-        self.task, self.policy, self.vllm = trainer.task, trainer.model, vllm
+        self.task, self.policy, self.vllm = task, policy, vllm
         self.lora = has_adapter(self.policy)
         self._tmp = Path(tempfile.mkdtemp(prefix="lmrl-vllm-"))
         model_dir = self._base_model_dir(cfg.model)

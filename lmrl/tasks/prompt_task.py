@@ -33,6 +33,11 @@ class PromptTask(MathTask):
         self.heldout_ids = torch.arange(len(train), len(self.rows))
         self.reward = scorer
 
+    @property
+    def reward_model(self) -> torch.nn.Module | None:
+        """The reward model that scores completions (None for a custom `reward.cls`)."""
+        return getattr(self.reward, "model", None)
+
     def reward_kwargs(self, ids: torch.Tensor) -> dict:
         return {}
 

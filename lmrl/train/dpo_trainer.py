@@ -19,36 +19,28 @@ from pathlib import Path
 import torch
 
 from ..algos.preference_losses import dpo_loss
-from ..config import Config, validate
+from ..config import Config
 from ..models.reference import is_reference_view, reference_view
-from .pair_trainer import PairTrainer
-from .offline_setup import build_policy, ensure_data, export_policy
-from .text_batches import TextCodec, response_logps
+from .offline import PairTrainer
+from .offline_setup import build_policy, export_policy
+from .text_batches import response_logps
 
 
 class DPOTrainer(PairTrainer):
     name = "dpo"
+    trainer_key = "dpo"
     accuracy_key = "rewards/accuracy"
     default_best_metric = "eval/accuracy"
 
-    def __init__(self, config: Config, *, model=None, tokenizer=None, reference=None):
-        config.run.trainer = "dpo"
-        validate(config)
-        ensure_data(config)
-        if model is None:
-            model, tokenizer = build_policy(config)
-        tokenizer = tokenizer if tokenizer is not None else getattr(model, "tokenizer", None)
-        if tokenizer is None:
-            raise ValueError("DPOTrainer(model=...) needs its tokenizer: pass tokenizer=...")
-        self.model, self.tokenizer = model, tokenizer
+    def __init__(self, config: Config, *, model=None, tokenizer=None, reference=None, callbacks=None):
+        super().__init__(config, model=model, tokenizer=tokenizer, callbacks=callbacks)
         # the reference is the starting policy: a view with the adapter off, or a frozen copy made now
         self.reference = reference if reference is not None else \
-            reference_view(model) or copy.deepcopy(model).eval().requires_grad_(False)
-        self.codec = TextCodec(tokenizer, chat=config.data.chat)
-        self.pad_id = getattr(tokenizer, "pad_token_id", None) or 0
-        self.data_notes = []
-        self._setup(config)
+            reference_view(self.model) or copy.deepcopy(self.model).eval().requires_grad_(False)
         self.reference.to(self.device)
+
+    def build_model(self):
+        return build_policy(self.config)
 
     def compute_loss(self, batch) -> tuple[torch.Tensor, dict]:
         ids, attention, loss_mask = batch

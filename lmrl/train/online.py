@@ -22,16 +22,21 @@ checkpoint resumes from it.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
-from ..algos.advantages import update_moving_baseline
+from ..algos.advantages import baseline_advantages, update_moving_baseline
 from ..algos.base import policy_forward
+from ..algos.losses import aggregate
 from ..rollout.agent import left_pad
 from . import checkpoint as ckpt
 from .callbacks import Callback, Episode
+from .lifecycle import guarded_step
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -41,14 +46,15 @@ class EpisodeLearnerConfig:
     batch_episodes: int = 8  # episodes per update
     baseline_decay: float = 0.9  # b <- decay*b + (1-decay)*mean reward; A = r - b
     grad_clip: float = 1.0
+    max_nonfinite: int = 5  # non-finite updates in a row (each skipped) that stop the learner
     temperature: float = 1.0  # the sampling temperature, for the log-probs
     run_dir: str | None = None  # where checkpoints go (None: no checkpoints)
     ckpt_every: int = 1  # updates between checkpoints
     keep_checkpoints: int = 2
 
     def __post_init__(self):
-        if self.batch_episodes < 1 or self.ckpt_every < 1 or self.lr <= 0:
-            raise ValueError("EpisodeLearnerConfig: batch_episodes and ckpt_every must be >= 1 and lr > 0")
+        if self.batch_episodes < 1 or self.ckpt_every < 1 or self.max_nonfinite < 1 or not self.lr > 0:
+            raise ValueError("EpisodeLearnerConfig: batch_episodes, ckpt_every and max_nonfinite must be >= 1 and lr > 0")
         if not 0 <= self.baseline_decay < 1:
             raise ValueError(f"EpisodeLearnerConfig.baseline_decay must be in [0, 1), got {self.baseline_decay}")
 
@@ -87,15 +93,13 @@ class EpisodeLearner(Callback):
         if not params:
             raise ValueError("the policy has no trainable parameters (a LoRA adapter or unfrozen weights)")
         self.optimizer = torch.optim.AdamW(params, lr=self.config.lr, weight_decay=self.config.weight_decay)
-        self.state = {"step": 0, "episodes": 0, "baseline": None}
+        self.state = {"step": 0, "episodes": 0, "baseline": None, "nonfinite_total": 0, "nonfinite_run": 0}
         self.pending: list[tuple[list[int], list[int], float, list[float] | None]] = []
         self.ckpt_dir = Path(self.config.run_dir) / "checkpoints" if self.config.run_dir else None
         latest = ckpt.latest_checkpoint(self.ckpt_dir) if self.ckpt_dir and self.ckpt_dir.is_dir() else None
         if latest is not None:
-            self.state = ckpt.load_checkpoint(latest, model=policy, optimizer=self.optimizer, restore_rng=False)
-            self.resumed_from = latest
-        else:
-            self.resumed_from = None
+            self.state.update(ckpt.load_checkpoint(latest, model=policy, optimizer=self.optimizer, restore_rng=False))
+        self.resumed_from = latest
 
     # -- feeding ---------------------------------------------------------------------------------
     def add_episode(self, messages: list[dict], reward: float, logprobs=None) -> dict | None:
@@ -116,40 +120,35 @@ class EpisodeLearner(Callback):
 
     # -- learning --------------------------------------------------------------------------------
     def update(self) -> dict:
-        """One REINFORCE step on the queued episodes: A = r - b, loss = -sum(A * log p) / tokens."""
+        """One REINFORCE step on the queued episodes: A = r − b, L = −Σ_it m_it·A_i·log π / Σ_it m_it
+        (the mean over the assistant tokens), then the trainers' guarded optimizer step."""
         batch, self.pending = self.pending, []
         cfg, device = self.config, self.policy.device
         rewards = torch.tensor([r for _, _, r, _ in batch], dtype=torch.float64)
         old = self.state["baseline"]
-        baseline = rewards.mean().item() if old is None else old
+        adv = baseline_advantages(rewards, rewards.mean().item() if old is None else old).float().to(device)
         pad = self.policy.tokenizer.pad_token_id or 0
         seq, attn = left_pad([ids for ids, *_ in batch], pad, device)  # as the policy's prompts are
         loss_mask = left_pad([mask for _, mask, _, _ in batch], 0, device)[0][:, 1:].float()
-        width = seq.size(1)
         self.policy.train()
-        logp, _, _ = policy_forward(self.policy, seq, width - 1, cfg.temperature, attn, entropy_grad=False)
-        adv = (rewards - baseline).float().to(device)
-        loss = -(adv[:, None] * logp * loss_mask).sum() / loss_mask.sum()
-        self.optimizer.zero_grad(set_to_none=True)
+        logp, _, _ = policy_forward(self.policy, seq, seq.size(1) - 1, cfg.temperature, attn, entropy_grad=False)
+        loss = -aggregate(adv[:, None] * logp, loss_mask, "token")
         loss.backward()
-        params = [p for g in self.optimizer.param_groups for p in g["params"]]
-        grad_norm = torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip if cfg.grad_clip > 0 else float("inf"))
-        if not (torch.isfinite(loss) and torch.isfinite(grad_norm)):
-            self.optimizer.zero_grad(set_to_none=True)
-            raise FloatingPointError(f"non-finite loss or gradient at update {self.state['step'] + 1}; "
-                                     f"nothing was updated (last checkpoint in {self.ckpt_dir})")
-        self.optimizer.step()
-        self.state["baseline"] = update_moving_baseline(old, rewards.mean().item(), cfg.baseline_decay)
+        stats = guarded_step(self.optimizer, (p for g in self.optimizer.param_groups for p in g["params"]),
+                             loss.detach(), self.state, grad_clip=cfg.grad_clip, max_nonfinite=cfg.max_nonfinite,
+                             device=device, ckpt_dir=self.ckpt_dir, info=log.warning)
+        if self.state["nonfinite_run"] == 0:  # a skipped update leaves the baseline as it was
+            self.state["baseline"] = update_moving_baseline(old, rewards.mean().item(), cfg.baseline_decay)
         self.state["step"] += 1
         self.state["episodes"] += len(batch)
-        metrics = {"step": self.state["step"], "train/policy_loss": loss.item(), "train/grad_norm": grad_norm.item(),
-                   "train/avg_reward": rewards.mean().item(), "train/baseline": self.state["baseline"],
-                   "train/advantage_mean": adv.mean().item()}
+        metrics = {"step": self.state["step"], "train/policy_loss": loss.item(), "train/grad_norm": stats["grad_norm"],
+                   "train/nonfinite_skipped": stats["nonfinite_skipped"], "train/avg_reward": rewards.mean().item(),
+                   "train/baseline": self.state["baseline"], "train/advantage_mean": adv.mean().item()}
         gaps = [(logp[i][loss_mask[i].bool()].detach().cpu() - torch.tensor(lp)).abs().mean().item()
                 for i, (_, m, _, lp) in enumerate(batch) if lp is not None and len(lp) == sum(m)]
         if gaps:
             metrics["train/logprob_gap"] = sum(gaps) / len(gaps)
-        if self.ckpt_dir is not None and self.state["step"] % cfg.ckpt_every == 0:
+        if self.ckpt_dir is not None and self.state["step"] % cfg.ckpt_every == 0 and self.state["nonfinite_run"] == 0:
             self.save()
         return metrics
 

@@ -17,32 +17,20 @@ from pathlib import Path
 import torch
 
 from ..algos.preference_losses import bradley_terry_loss
-from ..config import Config, validate
-from ..models.reward_model import RewardModel, build_reward_model
-from .pair_trainer import PairTrainer
-from .offline_setup import ensure_data
-from .text_batches import TextCodec
+from ..models.reward_model import build_reward_model
+from .offline import PairTrainer
 
 
 class RewardTrainer(PairTrainer):
     name = "rm"
+    trainer_key = "reward"
     accuracy_key = "rm/accuracy"
     default_best_metric = "eval/accuracy"
 
-    def __init__(self, config: Config, *, model: RewardModel | None = None, tokenizer=None):
-        config.run.trainer = "reward"
-        validate(config)
-        ensure_data(config)
-        if model is None:
-            m = config.model
-            torch.manual_seed(config.run.seed)  # the same score head (and adapter) for a seed
-            model, tokenizer = build_reward_model(m.path, gguf_file=m.gguf_file, dtype=m.dtype, lora=config.lora)
-        tokenizer = tokenizer if tokenizer is not None else model.tokenizer
-        self.model, self.tokenizer = model, tokenizer
-        self.codec = TextCodec(tokenizer, chat=config.data.chat)
-        self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
-        self.data_notes = []
-        self._setup(config)
+    def build_model(self):
+        m = self.config.model
+        torch.manual_seed(self.config.run.seed)  # the same score head (and adapter) for a seed
+        return build_reward_model(m.path, gguf_file=m.gguf_file, dtype=m.dtype, lora=self.config.lora)
 
     def compute_loss(self, batch) -> tuple[torch.Tensor, dict]:
         ids, attention, _ = batch
@@ -56,5 +44,4 @@ class RewardTrainer(PairTrainer):
         return model.save(out_dir / "reward_model")
 
     def fresh_model(self):
-        m = self.config.model
-        return build_reward_model(m.path, gguf_file=m.gguf_file, dtype=m.dtype, lora=self.config.lora)[0]
+        return self.build_model()[0]

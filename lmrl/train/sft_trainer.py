@@ -18,33 +18,20 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from ..config import Config, validate
 from ..tasks.preference_data import TruncationCounter, read_sft
 from .offline import OfflineTrainer
-from .offline_setup import build_policy, ensure_data, export_policy
-from .text_batches import TextCodec, encode_sft, pad_sequences, response_logps
+from .offline_setup import build_policy, export_policy
+from .text_batches import encode_sft, pad_sequences, response_logps
 
 
 class SFTTrainer(OfflineTrainer):
     name = "sft"
+    trainer_key = "sft"
     accuracy_key = "sft/token_accuracy"
     default_best_metric = "eval/loss"
 
-    def __init__(self, config: Config, *, model=None, tokenizer=None):
-        config.run.trainer = "sft"
-        validate(config)
-        ensure_data(config)
-        if model is None:
-            model, tokenizer = build_policy(config)
-        elif tokenizer is None:
-            tokenizer = getattr(model, "tokenizer", None)
-            if tokenizer is None:
-                raise ValueError("SFTTrainer(model=...) needs its tokenizer: pass tokenizer=...")
-        self.model, self.tokenizer = model, tokenizer
-        self.codec = TextCodec(tokenizer, chat=config.data.chat)
-        self.pad_id = getattr(tokenizer, "pad_token_id", None) or 0
-        self.data_notes = []
-        self._setup(config)
+    def build_model(self):
+        return build_policy(self.config)
 
     def encode(self, path: str) -> list:
         counter = TruncationCounter()

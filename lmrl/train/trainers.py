@@ -11,7 +11,7 @@ from __future__ import annotations
 import copy
 
 from ..config import Config, validate
-from .loop import RLTrainer
+from .rl_trainer import RLTrainer
 
 
 def _with_algorithm(config: Config, name: str) -> Config:

@@ -1,0 +1,59 @@
+"""What the RL trainer uses of a task, and nothing else (`lmrl.train.rl_trainer` reads no other member).
+
+A task owns its problems, split once into training and held-out ids that never overlap (one number
+line per task, so "RL never sees a held-out problem" is structural), samples completions with a
+policy, and scores them. Every task in `lmrl.tasks` satisfies `Task`; the arithmetic tasks also
+satisfy `LabeledTask` (the supervised warm-up), and open prompts scored by a reward model
+`ScoredByModel` (PPO's critic starts as that model).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol, runtime_checkable
+
+import torch
+
+from ..rollout.local import Rollout
+
+
+@runtime_checkable
+class Task(Protocol):
+    heldout_ids: torch.Tensor  # (H,) the held-out problems, evaluated greedily
+    max_new_tokens: int  # the completion budget (the constant of loss_level=constant)
+
+    def sample_train_ids(self, n: int, generator: torch.Generator) -> torch.Tensor:
+        """(n,) training problem ids (with replacement), drawn from `generator`."""
+
+    def rollout(self, policy, ids: torch.Tensor, *, temperature: float = 1.0, top_k: int = 0, greedy: bool = False,
+                generator: torch.Generator | None = None) -> Rollout:
+        """Completions of problems `ids` sampled from `policy` (one row per id)."""
+
+    def score_rollout(self, ids: torch.Tensor, rollout: Rollout) -> tuple[torch.Tensor, torch.Tensor, dict]:
+        """(rewards (B,) or per token (B, N), exact-match flags (B,), {name: (B,) per-row extras})."""
+
+    def texts(self, ids: torch.Tensor, rollout: Rollout) -> tuple[list[str], list[str]]:
+        """(prompts, completions) as text, for a user's reward function and callbacks."""
+
+    def reward_kwargs(self, ids: torch.Tensor) -> dict[str, list[Any]]:
+        """The columns a user's reward function gets as keyword lists (e.g. ground_truth)."""
+
+
+@runtime_checkable
+class LabeledTask(Task, Protocol):
+    """A task the supervised warm-up can train on: fixed-length answers to a budget of labeled problems."""
+
+    tokenizer: Any  # its vocab_size sizes the built-in GPT
+    answer_len: int  # answer tokens per problem: the warm-up's loss covers the last answer_len positions
+
+    def sample_distinct_train_ids(self, n: int, generator: torch.Generator) -> torch.Tensor:
+        """(n,) distinct training problem ids: the label budget."""
+
+    def labeled(self, ids: torch.Tensor) -> torch.Tensor:
+        """(n, prompt + answer) token rows with their answers: the only place a run reads labels."""
+
+
+@runtime_checkable
+class ScoredByModel(Task, Protocol):
+    """A task whose reward is a learned reward model's score."""
+
+    reward_model: torch.nn.Module | None

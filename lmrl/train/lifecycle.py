@@ -1,0 +1,519 @@
+"""The run lifecycle every trainer shares, written once: a trainer says what one training step and
+one evaluation are, and `Trainer` does the rest.
+
+    class MyTrainer(Trainer):
+        def stages(self):                  # the run's steps, in order
+            return [Stage("train", steps=100, eval_every=10)]
+        def run_stage(self, stage):        # one loop per stage: build the optimizer, then step
+            self.make_optimizer(self.model, lr=..., ...)
+            self.step_until_done(stage, self.train_step)
+        def train_step(self, stage):       # forward, backward, self.optimizer_step(loss), self.end_step(...)
+            ...
+        def evaluate(self) -> dict:        # {"eval/...": value}
+            ...
+
+What `Trainer` owns:
+- set-up: torchrun's process group and device, CPU threads, seeds, the run dir (never
+  overwritten), per-rank named generators;
+- the optimizer: AdamW on the trainable parameters, the LR schedule (every `schedule.*` key;
+  plateau steered by `train.best_metric` in the direction the metric needs), DDP / FSDP wrapping,
+  and the guarded step (clip; skip and count a non-finite update; stop after
+  `train.max_nonfinite` in a row);
+- the end of every step: evaluation when due, the best model (`checkpoints/best/`, maximised or
+  minimised as `train.best_metric` says), early stopping (`train.patience`), logging, callbacks,
+  checkpoints;
+- stopping: Ctrl-C (finish the step, save, return), `train.time_limit_min`, early stopping;
+- exact resume: weights and state when training starts, optimizer, scheduler and every RNG once
+  the stage has built them (`run.resume=auto`);
+- the end: a final evaluation if the last step had none, the last checkpoint, the export of the best
+  model (trainers that export one), and `summary.json`.
+
+One global step counter runs through every stage (stage k's steps follow stage k-1's), so
+metrics.jsonl, TensorBoard and checkpoint names share one axis; the console shows the step within
+the stage.
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import os
+import signal
+import threading
+import time
+from contextlib import nullcontext
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Iterable
+
+import torch
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+from ..config import Config, save_config, validate
+from ..distributed.ddp import all_reduce_sum, barrier, broadcast_object, init_distributed
+from . import checkpoint as ckpt
+from .callbacks import CallbackList
+from .run_dir import RunLog, prepare_run_dir
+from .schedule import make_scheduler
+
+
+class TrainingError(RuntimeError):
+    """The run cannot go on (e.g. repeated non-finite losses); the last checkpoint is intact."""
+
+
+@dataclass
+class Stage:
+    """A run of `steps` consecutive global steps: `first` is the global step before its first one.
+
+    `eval_every` > 0 evaluates every that many steps of the stage; the stage's last step is always
+    evaluated. `clock` names the entry of the run's `time` record its steps' seconds add to.
+    `timed`: `train.time_limit_min` may end the stage early."""
+
+    name: str
+    steps: int
+    first: int = 0
+    eval_every: int = 0
+    clock: str = ""
+    timed: bool = True
+
+    def __post_init__(self):
+        self.clock = self.clock or self.name
+
+    @property
+    def last(self) -> int:
+        return self.first + self.steps
+
+
+def lower_is_better(metric: str) -> bool:
+    """Metrics named like a loss are minimised; every other metric is maximised."""
+    return "loss" in metric
+
+
+def free_memory(device: torch.device) -> None:
+    """Between phases (after an evaluation, before an export): drop what Python still holds and hand
+    the GPU's cached blocks back, so the next phase does not start fragmented."""
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+
+
+def guarded_step(optimizer: torch.optim.Optimizer, params: Iterable[torch.Tensor], loss: torch.Tensor, state: dict, *,
+                 grad_clip: float, max_nonfinite: int, device, ckpt_dir, info: Callable[[str], None]) -> dict:
+    """Clip, then step — or skip the update when the loss or the gradient is not finite, counted in
+    `state` ("step", "nonfinite_total", "nonfinite_run"), and raise `TrainingError` after
+    `max_nonfinite` skips in a row. Gradients are already accumulated; every rank takes the same
+    decision (the flag is all-reduced)."""
+    clip = grad_clip if grad_clip > 0 else float("inf")
+    grad_norm = torch.nn.utils.clip_grad_norm_(list(params), clip)
+    if hasattr(grad_norm, "full_tensor"):  # FSDP: a DTensor over sharded gradients, made one number
+        grad_norm = grad_norm.full_tensor()
+    bad = torch.tensor([float(not (torch.isfinite(loss) and torch.isfinite(grad_norm)))], device=device)
+    if all_reduce_sum(bad).item() > 0:
+        state["nonfinite_total"] += 1
+        state["nonfinite_run"] += 1
+        info(f"step {state['step'] + 1}: non-finite loss or gradient, update skipped ({state['nonfinite_run']} in a row)")
+        if state["nonfinite_run"] >= max_nonfinite:
+            raise TrainingError(f"{state['nonfinite_run']} non-finite losses in a row at step {state['step'] + 1}; "
+                                f"stopped. The last good checkpoint is in {ckpt_dir}")
+    else:
+        optimizer.step()
+        state["nonfinite_run"] = 0
+    optimizer.zero_grad(set_to_none=True)
+    return {"grad_norm": grad_norm.item(), "nonfinite_skipped": state["nonfinite_total"]}
+
+
+class Trainer:
+    """The lifecycle (see the module docstring). A subclass builds `self.model` in its __init__
+    after `super().__init__(config)`, then calls `self.init_state()`, and implements `stages`,
+    `run_stage` and `evaluate`; `summary`, `export`, `checkpoint_modules`, `frozen_modules`,
+    `fresh_model` and `stage_evaluated` are optional."""
+
+    name = "train"  # prefix of the training metrics (sft/..., dpo/..., rm/...); RL uses train/...
+    default_best_metric = "eval/accuracy"
+
+    def __init__(self, config: Config, *, callbacks=None):
+        validate(config)
+        self.config = cfg = config
+        self.callbacks = CallbackList(callbacks)
+        self.dist, self.device = init_distributed(cfg.run.device)
+        # distributed.strategy=fsdp: the trained module is sharded over the ranks when its optimizer is made
+        self.fsdp = self.dist.enabled and cfg.distributed.strategy == "fsdp"
+        if cfg.run.threads:
+            torch.set_num_threads(cfg.run.threads)
+        torch.manual_seed(cfg.run.seed)  # identical initial weights (and LoRA adapters) on every rank
+        self.best_metric = cfg.train.best_metric or self.default_best_metric
+        self.optimizer = self.scheduler = None
+        self.module = self.train_model = None  # what the optimizer trains, and its DDP/FSDP wrapper
+        self.placement = ""  # where a launcher put this trainer (e.g. its Ray actor's node and GPUs), for the log
+        self.log: RunLog | None = None
+        self._stop_requested = False
+        self._resume_path: Path | None = None
+
+    def init_state(self, **extra) -> None:
+        """The run dir, generators and the resumable state; call once the model (and data) exist."""
+        cfg = self.config
+        self.run_dir = Path(broadcast_object(str(prepare_run_dir(cfg)) if self.dist.is_main else None))
+        cfg.run.dir = str(self.run_dir)
+        self.ckpt_dir = self.run_dir / "checkpoints"
+        self.generators = self.make_generators(self.stream_seed())
+        stages = self.stages()
+        self.state = {"step": 0, "stage": stages[0].name, "nonfinite_total": 0, "nonfinite_run": 0,
+                      "best": {"value": None, "step": 0}, "evals_without_gain": 0, "stopped_early": False,
+                      "history": [], "time": {**{s.clock: 0.0 for s in stages}, "eval": 0.0, "wall": 0.0}, **extra}
+
+    # -- what a trainer provides ---------------------------------------------------------------------
+    def stages(self) -> list[Stage]:
+        raise NotImplementedError
+
+    def run_stage(self, stage: Stage) -> None:
+        """Builds the stage's optimizer (`make_optimizer`) and steps until `step_until_done` returns."""
+        raise NotImplementedError
+
+    def evaluate(self) -> dict:
+        """Held-out metrics, every key starting with eval/ (the same numbers on every rank)."""
+        raise NotImplementedError
+
+    @property
+    def can_evaluate(self) -> bool:
+        return True
+
+    def stage_evaluated(self, stage: Stage, metrics: dict) -> None:
+        """Called after an evaluation at the end of a step of `stage`; may add to `metrics`."""
+
+    def summary(self) -> dict:
+        """summary.json's trainer-specific part."""
+        return {}
+
+    def summary_line(self, summary: dict) -> str:
+        best = self.state["best"]
+        best_text = "" if best["value"] is None else f"best {self.best_metric} {best['value']:.4f} at step {best['step']} | "
+        return f"{self.name} done: {best_text}{self.state['time']['wall']:.0f}s"
+
+    def export(self, out_dir: Path, model: torch.nn.Module) -> Path | None:
+        """Write `model` (the best model) where users load it from; None: the checkpoints are the model."""
+        return None
+
+    @property
+    def exports(self) -> bool:
+        return type(self).export is not Trainer.export
+
+    def fresh_model(self) -> torch.nn.Module:
+        """The model as training started, built again from the config: under FSDP, rank 0 loads the
+        trained weights into it to export them (shards cannot be saved as a transformers model)."""
+        raise NotImplementedError(f"{type(self).__name__} cannot export under distributed.strategy=fsdp")
+
+    def checkpoint_modules(self) -> dict[str, torch.nn.Module]:
+        """Modules besides the model that a checkpoint within a stage must hold for an exact resume."""
+        return {}
+
+    def frozen_modules(self) -> list[torch.nn.Module]:
+        """Modules with weights of their own that never train (a KL reference copy): FSDP shards them too."""
+        return []
+
+    def make_generators(self, seed: int) -> dict[str, torch.Generator]:
+        return {"data": torch.Generator().manual_seed(seed)}
+
+    # -- the run -------------------------------------------------------------------------------------
+    @property
+    def total_steps(self) -> int:
+        return self.stages()[-1].last
+
+    def train(self) -> dict:
+        cfg = self.config
+        self._clock = time.perf_counter()  # wall time is summed over sessions (a resumed run adds on)
+        resumed_from = self._resume()
+        if self.dist.is_main:
+            save_config(cfg, self.run_dir / "config.yaml")
+            self.log = RunLog(self.run_dir, cfg, total_steps=self.total_steps, resume_step=self.state["step"])
+            if resumed_from:
+                self.log.info(f"resumed from {resumed_from} (step {self.state['step']})")
+            self.log.info(self.describe())
+            for note in getattr(self, "data_notes", []):
+                self.log.info(note)
+        previous = signal.signal(signal.SIGINT, self._on_sigint) \
+            if threading.current_thread() is threading.main_thread() else None
+        try:
+            for stage in self.stages():
+                if self.state["step"] < stage.last and self._running():
+                    self.state["stage"] = stage.name
+                    self.run_stage(stage)
+            if self._stop_requested:
+                self.save_checkpoint()
+                self.info(f"interrupted: checkpoint saved at step {self.state['step']}; continue with --resume")
+                return {"interrupted": True, "step": self.state["step"]}
+            return self._finish()
+        finally:
+            if previous is not None:
+                signal.signal(signal.SIGINT, previous)
+            if self.log is not None:
+                self.log.close()
+
+    def describe(self) -> str:
+        """The run's first log line."""
+        trainable = sum(p.numel() for p in self.model.parameters() if p.requires_grad)
+        total = sum(p.numel() for p in self.model.parameters())
+        return (f"{self.name} | run dir {self.run_dir} | {total / 1e6:.2f}M parameters ({trainable / 1e6:.2f}M "
+                f"trainable) | {self.total_steps} steps | device {self.device} | world size {self.dist.world_size}"
+                + (f" | {self.placement}" if self.placement else ""))
+
+    def step_until_done(self, stage: Stage, step: Callable[[Stage], None]) -> None:
+        """Calls `step(stage)` (which ends with `end_step`) until the stage's last step, Ctrl-C, early
+        stopping or the time limit."""
+        while self.state["step"] < stage.last and self._running() and not (stage.timed and self._out_of_time()):
+            step(stage)
+
+    def request_stop(self) -> None:
+        """Finish the current step, save a checkpoint and return from `train` (what Ctrl-C does)."""
+        if self._stop_requested:  # a second request stops at once
+            raise KeyboardInterrupt
+        self._stop_requested = True
+        self.info("stop requested: finishing this step, then saving a checkpoint (press Ctrl-C again to stop at once)")
+
+    def _on_sigint(self, signum, frame) -> None:
+        self.request_stop()
+
+    def _running(self) -> bool:
+        return not (self._stop_requested or self.state["stopped_early"] or self.state.get("stopped_at_time_limit"))
+
+    def _out_of_time(self) -> bool:
+        """`train.time_limit_min` reached (wall time summed over sessions): training ends here."""
+        limit = self.config.train.time_limit_min
+        if limit <= 0:
+            return False
+        self._tick()
+        over = torch.tensor([float(self.state["time"]["wall"] >= 60 * limit)], device=self.device)
+        if all_reduce_sum(over).item() == 0:  # one decision for every rank (clocks differ a little)
+            return False
+        self.info(f"time limit of {limit:g} min reached at step {self.state['step']}: stopping")
+        self.state["stopped_at_time_limit"] = True
+        return True
+
+    # -- the optimizer (what an algorithm sees of the trainer: algos.base.Learner) ------------------
+    def make_optimizer(self, module: torch.nn.Module, *, lr: float, weight_decay: float, steps: int,
+                       schedule: str, warmup_steps: int, betas=(0.9, 0.99), eps: float = 1e-8) -> None:
+        """AdamW on `module`'s trainable parameters (a LoRA policy: its adapter), wrapped for DDP or
+        sharded for FSDP, with the LR schedule `schedule` over `steps` steps; the other `schedule.*`
+        keys (floor, plateau factor and patience) come from the config, and a plateau follows
+        `train.best_metric` in its direction. After a resume, the checkpoint's optimizer, scheduler
+        and RNG states are loaded into them."""
+        if self.fsdp:  # sharded in place: the module is its own wrapper, its parameters DTensor shards
+            from ..distributed.fsdp import shard
+
+            self.train_model = shard(module)
+            for frozen in self.frozen_modules():
+                shard(frozen, frozen=True)
+        else:
+            self.train_model = DDP(module) if self.dist.enabled else module
+        self.module = module
+        trainable = [p for p in module.parameters() if p.requires_grad]
+        self.optimizer = torch.optim.AdamW(trainable, lr=lr, weight_decay=weight_decay, betas=tuple(betas), eps=eps)
+        s = self.config.schedule
+        self.scheduler = make_scheduler(self.optimizer, total_steps=steps, name=schedule, warmup_steps=warmup_steps,
+                                        min_lr_ratio=s.min_lr_ratio,
+                                        plateau_mode="min" if lower_is_better(self.best_metric) else "max",
+                                        plateau_factor=s.plateau_factor, plateau_patience=s.plateau_patience)
+        self._restore_pending()
+
+    def drop_optimizer(self) -> None:
+        """Between stages: the next stage makes its own (the boundary checkpoint holds none)."""
+        self.optimizer = self.scheduler = None
+
+    def optimizer_step(self, loss: torch.Tensor) -> dict:
+        """Clip, then step — or skip a non-finite update (`guarded_step`). Gradients are already accumulated."""
+        t = self.config.train
+        params = (p for p in self.module.parameters() if p.requires_grad)
+        stats = guarded_step(self.optimizer, params, loss, self.state, grad_clip=t.grad_clip,
+                             max_nonfinite=t.max_nonfinite, device=self.device, ckpt_dir=self.ckpt_dir, info=self.info)
+        return {"loss": loss.item(), **stats}
+
+    def no_sync(self, sync: bool):
+        """Under DDP (FSDP), gradients are all-reduced (reduce-scattered) only on the micro-batch that says `sync`."""
+        if self.fsdp:
+            from ..distributed.fsdp import gradient_sync
+
+            return gradient_sync(self.train_model, sync)
+        return self.train_model.no_sync() if isinstance(self.train_model, DDP) and not sync else nullcontext()
+
+    @staticmethod
+    def all_reduce_sum(t: torch.Tensor) -> torch.Tensor:
+        return all_reduce_sum(t)
+
+    # -- the end of a step ---------------------------------------------------------------------------
+    def end_step(self, stage: Stage, metrics: dict, seconds: float, tokens: int | None = None) -> None:
+        """Counts the step, then evaluates, logs, calls back and checkpoints as the config says."""
+        cfg = self.config
+        self.state["step"] += 1
+        self.state["time"][stage.clock] += seconds
+        step = self.state["step"]
+        metrics["time/step_s"] = seconds
+        if tokens is not None:
+            metrics["perf/tokens_per_s"] = tokens * self.dist.world_size / max(seconds, 1e-9)
+        stage_step = step - stage.first
+        last = step == stage.last
+        if self.can_evaluate and (last or (stage.eval_every and stage_step % stage.eval_every == 0)):
+            metrics.update(self.run_evaluation())
+            self.stage_evaluated(stage, metrics)
+        if stage_step % cfg.train.log_every == 0 or last or any(k.startswith("eval/") for k in metrics):
+            self.log_metrics(step, metrics, stage=stage.name, stage_step=stage_step, stage_total=stage.steps)
+        if self.log is not None:
+            self.log.advance(step)
+        self.callbacks.step_end(self, step, metrics)
+        if stage_step % cfg.train.ckpt_every == 0 and not last and self.state["nonfinite_run"] == 0:
+            self.save_checkpoint()  # never during a run of skipped updates: the last one stays a good one
+
+    def run_evaluation(self) -> dict:
+        """`evaluate`, then the best model, early stopping and the plateau schedule on `train.best_metric`."""
+        start = time.perf_counter()
+        metrics = self.evaluate()
+        free_memory(self.device)
+        self.state["time"]["eval"] += time.perf_counter() - start
+        if self.best_metric not in metrics:
+            raise ValueError(f"train.best_metric={self.best_metric!r} is not an eval metric of this run "
+                             f"(it reports {', '.join(sorted(metrics))})")
+        value, step = metrics[self.best_metric], self.state["step"]
+        self.state["history"].append([step, value])
+        self.state["last_eval"] = dict(metrics)
+        best = self.state["best"]["value"]
+        sign = -1.0 if lower_is_better(self.best_metric) else 1.0
+        if best is None or sign * (value - best) > self.config.train.early_stop_threshold:
+            self.state["best"] = {"value": value, "step": step, "accuracy": metrics.get("eval/accuracy")}
+            self.state["evals_without_gain"] = 0
+            weights = self._weights(self.model)
+            if self.dist.is_main:
+                ckpt.save_weights(self.ckpt_dir / "best", weights, trainer_state={"step": step, self.best_metric: value})
+        else:
+            self.state["evals_without_gain"] += 1
+            patience = self.config.train.patience
+            if patience and self.state["evals_without_gain"] >= patience:
+                self.state["stopped_early"] = True
+                self.info(f"early stop at step {step}: {self.best_metric} has not improved on "
+                          f"{self.state['best']['value']:.4f} (step {self.state['best']['step']}) for {patience} "
+                          f"evaluations")
+        if self.scheduler is not None:
+            self.scheduler.observe(value)  # schedule.name=plateau; a no-op for the others
+        return metrics
+
+    # -- checkpoints and resume ----------------------------------------------------------------------
+    def save_checkpoint(self) -> None:
+        self._tick()
+        self._write_checkpoint()
+        barrier()
+
+    def _write_checkpoint(self) -> None:
+        """Every rank calls it (FSDP gathers the weights and optimizer state); rank 0 writes. Between
+        stages there is no optimizer, and the checkpoint holds the model, state and RNG only."""
+        in_stage = self.optimizer is not None
+        model, optimizer = self.model, self.optimizer
+        modules = self.checkpoint_modules() if in_stage else None
+        if self.fsdp:  # whole tensors in place of the sharded modules and optimizer
+            from ..distributed.fsdp import full_optimizer_state
+
+            model = self._weights(model)
+            modules = {name: self._weights(m) for name, m in modules.items()} if modules else None
+            optimizer = full_optimizer_state(optimizer) if optimizer is not None else None
+        if not self.dist.is_main:
+            return
+        path = ckpt.save_checkpoint(self.ckpt_dir, self.state["step"], model=model, optimizer=optimizer,
+                                    scheduler=self.scheduler if in_stage else None, generators=self.generators,
+                                    trainer_state=self.state, keep=self.config.train.keep_checkpoints,
+                                    modules=modules)
+        self.callbacks.checkpoint(self, path)
+
+    def _weights(self, module: torch.nn.Module):
+        """What a checkpoint writes for `module`: the module, or under FSDP its weights gathered whole
+        (every rank takes part; rank 0 gets the tensors)."""
+        if not self.fsdp:
+            return module
+        from ..distributed.fsdp import full_state_dict
+
+        return full_state_dict(module, ckpt.weights_to_save(module))
+
+    def _resume(self) -> Path | None:
+        """With run.resume=auto, load the model's weights and the state from the latest checkpoint
+        now; the optimizer, scheduler and RNG follow in `_restore_pending` once a stage has made them."""
+        if self.config.run.resume != "auto":
+            return None
+        latest = ckpt.latest_checkpoint(self.ckpt_dir)
+        if latest is None:
+            return None
+        self.state = ckpt.load_checkpoint(latest, model=self.model, map_location=self.device, restore_rng=False)
+        self._resume_path = latest
+        return latest
+
+    def _restore_pending(self) -> None:
+        path, self._resume_path = self._resume_path, None
+        if path is None:
+            return
+        in_stage = (path / ckpt.OPTIMIZER_FILE).exists()  # a boundary checkpoint holds no optimizer
+        ckpt.load_checkpoint(path, model=self.model, optimizer=self.optimizer if in_stage else None,
+                             scheduler=self.scheduler if in_stage else None, generators=self.generators,
+                             map_location=self.device, modules=self.checkpoint_modules() if in_stage else None)
+        if self.dist.enabled:  # one file holds rank 0's streams: give every rank its own again
+            for i, g in enumerate(self.generators.values()):
+                g.manual_seed(self.config.run.seed + 7919 * self.dist.rank + 31 * self.state["step"] + i)
+
+    def stream_seed(self) -> int:
+        """The seed of this rank's generators: each rank draws its own data and samples."""
+        return self.config.run.seed + 7919 * self.dist.rank
+
+    # -- the end -------------------------------------------------------------------------------------
+    def _finish(self) -> dict:
+        if self.can_evaluate and not self._evaluated_now():  # e.g. stopped at the time limit between evaluations
+            self.log_metrics(self.state["step"], self.run_evaluation(), stage=self.state["stage"])
+        self._tick()
+        latest = ckpt.latest_checkpoint(self.ckpt_dir) if self.dist.is_main else None
+        if broadcast_object(latest is None or latest.name != f"step_{self.state['step']}"):  # rank 0 decides
+            self._write_checkpoint()
+        barrier()
+        exported = self._export_best() if self.exports else None
+        summary = {**self.summary(), "exported": exported, "nonfinite_skipped": self.state["nonfinite_total"],
+                   "stopped_early": self.state["stopped_early"],
+                   "stopped_at_time_limit": bool(self.state.get("stopped_at_time_limit"))}
+        if self.dist.is_main:
+            tmp = self.run_dir / "summary.json.tmp"
+            tmp.write_text(json.dumps(summary, indent=2))
+            os.replace(tmp, self.run_dir / "summary.json")
+            self.info(f"{self.summary_line(summary)} | summary in {self.run_dir / 'summary.json'}")
+        barrier()
+        return summary
+
+    def _export_best(self) -> str | None:
+        """Exports the best model (the last one when nothing was evaluated) with `export`; returns where."""
+        best, step = self.state["best"], self.state["step"]
+        source = self.ckpt_dir / f"step_{step}" / ckpt.MODEL_FILE
+        if best["value"] is not None and best["step"] != step:
+            source = self.ckpt_dir / "best" / ckpt.MODEL_FILE
+        self.state["exported_step"] = best["step"] if source.parent.name == "best" else step
+        out = None
+        if self.fsdp:  # every rank takes its shard of the exported weights; rank 0 writes them from a fresh copy
+            if source.parent.name == "best":
+                ckpt.load_weights(self.model, source, self.device)
+            if self.dist.is_main:
+                model = self.fresh_model()  # on the CPU: the device holds the sharded model
+                ckpt.load_weights(model, source)
+                free_memory(self.device)
+                out = self.export(self.run_dir, model)
+        elif self.dist.is_main:
+            if source.parent.name == "best":
+                ckpt.load_weights(self.model, source, self.device)
+            free_memory(self.device)
+            out = self.export(self.run_dir, self.model)
+        return None if out is None else str(out)
+
+    def _evaluated_now(self) -> bool:
+        history = self.state["history"]
+        return bool(history) and history[-1][0] == self.state["step"]
+
+    def _tick(self) -> None:
+        now = time.perf_counter()
+        self.state["time"]["wall"] += now - self._clock
+        self._clock = now
+
+    # -- logging -------------------------------------------------------------------------------------
+    def log_metrics(self, step: int, metrics: dict, **console) -> None:
+        if self.log is not None:
+            self.log.log(step, metrics, **console)
+
+    def info(self, msg: str) -> None:
+        if self.log is not None:
+            self.log.info(msg)

@@ -1,0 +1,282 @@
+"""The RL trainer: a supervised warm-up on a budget of labeled problems, then RL on the task's
+reward alone, with the algorithm `algo.name` names (REINFORCE, RLOO, GRPO, PPO; see `lmrl.algos`).
+
+    trainer = RLTrainer(load_config("adder", ["train.steps=100"]))
+    summary = trainer.train()   # {"warmup_accuracy": ..., "final_accuracy": ..., ...}
+
+Two stages on the shared lifecycle (`lifecycle.Trainer`: steps, evaluation, best model, early
+stopping, checkpoints, resume, summary): the warm-up's steps are 1..S and RL's S+1..S+R. One RL
+step is: prompts → the rollout engine → rewards → `algo.step` (the algorithm's update). A
+checkpoint after step N holds everything the next step reads — weights, optimizer, scheduler, the
+algorithm's state (baseline, KL coefficient), value model and reference, every RNG — so a run
+resumed from it writes the same metrics as one that never stopped.
+
+Sampling goes through a rollout engine (`lmrl.rollout.engine`): the trainer syncs the engine to its
+weights right before asking for each batch, so a batch is sampled with the weights the learner had
+when it asked. With `rollout.overlap` the next batch is asked for before this one's update (sampled
+one update behind, `rollout/staleness` = 1).
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+from contextlib import nullcontext
+
+import torch
+import torch.nn.functional as F
+
+from ..algos import build_algorithm
+from ..algos.base import score_sequences
+from ..config import Config
+from ..distributed.ddp import all_reduce_sum
+from ..models import build_model
+from ..models.heads import ActorCritic
+from ..models.reference import is_reference_view, reference_view
+from ..rollout.engine import make_engine, rollout_to
+from ..rollout.local import Rollout
+from ..tasks import build_task
+from ..tasks.protocol import LabeledTask, ScoredByModel, Task
+from . import checkpoint as ckpt
+from .evaluate import evaluate
+from .lifecycle import Stage, Trainer, TrainingError  # noqa: F401  (TrainingError: re-exported)
+from .rewards import RewardFn, load_reward_class, score_rollout
+
+
+class RLTrainer(Trainer):
+    """Wires a policy, a task and a reward into the warm-up + RL run described by a `Config`.
+
+    model: a policy with `generate` and a forward returning logits (default: built from
+        `config.model`: the built-in GPT, or a Hugging Face model with an optional LoRA adapter).
+    task: prompts, rollouts and verifier (default: from `config.task`; see `lmrl.tasks.protocol`).
+    reward_fn: optional `f(prompts: list[str], completions: list[str], **columns) -> list[float]`,
+        TRL-style (a math task passes `ground_truth=[...]`); default: `reward.cls`, else the task's
+        own verifier.
+    callbacks: objects with any of `on_episode_end`, `on_step_end`, `on_checkpoint` (see
+        `lmrl.train.callbacks`)."""
+
+    name = "rl"
+
+    def __init__(self, config: Config, *, model=None, task: Task | None = None, reward_fn: RewardFn | None = None,
+                 callbacks=None):
+        super().__init__(config, callbacks=callbacks)
+        cfg = self.config
+        if model is None and cfg.model.type == "hf":
+            model = build_model(cfg.model, lora=cfg.lora)
+        self.task = task if task is not None else build_task(cfg.task, tokenizer=getattr(model, "tokenizer", None),
+                                                             reward=cfg.reward, env=cfg.env, device=self.device)
+        model = model if model is not None else build_model(cfg.model, self.task.tokenizer.vocab_size)
+        self.model = model.to(self.device)
+        if cfg.model.init_from:
+            ckpt.load_initial_weights(self.model, cfg.model.init_from, self.device)
+        self.module, self.reference, self.algo = self.model, None, None  # RL may wrap the policy with a value function
+        self.reward_fn = reward_fn if reward_fn is not None else \
+            load_reward_class(cfg.reward.cls) if cfg.reward.cls else None
+        # The warm-up's label budget: `sft.examples` distinct training problems, fixed by the seed.
+        self.sft_pool = None
+        if cfg.sft.steps:
+            if not isinstance(self.task, LabeledTask):
+                raise TypeError(f"sft.steps > 0 needs a task with labels for the warm-up; {type(self.task).__name__} "
+                                f"has none (set sft.steps=0)")
+            self.sft_pool = self.task.sample_distinct_train_ids(cfg.sft.examples,
+                                                                torch.Generator().manual_seed(cfg.run.seed))
+        self.init_state(algo={}, warmup_accuracy=None)
+
+    def stages(self) -> list[Stage]:
+        cfg = self.config
+        warmup = Stage("sft", cfg.sft.steps, timed=False)  # evaluated at its end only; RL is measured from it
+        rl = Stage("rl", cfg.train.steps, first=cfg.sft.steps, eval_every=cfg.train.eval_every)
+        return [warmup, rl] if cfg.sft.steps else [rl]
+
+    def make_generators(self, seed: int) -> dict[str, torch.Generator]:
+        return {"data": torch.Generator().manual_seed(seed),  # prompts
+                "sample": torch.Generator(device=self.device).manual_seed(seed + 1)}  # sampling
+
+    def run_stage(self, stage: Stage) -> None:
+        if stage.name == "sft":
+            self.warmup(stage)
+        else:
+            self.reinforce(stage)
+
+    # -- the supervised warm-up ----------------------------------------------------------------------
+    def warmup(self, stage: Stage) -> None:
+        """Cross-entropy on the answers of the label budget, then a checkpoint at the hand-over to RL.
+        `task.labeled` is the only place in a run where labels are read (RL sees rewards alone)."""
+        cfg = self.config
+        rows = self.task.labeled(self.sft_pool)
+        self.make_optimizer(self.model, lr=cfg.sft.lr, weight_decay=cfg.sft.weight_decay, steps=cfg.sft.steps,
+                            schedule="cosine", warmup_steps=cfg.sft.warmup_steps)
+        batch, n = cfg.sft.batch_size // self.dist.world_size, self.task.answer_len
+
+        def step(stage: Stage) -> None:
+            t0 = time.perf_counter()
+            idx = torch.randint(len(rows), (batch,), generator=self.generators["data"])
+            x = rows[idx].to(self.device)
+            logits = self.train_model(x[:, :-1])[:, -n:]  # (B, N, V): answer positions only
+            loss = F.cross_entropy(logits.reshape(-1, logits.size(-1)).float(), x[:, -n:].reshape(-1))
+            loss.backward()
+            lr = self.optimizer.param_groups[0]["lr"]
+            metrics = {f"sft/{k}": v for k, v in self.optimizer_step(loss.detach()).items()}
+            self.scheduler.step()
+            metrics.update({"sft/lr": lr, "sft/accuracy": (logits.argmax(-1) == x[:, -n:]).all(-1).float().mean().item()})
+            self.end_step(stage, metrics, time.perf_counter() - t0, tokens=x.numel())
+
+        self.step_until_done(stage, step)
+        if self.state["step"] >= stage.last and not self._stop_requested:
+            self.info(f"warm-up done: held-out accuracy {self.state['warmup_accuracy']:.3f} from "
+                      f"{len(self.sft_pool)} labeled problems")
+            self.drop_optimizer()
+            self.save_checkpoint()
+
+    def stage_evaluated(self, stage: Stage, metrics: dict) -> None:
+        if stage.name == "sft" and self.state["step"] == stage.last:  # the warm-up's result, RL's starting point
+            self.state["warmup_accuracy"] = metrics["eval/warmup_accuracy"] = metrics["eval/accuracy"]
+
+    # -- RL --------------------------------------------------------------------------------------------
+    def reinforce(self, stage: Stage) -> None:
+        """RL steps until `train.steps` (or the time limit, early stopping, Ctrl-C)."""
+        cfg = self.config
+        self.build_rl_modules()
+        self.make_optimizer(self.module, lr=cfg.optim.lr, weight_decay=cfg.optim.weight_decay, steps=cfg.train.steps,
+                            schedule=cfg.schedule.name, warmup_steps=cfg.schedule.warmup_steps,
+                            betas=cfg.optim.betas, eps=cfg.optim.eps)
+        if self.state["warmup_accuracy"] is None:  # no warm-up: the starting point is the initial model
+            self.state["start_eval"] = self.run_evaluation()
+            self.state["warmup_accuracy"] = self.state["start_eval"]["eval/accuracy"]
+        self.engine = make_engine(cfg, self.task, self.model, group_size=self.algo.group_size,
+                                  world_size=self.dist.world_size, info=self.info, ckpt_dir=self.ckpt_dir)
+        self._pending = None
+        try:
+            self.step_until_done(stage, self.rl_step)
+        finally:
+            self.engine.close()
+
+    def build_rl_modules(self) -> None:
+        """The algorithm, and what it needs besides the policy: a frozen reference (KL > 0) and a
+        value function (PPO), both starting from the policy as RL starts."""
+        cfg = self.config
+        if cfg.train.rollout_size % (self.dist.world_size * cfg.algo.group_size):
+            raise ValueError(f"train.rollout_size={cfg.train.rollout_size} must split into whole groups of "
+                             f"algo.group_size={cfg.algo.group_size} on each of {self.dist.world_size} processes")
+        self.algo = build_algorithm(cfg.algo, temperature=cfg.train.temperature, ga_steps=cfg.train.ga_steps,
+                                    max_new_tokens=self.task.max_new_tokens)
+        self.algo.load_state_dict(self.state.get("algo") or {})
+        self.reference = None
+        if self.algo.needs_reference:
+            # With LoRA the reference is the base model: the policy with its adapter switched off.
+            self.reference = reference_view(self.model) or copy.deepcopy(self.model).eval().requires_grad_(False)
+        self.module = ActorCritic(self.model, cfg.algo.value_model) if self.algo.uses_values else self.model
+        if (self.algo.uses_values and cfg.algo.value_model == "separate" and isinstance(self.task, ScoredByModel)
+                and self.task.reward_model is not None and not self.state["step"]):
+            self.module.init_value_from(self.task.reward_model)  # the critic starts as the reward model
+        self.module.to(self.device)
+
+    def rl_step(self, stage: Stage) -> None:
+        cfg, state = self.config, self.state
+        t0 = time.perf_counter()
+        # G completions per prompt, each group's rows contiguous (what group baselines expect)
+        n_prompts = cfg.train.rollout_size // self.dist.world_size // self.algo.group_size
+        pending = self._pending or self._submit_rollout(n_prompts)
+        sampled = pending.result()
+        # rollout.overlap: the next batch samples with these weights while this one trains
+        more = state["step"] + 1 < stage.last
+        self._pending = self._submit_rollout(n_prompts) if cfg.rollout.overlap and more else None
+        ids, ro = sampled.ids, self._on_learner(sampled)
+        rewards, exact, extras = score_rollout(self.task, ids, ro, self.reward_fn)
+        self.callbacks.rollout_end(self, state["step"] + 1, ids, ro, rewards)
+        metrics = rollout_metrics(ro, rewards, exact, extras, self.device)
+        t_update = time.perf_counter()
+        metrics.update(self.algo.step(self, ro, rewards))
+        metrics.update({"time/rollout_s": t_update - t0, "time/update_s": time.perf_counter() - t_update,
+                        "rollout/staleness": float(ro.staleness)})
+        state["algo"] = self.algo.state_dict()
+        metrics["train/lr"] = self.optimizer.param_groups[0]["lr"]
+        self.scheduler.step()
+        self.end_step(stage, metrics, time.perf_counter() - t0, tokens=ro.sequences.numel())
+
+    def weights_version(self) -> int:
+        """Updates the learner has made in RL: the version of its weights."""
+        return self.state["step"] - self.config.sft.steps
+
+    def _submit_rollout(self, n_prompts: int):
+        """Asks the engine for the next batch, sampled with the weights the learner has now."""
+        cfg = self.config
+        ids = self.task.sample_train_ids(n_prompts, self.generators["data"]).repeat_interleave(self.algo.group_size)
+        self.engine.sync(self.model, self.weights_version())
+        return self.engine.submit(ids, temperature=cfg.train.temperature, top_k=cfg.train.top_k,
+                                  generator=self.generators["sample"])
+
+    def _on_learner(self, sampled) -> Rollout:
+        """The rollout on the learner's device, its staleness set, and log-probs recomputed with the
+        training weights where the engine returned none (vLLM)."""
+        cfg = self.config
+        ro = rollout_to(sampled.rollout, self.device)
+        ro.staleness = self.weights_version() - sampled.version
+        if ro.logprobs is None:
+            ro.logprobs, _ = score_sequences(self.model, ro.sequences, ro.completions.size(1), cfg.train.temperature,
+                                             cfg.train.ga_steps, ro.attention_mask)
+        return ro
+
+    # -- evaluation, checkpoints, summary ------------------------------------------------------------
+    def evaluate(self) -> dict:
+        cfg = self.config
+        # FSDP: ranks decode different numbers of batches, so the policy is gathered once for all of them
+        with self.model.gathered() if self.fsdp else nullcontext():
+            return evaluate(self.model, self.task, self.task.heldout_ids[: cfg.eval.size],
+                            batch_size=cfg.eval.batch_size, device=self.device, rank=self.dist.rank,
+                            world_size=self.dist.world_size)
+
+    def checkpoint_modules(self) -> dict[str, torch.nn.Module]:
+        extra = {}
+        if isinstance(self.module, ActorCritic):
+            extra["value"] = self.module.value
+        if self.reference is not None and not is_reference_view(self.reference):  # a view has no weights of its own
+            extra["reference"] = self.reference
+        return extra
+
+    def frozen_modules(self) -> list[torch.nn.Module]:
+        return [self.reference] if self.reference is not None and not is_reference_view(self.reference) else []
+
+    def describe(self) -> str:
+        trainable = sum(p.numel() for p in self.model.parameters() if p.requires_grad)
+        return (f"run dir {self.run_dir} | {self.model.num_params() / 1e6:.2f}M parameters "
+                f"({trainable / 1e6:.2f}M trainable) | device {self.device} | world size {self.dist.world_size}"
+                + (f" | {self.placement}" if self.placement else ""))
+
+    def summary(self) -> dict:
+        cfg, times, warmup = self.config, self.state["time"], self.state["warmup_accuracy"]
+        final = self.state["last_eval"]["eval/accuracy"]
+        return {
+            "warmup_accuracy": warmup,
+            "final_accuracy": final,
+            "rl_gain": None if warmup is None else round(final - warmup, 6),
+            "best": self.state["best"],
+            "start_eval": self.state.get("start_eval", {}), "final_eval": self.state.get("last_eval", {}),
+            "sft_examples": 0 if self.sft_pool is None else len(self.sft_pool),
+            "sft_steps": cfg.sft.steps,
+            "rl_steps": cfg.train.steps,
+            "eval_size": min(cfg.eval.size, len(self.task.heldout_ids)),
+            # sft / rl: the steps themselves; eval: held-out evaluations; total: wall clock of the run
+            "time_s": {"sft": round(times.get("sft", 0.0), 2), "rl": round(times["rl"], 2),
+                       "eval": round(times["eval"], 2), "total": round(times["wall"], 2)},
+            "steps_done": self.state["step"] - cfg.sft.steps,
+        }
+
+    def summary_line(self, summary: dict) -> str:
+        return (f"held-out accuracy: warm-up {summary['warmup_accuracy']:.3f} → final {summary['final_accuracy']:.3f} "
+                f"| {summary['time_s']['total']:.0f}s")
+
+
+def rollout_metrics(ro: Rollout, rewards: torch.Tensor, exact: torch.Tensor, extras: dict, device) -> dict:
+    """Accuracy, mean reward, length and the task's extras (e.g. format rate) over every rank's
+    rollouts (a per-token reward counts as the fraction of the completion's tokens it rewards)."""
+    per_completion = rewards.float().mean(1) if rewards.dim() == 2 else rewards.float()
+    names = sorted(extras)
+    stats = all_reduce_sum(torch.tensor([exact.sum().item(), per_completion.sum().item(), len(rewards),
+                                         ro.mask.sum().item()] + [extras[k].float().sum().item() for k in names],
+                                        dtype=torch.float64, device=device)).cpu()
+    count = stats[2].item()
+    reward = stats[1].item() / count
+    return {"train/accuracy": stats[0].item() / count, "train/avg_reward": reward,
+            "rollout/reward_mean": reward, "rollout/length_mean": stats[3].item() / count,
+            **{f"rollout/{k}": stats[4 + i].item() / count for i, k in enumerate(names)}}

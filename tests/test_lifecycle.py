@@ -1,0 +1,70 @@
+"""The run lifecycle the trainers share (lmrl/train/lifecycle.py), seen through the RL trainer: the
+schedule, best-model and early-stopping settings mean the same as in the offline trainers."""
+
+import json
+
+import pytest
+
+from lmrl.train import checkpoint as ckpt
+from lmrl.train.rl_trainer import RLTrainer
+
+
+def read_metrics(run_dir):
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def scripted_evaluations(trainer, monkeypatch, values, key="eval/accuracy"):
+    """Makes the trainer's evaluations report `values` in turn under `key` (the rest fixed)."""
+    values = list(values)
+
+    def evaluate():
+        value = values.pop(0)
+        return {"eval/accuracy": 0.5, "eval/reward": 0.5, "eval/length_mean": 3.0, key: value}
+
+    monkeypatch.setattr(trainer, "evaluate", evaluate)
+
+
+def test_rl_plateau_schedule_uses_the_configured_factor_and_patience(tiny_config, monkeypatch):
+    cfg = tiny_config("sft.steps=0", "train.steps=3", "train.eval_every=1", "optim.lr=1e-3",
+                      "schedule.name=plateau", "schedule.plateau_factor=0.25", "schedule.plateau_patience=1",
+                      "schedule.min_lr_ratio=0.01")
+    trainer = RLTrainer(cfg)
+    scripted_evaluations(trainer, monkeypatch, [0.5] * 5)  # the start, then every step: never better
+    trainer.train()
+    lrs = [r["train/lr"] for r in read_metrics(cfg.run_dir) if "train/lr" in r]
+    # patience 1: each evaluation without a gain multiplies the lr by 0.25 (the defaults would be 0.5 after 2)
+    assert lrs == pytest.approx([1e-3, 2.5e-4, 6.25e-5])
+
+
+def test_rl_keeps_the_lowest_value_of_a_loss_like_best_metric(tiny_config, monkeypatch):
+    cfg = tiny_config("sft.steps=0", "train.steps=4", "train.eval_every=1", "train.best_metric=eval/loss")
+    trainer = RLTrainer(cfg)
+    scripted_evaluations(trainer, monkeypatch, [0.9, 0.7, 0.3, 0.8, 0.6], key="eval/loss")
+    summary = trainer.train()
+    assert summary["best"]["step"] == 2 and summary["best"]["value"] == pytest.approx(0.3)
+    saved = json.loads((cfg.run_dir / "checkpoints" / "best" / ckpt.TRAINER_STATE_FILE).read_text())
+    assert saved == {"step": 2, "eval/loss": pytest.approx(0.3)}
+
+
+def test_rl_stops_early_after_patience_evaluations_without_a_gain(tiny_config, monkeypatch):
+    cfg = tiny_config("sft.steps=0", "train.steps=10", "train.eval_every=1", "train.patience=2")
+    trainer = RLTrainer(cfg)
+    scripted_evaluations(trainer, monkeypatch, [0.6, 0.7, 0.7, 0.65, 0.9, 0.9, 0.9, 0.9, 0.9, 0.9, 0.9])
+    summary = trainer.train()
+    # best 0.7 at step 1; steps 2 and 3 bring no gain: the run ends after step 3
+    assert summary["stopped_early"] and summary["steps_done"] == 3
+    assert summary["best"] == {"value": 0.7, "step": 1, "accuracy": 0.7}
+    assert "early stop at step 3" in (cfg.run_dir / "train.log").read_text()
+    assert ckpt.latest_checkpoint(cfg.run_dir / "checkpoints").name == "step_3"
+
+
+def test_an_early_stopped_rl_run_resumed_stays_stopped(tiny_config, monkeypatch):
+    cfg = tiny_config("sft.steps=0", "train.steps=6", "train.eval_every=1", "train.patience=1", "train.ckpt_every=1")
+    trainer = RLTrainer(cfg)
+    scripted_evaluations(trainer, monkeypatch, [0.6, 0.5] + [0.9] * 10)
+    assert trainer.train()["steps_done"] == 1
+    resumed = RLTrainer(tiny_config("sft.steps=0", "train.steps=6", "train.eval_every=1", "train.patience=1",
+                                    "run.resume=auto"))
+    scripted_evaluations(resumed, monkeypatch, [0.9] * 10)
+    summary = resumed.train()
+    assert summary["steps_done"] == 1 and summary["stopped_early"]
