@@ -35,7 +35,7 @@ def train(preset: str, run_dir: Path, overrides: list[str], cwd: Path) -> tuple[
 
 
 def accuracy_by_kind(reward_model: Path, test_file: Path) -> dict[str, float]:
-    from lmrl.models.reward_model import RewardModelScorer
+    from lmrl.tasks.rewards import RewardModelScorer
     from lmrl.tasks.preference_data import read_preference
 
     scorer = RewardModelScorer(reward_model)

@@ -95,8 +95,8 @@ def main(argv: list[str] | None = None) -> int:
     from .config import ConfigError
     from .data import DataError
     from .train.inspect import PromptError
-    from .train.lifecycle import TrainingError
-    from .train.rewards import RewardError
+    from .errors import TrainingError
+    from .tasks.rewards import RewardError
 
     try:
         commands = {"train": _train, "eval": _eval, "generate": _generate, "export": _export, "data": _data,

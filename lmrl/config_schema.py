@@ -6,14 +6,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .errors import ConfigError  # noqa: F401  (re-exported)
+
 PRESET_DIR = Path(__file__).parent / "configs"
 PRESET_ALIASES = {"AdderRLConfig": "adder", "MultiplierRLConfig": "multiplier"}
 ALGORITHMS = ["reinforce", "rloo", "grpo", "ppo"]
 TRAINERS = ["rl", "sft", "dpo", "reward"]
-
-
-class ConfigError(ValueError):
-    """A config problem, explained in one line that names the key and its source."""
 
 
 def _f(default, help: str, **kw):

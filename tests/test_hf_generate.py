@@ -304,7 +304,7 @@ def test_rows_with_distinct_heads_share_their_common_start_with_the_logits_and_g
     runs once; logits and LoRA gradients equal the plain pass."""
     from lmrl.models.hf import MIN_SHARED_PREFIX
     from lmrl.rollout.agent import left_pad
-    from lmrl.train.text_batches import model_logits, pad_sequences
+    from lmrl.tasks.text_batches import model_logits, pad_sequences
 
     policy = tiny_lora_policy(tmp_path)
     gen = torch.Generator().manual_seed(1)

@@ -16,7 +16,7 @@ from lmrl.models.reference import is_reference_view
 from lmrl.tasks.word_problems import write_addition_chat
 from lmrl.train.inspect import export_run, load_run
 from lmrl.train.rl_trainer import RLTrainer
-from lmrl.train.rewards import RewardError
+from lmrl.tasks.rewards import RewardError
 from tests.test_hf import save_tiny_llama
 
 

@@ -13,7 +13,7 @@ from transformers import AutoModelForCausalLM, AutoModelForSequenceClassificatio
 from lmrl.config import ConfigError, load_config
 from lmrl.data import write_jsonl
 from lmrl.models.reference import is_reference_view
-from lmrl.models.reward_model import RewardModelScorer
+from lmrl.tasks.rewards import RewardModelScorer
 from lmrl.train.dpo_trainer import DPOTrainer
 from lmrl.train.reward_trainer import RewardTrainer
 from lmrl.train.sft_trainer import SFTTrainer

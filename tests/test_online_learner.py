@@ -9,7 +9,8 @@ pytest.importorskip("peft")
 
 from lmrl.models.hf import load_hf_policy  # noqa: E402
 from lmrl.models.lora import add_lora  # noqa: E402
-from lmrl.train.online import EpisodeLearner, EpisodeLearnerConfig, assistant_token_mask  # noqa: E402
+from lmrl.tasks.text_batches import assistant_token_mask  # noqa: E402
+from lmrl.train.online import EpisodeLearner, EpisodeLearnerConfig  # noqa: E402
 from tests.test_hf import save_tiny_llama  # noqa: E402
 
 CHAT = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "add 2 and 3"},

@@ -18,7 +18,7 @@ import torch
 from lmrl.cli import main
 from lmrl.config import ConfigError
 from lmrl.distributed.ray_engine import build_policy, concat_rollouts, group_shards, start_worker
-from lmrl.distributed.ray_launch import RayMissing, require_ray
+from lmrl.distributed.ray_cluster import RayMissing, require_ray
 from lmrl.rollout.agent import AgentRollout
 from lmrl.rollout.engine import trainable_state
 from lmrl.rollout.local import Rollout

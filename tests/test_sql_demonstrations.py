@@ -17,7 +17,7 @@ from lmrl.tasks.sql.agent_task import SQLAgentTask, episode_preamble
 from lmrl.tasks.sql.demonstrations import DemoStats, demonstration, demonstrations, write_demo_splits
 from lmrl.tasks.sql.env import SQLEnv, SQLEnvConfig
 from lmrl.tasks.sql.procedural import SKILLS, ProceduralSQLTasks, is_heldout
-from lmrl.train.text_batches import TextCodec, encode_sft
+from lmrl.tasks.text_batches import TextCodec, encode_sft
 from tests.test_hf import save_tiny_llama
 
 ENV = SQLEnvConfig(max_rounds=3, max_chars=300)

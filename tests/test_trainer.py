@@ -11,7 +11,7 @@ from lmrl.config import ConfigError
 from lmrl.train import checkpoint as ckpt
 from lmrl.algos import reinforce as reinforce_algo
 from lmrl.train.rl_trainer import RLTrainer, TrainingError
-from lmrl.train.rewards import RewardError
+from lmrl.tasks.rewards import RewardError
 
 
 def read_metrics(run_dir):

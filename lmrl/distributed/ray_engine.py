@@ -34,10 +34,12 @@ import time
 import torch
 import torch.nn.functional as F
 
+from ..errors import TrainingError
+from ..models import build_model
 from ..rollout.engine import Sampled, draw_seed, load_state_into, rollout_to, trainable_state
 from ..rollout.local import Rollout
-from ..train.lifecycle import TrainingError
-from .ray_launch import actor_device, check_resources, connect, placement, require_ray
+from ..tasks import build_task
+from .ray_cluster import actor_device, check_resources, connect, placement, require_ray
 
 START_TIMEOUT_S = 300.0  # the least a new worker gets to build its policy (see RayRolloutEngine.await_start)
 
@@ -92,8 +94,6 @@ class NoScore:
 def build_policy(cfg, device) -> tuple:
     """(task, model) as `RLTrainer.__init__` builds them: the same seed first, so random
     initialisations (a LoRA adapter's, the GPT's) are the same; `model.init_from` applied."""
-    from ..models import build_model
-    from ..tasks import build_task
     from ..train.checkpoint import load_initial_weights
 
     torch.manual_seed(cfg.run.seed)

@@ -22,7 +22,7 @@ except ImportError as e:  # the core of lmrl runs without transformers
 
 from ..algos.token_logprobs import token_logprobs
 from .hf_loading import (DTYPES, PACKAGED_GGUF, convert_gguf, drop_quantizer_record,  # noqa: F401 (re-exported)
-                         load_hf_policy, resolve_model_path)
+                         load_hf_model, resolve_model_path)
 
 
 # ------------------------------------------------------------------------------------------ chat templates
@@ -325,3 +325,11 @@ class HFPolicy(nn.Module):
         # (B, N, V): position t predicts t+1
         logits = self(ids[:, :-1], attention_mask=attention_mask[:, :-1], logits_to_keep=n_completion)
         return token_logprobs(logits[:, -n_completion:], ids[:, -n_completion:], temperature)
+
+
+def load_hf_policy(path: str, *, gguf_file: str | None = None, dtype: str = "fp32",
+                   gradient_checkpointing: bool = False, device="cpu") -> tuple[HFPolicy, object]:
+    """(HFPolicy, tokenizer) for the causal LM at `path` (see `load_hf_model`)."""
+    model, tokenizer = load_hf_model(path, gguf_file=gguf_file, dtype=dtype,
+                                     gradient_checkpointing=gradient_checkpointing, device=device)
+    return HFPolicy(model, tokenizer), tokenizer

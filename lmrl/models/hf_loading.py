@@ -64,9 +64,9 @@ def _packaged_gguf(name: str) -> tuple[Path, str]:
     return directory, files[0].name
 
 
-def load_hf_policy(path: str, *, gguf_file: str | None = None, dtype: str = "fp32",
-                   gradient_checkpointing: bool = False, device="cpu") -> tuple["HFPolicy", object]:
-    """(HFPolicy, tokenizer) for the causal LM at `path` (see `resolve_model_path`).
+def load_hf_model(path: str, *, gguf_file: str | None = None, dtype: str = "fp32",
+                  gradient_checkpointing: bool = False, device="cpu") -> tuple[nn.Module, object]:
+    """(transformers causal LM, tokenizer) for the model at `path` (see `resolve_model_path`).
 
     A GGUF file is dequantized into a dense model that trains and saves like any other (see
     `drop_quantizer_record`); `convert_gguf` writes it out once so later loads skip the unpacking."""
@@ -97,9 +97,7 @@ def load_hf_policy(path: str, *, gguf_file: str | None = None, dtype: str = "fp3
             model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
         else:
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    from .hf import HFPolicy  # hf.py re-exports this module's names
-
-    return HFPolicy(model, tokenizer), tokenizer
+    return model, tokenizer
 
 
 def drop_quantizer_record(model: nn.Module) -> nn.Module:

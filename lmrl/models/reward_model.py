@@ -115,31 +115,3 @@ def load_reward_model(path: str | Path, device="cpu") -> tuple[RewardModel, obje
 def same_vocabulary(a, b) -> bool:
     """Two tokenizers that map every token to the same id (what scoring one model's ids with another needs)."""
     return a.get_vocab() == b.get_vocab()
-
-
-class RewardModelScorer:
-    """A reward function for the RL trainers: `scorer(prompts, completions, **_) -> list[float]`, the
-    reward model's score of each prompt + completion, encoded as in reward-model training (a plain
-    prompt through the chat template, the completion followed by the end token)."""
-
-    def __init__(self, path: str | Path, *, device="cpu", batch_size: int = 16, chat: bool = True):
-        from ..train.text_batches import TextCodec
-
-        self.path = str(path)
-        self.model, self.tokenizer = load_reward_model(path, device=device)
-        self.model.requires_grad_(False)
-        self.codec = TextCodec(self.tokenizer, chat=chat)
-        self.batch_size = batch_size
-        self.device = torch.device(device)
-
-    @torch.no_grad()
-    def __call__(self, prompts: list, completions: list[str], **_) -> list[float]:
-        from ..train.text_batches import pad_sequences
-
-        scores = []
-        for i in range(0, len(completions), self.batch_size):
-            rows = [self.codec.prompt_ids(p) + self.codec.response_ids(c)
-                    for p, c in zip(prompts[i:i + self.batch_size], completions[i:i + self.batch_size])]
-            ids, attention, _ = pad_sequences(rows, rows, self.tokenizer.pad_token_id, self.device)
-            scores += self.model(ids, attention).tolist()
-        return scores

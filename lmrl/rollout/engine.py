@@ -1,6 +1,6 @@
 """Rollout engines: what samples a step's completions for the RL trainer.
 
-    engine = make_engine(config, task, policy, group_size=G)   # from config.rollout / .distributed
+    engine = LocalEngine(task, policy)                # or ThreadEngine, RayRolloutEngine, VLLMEngine
     engine.sync(policy, version)                      # the sampler's weights follow the learner's
     pending = engine.submit(ids, temperature=1.0, top_k=0, generator=g)
     sampled = pending.result()                        # Sampled(ids, rollout on the learner's device, version)
@@ -27,7 +27,7 @@ import copy
 import dataclasses
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Callable, Protocol
+from typing import Protocol
 
 import torch
 
@@ -152,22 +152,3 @@ class ThreadEngine:
 
     def close(self) -> None:
         self._pool.shutdown(wait=True, cancel_futures=True)
-
-
-def make_engine(config, task, policy: torch.nn.Module, *, group_size: int = 1, world_size: int = 1,
-                info: Callable[[str], None] = print, ckpt_dir=None) -> RolloutEngine:
-    """The engine `config` (the whole config) asks for to sample `task`'s completions from `policy`:
-    Ray workers (`rollout.workers` > 0, whole groups of `group_size` rows per worker), vLLM
-    (`rollout.engine: vllm`), a background copy (`rollout.overlap`), else the learner's own policy.
-    `info` logs a line; `ckpt_dir` is named when a failure stops the run."""
-    if config.rollout.workers > 0:
-        from ..distributed.ray_engine import RayRolloutEngine
-
-        return RayRolloutEngine(config, task, group_size=group_size, info=info, ckpt_dir=ckpt_dir)
-    if config.rollout.engine == "vllm":
-        from .vllm_engine import VLLMEngine
-
-        return VLLMEngine(config, task, policy, world_size=world_size)
-    if config.rollout.overlap:
-        return ThreadEngine(task, policy)
-    return LocalEngine(task, policy)

@@ -51,7 +51,8 @@ def _prompt_task(cfg, tokenizer, reward, device):
         raise ValueError("task.name=prompts needs a Hugging Face policy's tokenizer (model.type=hf)")
     _ensure_data(cfg)
     if reward is not None and reward.model:
-        from ..models.reward_model import RewardModelScorer, same_vocabulary
+        from ..models.reward_model import same_vocabulary
+        from .rewards import RewardModelScorer
 
         scorer = RewardModelScorer(reward.model, device=device, batch_size=reward.model_batch_size, chat=cfg.chat)
         if not same_vocabulary(tokenizer, scorer.tokenizer):
@@ -59,7 +60,7 @@ def _prompt_task(cfg, tokenizer, reward, device):
                               f"({len(scorer.tokenizer)} vs {len(tokenizer)} tokens, or other ids): train the reward "
                               f"model from the policy's own base model (model.path)")
     elif reward is not None and reward.cls:
-        from ..train.rewards import load_reward_class
+        from .rewards import load_reward_class
 
         scorer = load_reward_class(reward.cls)
     else:

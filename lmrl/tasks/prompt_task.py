@@ -15,6 +15,7 @@ import torch
 
 from ..data import read_jsonl
 from .math_task import MathTask
+from .rewards import call_reward_fn
 
 
 class PromptTask(MathTask):
@@ -43,7 +44,5 @@ class PromptTask(MathTask):
 
     def score_rollout(self, ids: torch.Tensor, rollout) -> tuple[torch.Tensor, torch.Tensor, dict]:
         """Rewards (B,) from the scorer, checked like any reward function's; no exact match (zeros)."""
-        from ..train.rewards import call_reward_fn
-
         rewards = call_reward_fn(self.reward, *self.texts(ids, rollout), {})
         return rewards, torch.zeros(len(ids)), {}

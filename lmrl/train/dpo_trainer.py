@@ -23,7 +23,7 @@ from ..config import Config
 from ..models.reference import is_reference_view, reference_view
 from .offline import PairTrainer
 from .offline_setup import build_policy, export_policy
-from .text_batches import response_logps
+from ..tasks.text_batches import response_logps
 
 
 class DPOTrainer(PairTrainer):

@@ -25,7 +25,7 @@ from ..config import Config
 from ..tasks.preference_data import TruncationCounter, read_preference
 from .lifecycle import Stage, Trainer
 from .offline_setup import ensure_data
-from .text_batches import TextCodec, encode_preferences, pair_batch
+from ..tasks.text_batches import TextCodec, encode_preferences, pair_batch
 
 
 class OfflineTrainer(Trainer):

@@ -32,6 +32,7 @@ from ..algos.advantages import baseline_advantages, update_moving_baseline
 from ..algos.base import policy_forward
 from ..algos.losses import aggregate
 from ..rollout.agent import left_pad
+from ..tasks.text_batches import assistant_token_mask
 from . import checkpoint as ckpt
 from .callbacks import Callback, Episode
 from .lifecycle import guarded_step
@@ -57,33 +58,6 @@ class EpisodeLearnerConfig:
             raise ValueError("EpisodeLearnerConfig: batch_episodes, ckpt_every and max_nonfinite must be >= 1 and lr > 0")
         if not 0 <= self.baseline_decay < 1:
             raise ValueError(f"EpisodeLearnerConfig.baseline_decay must be in [0, 1), got {self.baseline_decay}")
-
-
-def assistant_token_mask(tokenizer, messages: list[dict]) -> tuple[list[int], list[int]]:
-    """(ids, mask) of the chat-templated conversation; mask is 1 on the tokens of assistant message
-    contents and the end-of-turn token that closes each, except messages marked `"training": false`
-    (context, such as a worked example). Needs a fast tokenizer (offsets)."""
-    if not messages or messages[-1].get("role") != "assistant":
-        raise ValueError("an episode's messages must end with the assistant's last turn")
-    text = tokenizer.apply_chat_template(messages, tokenize=False)
-    spans, cursor = [], 0
-    for k, message in enumerate(messages):
-        if message["role"] != "assistant" or message.get("training") is False:
-            continue
-        prefix = tokenizer.apply_chat_template(messages[:k], tokenize=False, add_generation_prompt=True)
-        start = text.find(message["content"], max(len(prefix), cursor))
-        if start < 0 or not text.startswith(prefix):
-            raise ValueError(f"the chat template does not render message {k} (assistant) after the conversation "
-                             "before it; cannot find its tokens")
-        end = start + len(message["content"])
-        eos = tokenizer.eos_token or ""
-        if eos and text.startswith(eos, end):
-            end += len(eos)
-        spans.append((start, end))
-        cursor = end
-    enc = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
-    mask = [int(any(s <= a and b <= e and b > a for s, e in spans)) for a, b in enc["offset_mapping"]]
-    return enc["input_ids"], mask
 
 
 class EpisodeLearner(Callback):

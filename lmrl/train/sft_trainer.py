@@ -21,7 +21,7 @@ import torch.nn.functional as F
 from ..tasks.preference_data import TruncationCounter, read_sft
 from .offline import OfflineTrainer
 from .offline_setup import build_policy, export_policy
-from .text_batches import encode_sft, pad_sequences, response_logps
+from ..tasks.text_batches import encode_sft, pad_sequences, response_logps
 
 
 class SFTTrainer(OfflineTrainer):

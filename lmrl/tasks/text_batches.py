@@ -16,7 +16,8 @@ from dataclasses import dataclass
 
 import torch
 
-from ..tasks.preference_data import PreferenceRow, SFTRow, TruncationCounter, truncate_pair
+from ..algos.preference_losses import sequence_logps
+from .preference_data import PreferenceRow, SFTRow, TruncationCounter, truncate_pair
 
 
 @dataclass(frozen=True)
@@ -70,7 +71,6 @@ def encode_sft(rows: list[SFTRow], codec: TextCodec, max_length: int, counter: T
     """Prompt/response rows as prompt + response ids (loss on the response); conversations through
     the chat template (loss on every assistant turn and its end token). Over-long rows keep their
     end nearest the response (a pair) or their start (a conversation), and are counted."""
-    from .online import assistant_token_mask
 
     out = []
     for i, row in enumerate(rows):
@@ -150,10 +150,36 @@ def response_logps(model, ids: torch.Tensor, attention: torch.Tensor, loss_mask:
     Only the positions from the earliest response token on are computed: rows that share their
     prompt start (a pair's chosen and rejected rows) then share that prefix's forward pass too (see
     HFPolicy._forward_shared_prompts)."""
-    from ..algos.preference_losses import sequence_logps
 
     first = int(loss_mask.float().argmax(1).min().item())  # the earliest response token over the rows
     keep = ids.size(1) - max(first - 1, 0)
     logits = model_logits(model, ids, attention, call, keep=keep)
     targets, mask = ids[:, -keep + 1:], loss_mask[:, -keep + 1:]
     return sequence_logps(logits[:, :-1], targets, mask), logits[:, :-1], targets, mask
+
+
+def assistant_token_mask(tokenizer, messages: list[dict]) -> tuple[list[int], list[int]]:
+    """(ids, mask) of the chat-templated conversation; mask is 1 on the tokens of assistant message
+    contents and the end-of-turn token that closes each, except messages marked `"training": false`
+    (context, such as a worked example). Needs a fast tokenizer (offsets)."""
+    if not messages or messages[-1].get("role") != "assistant":
+        raise ValueError("an episode's messages must end with the assistant's last turn")
+    text = tokenizer.apply_chat_template(messages, tokenize=False)
+    spans, cursor = [], 0
+    for k, message in enumerate(messages):
+        if message["role"] != "assistant" or message.get("training") is False:
+            continue
+        prefix = tokenizer.apply_chat_template(messages[:k], tokenize=False, add_generation_prompt=True)
+        start = text.find(message["content"], max(len(prefix), cursor))
+        if start < 0 or not text.startswith(prefix):
+            raise ValueError(f"the chat template does not render message {k} (assistant) after the conversation "
+                             "before it; cannot find its tokens")
+        end = start + len(message["content"])
+        eos = tokenizer.eos_token or ""
+        if eos and text.startswith(eos, end):
+            end += len(eos)
+        spans.append((start, end))
+        cursor = end
+    enc = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
+    mask = [int(any(s <= a and b <= e and b > a for s, e in spans)) for a, b in enc["offset_mapping"]]
+    return enc["input_ids"], mask

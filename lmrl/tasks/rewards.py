@@ -1,12 +1,16 @@
-"""Scoring rollouts: the task's verifier, or a user's reward function, with errors that say which
-sample broke it."""
+"""Rewards: a rollout scored by the task's verifier or a user's reward function, with errors that say
+which sample broke it; `RewardModelScorer`, a learned reward model as such a function."""
 
 from __future__ import annotations
 
 import math
+from pathlib import Path
 from typing import Callable, Sequence
 
 import torch
+
+from ..models.reward_model import load_reward_model
+from .text_batches import TextCodec, pad_sequences
 
 # TRL-style: one call scores a batch of (prompt, completion) texts.
 RewardFn = Callable[[Sequence[str], Sequence[str]], Sequence[float]]
@@ -66,3 +70,27 @@ def load_reward_class(spec: str):
         return obj()
     except Exception as e:
         raise RewardError(f"reward.cls={spec!r}: {attr}() raised {type(e).__name__}: {e}") from None
+
+
+class RewardModelScorer:
+    """A reward function for the RL trainers: `scorer(prompts, completions, **_) -> list[float]`, the
+    reward model's score of each prompt + completion, encoded as in reward-model training (a plain
+    prompt through the chat template, the completion followed by the end token)."""
+
+    def __init__(self, path: str | Path, *, device="cpu", batch_size: int = 16, chat: bool = True):
+        self.path = str(path)
+        self.model, self.tokenizer = load_reward_model(path, device=device)
+        self.model.requires_grad_(False)
+        self.codec = TextCodec(self.tokenizer, chat=chat)
+        self.batch_size = batch_size
+        self.device = torch.device(device)
+
+    @torch.no_grad()
+    def __call__(self, prompts: list, completions: list[str], **_) -> list[float]:
+        scores = []
+        for i in range(0, len(completions), self.batch_size):
+            rows = [self.codec.prompt_ids(p) + self.codec.response_ids(c)
+                    for p, c in zip(prompts[i:i + self.batch_size], completions[i:i + self.batch_size])]
+            ids, attention, _ = pad_sequences(rows, rows, self.tokenizer.pad_token_id, self.device)
+            scores += self.model(ids, attention).tolist()
+        return scores
