@@ -27,11 +27,6 @@ class RewardTrainer(PairTrainer):
     accuracy_key = "rm/accuracy"
     default_best_metric = "eval/accuracy"
 
-    def build_model(self):
-        m = self.config.model
-        torch.manual_seed(self.config.run.seed)  # the same score head (and adapter) for a seed
-        return build_reward_model(m.path, gguf_file=m.gguf_file, dtype=m.dtype, lora=self.config.lora)
-
     def compute_loss(self, batch) -> tuple[torch.Tensor, dict]:
         ids, attention, _ = batch
         n = ids.size(0) // 2
@@ -39,6 +34,11 @@ class RewardTrainer(PairTrainer):
         loss, stats = bradley_terry_loss(scores[:n], scores[n:])
         return loss, {"rm/loss": loss.item(), **stats, "rm/chosen_mean": scores[:n].mean().item(),
                       "rm/rejected_mean": scores[n:].mean().item()}
+
+    def build_model(self):
+        m = self.config.model
+        torch.manual_seed(self.config.run.seed)  # the same score head (and adapter) for a seed
+        return build_reward_model(m.path, gguf_file=m.gguf_file, dtype=m.dtype, lora=self.config.lora)
 
     def export(self, out_dir: Path, model) -> Path:
         return model.save(out_dir / "reward_model")

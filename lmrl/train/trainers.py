@@ -9,47 +9,51 @@ is refused with the key named); every other `algo.*` option is taken from the co
 from __future__ import annotations
 
 import copy
+import difflib
 
-from ..config import Config, validate
+from ..config import Config
+from ..errors import ConfigError
+from .dpo_trainer import DPOTrainer
+from .reward_trainer import RewardTrainer
 from .rl_trainer import RLTrainer
+from .sft_trainer import SFTTrainer
 
 
-def _with_algorithm(config: Config, name: str) -> Config:
-    config = copy.deepcopy(config)
-    config.algo.name = name
-    validate(config)
-    return config
+class AlgorithmTrainer(RLTrainer):
+    """`RLTrainer` with `algo.name` set to the class's `algorithm` (the caller's config is not changed)."""
 
+    algorithm = ""
 
-class ReinforceTrainer(RLTrainer):
     def __init__(self, config: Config, **kwargs):
-        super().__init__(_with_algorithm(config, "reinforce"), **kwargs)
+        config = copy.deepcopy(config)
+        config.algo.name = self.algorithm
+        super().__init__(config, **kwargs)
 
 
-class RLOOTrainer(RLTrainer):
-    def __init__(self, config: Config, **kwargs):
-        super().__init__(_with_algorithm(config, "rloo"), **kwargs)
+class ReinforceTrainer(AlgorithmTrainer):
+    algorithm = "reinforce"
 
 
-class GRPOTrainer(RLTrainer):
-    def __init__(self, config: Config, **kwargs):
-        super().__init__(_with_algorithm(config, "grpo"), **kwargs)
+class RLOOTrainer(AlgorithmTrainer):
+    algorithm = "rloo"
 
 
-class PPOTrainer(RLTrainer):
-    def __init__(self, config: Config, **kwargs):
-        super().__init__(_with_algorithm(config, "ppo"), **kwargs)
+class GRPOTrainer(AlgorithmTrainer):
+    algorithm = "grpo"
+
+
+class PPOTrainer(AlgorithmTrainer):
+    algorithm = "ppo"
+
+
+TRAINERS = {"rl": RLTrainer, "sft": SFTTrainer, "dpo": DPOTrainer, "reward": RewardTrainer}  # run.trainer's values
 
 
 def build_trainer(config: Config, **kwargs):
-    """The trainer `run.trainer` names: rl (RLTrainer), sft, dpo or reward."""
+    """The trainer `run.trainer` names (see TRAINERS)."""
     name = config.run.trainer
-    if name == "sft":
-        from .sft_trainer import SFTTrainer as cls
-    elif name == "dpo":
-        from .dpo_trainer import DPOTrainer as cls
-    elif name == "reward":
-        from .reward_trainer import RewardTrainer as cls
-    else:
-        cls = RLTrainer
-    return cls(config, **kwargs)
+    if name not in TRAINERS:
+        near = difflib.get_close_matches(name, TRAINERS, n=1)
+        hint = f"; did you mean {near[0]!r}?" if near else ""
+        raise ConfigError(f"run.trainer={name!r} is not one of {', '.join(TRAINERS)}{hint}")
+    return TRAINERS[name](config, **kwargs)
