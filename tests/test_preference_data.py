@@ -31,12 +31,19 @@ def test_reads_string_and_conversation_prompts(tmp_path):
 @pytest.mark.parametrize("bad, field", [
     ({"prompt": "p", "rejected": "r"}, "missing key 'chosen'"),
     ({"prompt": "p", "chosen": "c"}, "missing key 'rejected'"),
-    ({"prompt": "p", "chosen": 4, "rejected": "r"}, "'chosen' must be a string, got a number"),
-    ({"prompt": "p", "chosen": "c", "rejected": ["r"]}, "'rejected' must be a string, got a list"),
+    ({"prompt": "p", "chosen": 4, "rejected": "r"}, "'chosen' must be a string or a list of {role, content} "
+                                                     "messages, got a number (4)"),
+    ({"prompt": "p", "chosen": "c", "rejected": ["r"]}, "'rejected'[0] must be an object with string 'role'"),
+    ({"prompt": {"text": "p"}, "chosen": "c", "rejected": "r"}, "'prompt' must be a string or a list of {role, "
+                                                                "content} messages, got an object"),
+    ({"prompt": "p", "chosen": "c", "rejected": [{"role": "assistant", "content": "r"}]},
+     "'chosen' is a string but 'rejected' is a list of messages; give both the same way"),
     ({"prompt": "p", "chosen": "", "rejected": "r"}, "'chosen' is empty"),
     ({"prompt": "p", "chosen": "c", "rejected": "  \n"}, "'rejected' is empty"),
     ({"prompt": " ", "chosen": "c", "rejected": "r"}, "'prompt' is empty"),
-    ({"chosen": "c", "rejected": "r"}, "needs one of 'prompt' | 'messages'"),
+    ({"chosen": "cats", "rejected": "dogs"}, "'chosen' and 'rejected' share no beginning, so there is no prompt"),
+    ({"messages": "p", "chosen": "c", "rejected": "r"}, "'messages' must be a list of {role, content} messages, "
+                                                        "got a string"),
     ({"prompt": "p", "messages": [{"role": "user", "content": "p"}], "chosen": "c", "rejected": "r"},
      "both 'prompt' and 'messages'"),
 ])
@@ -71,11 +78,13 @@ def test_sft_messages_and_sharegpt_conversations(tmp_path):
 
 
 @pytest.mark.parametrize("bad, field", [
-    ({"prompt": "p", "response": 7}, "'response' must be a string, got 7"),
+    ({"prompt": "p", "response": 7}, "'response' must be a string or a list of {role, content} messages, "
+                                     "got a number (7)"),
     ({"prompt": "p", "response": ""}, "'response' is empty"),
     ({"prompt": "", "completion": "c"}, "'prompt' is empty"),
     ({"prompt": "p", "response": "r", "completion": "c"}, "both 'response' and 'completion'"),
-    ({"prompt": "p"}, "needs one of 'prompt' + 'response' | 'prompt' + 'completion' | 'messages' | 'conversations'"),
+    ({"prompt": "p"}, "needs one of 'prompt' + 'response' | 'prompt' + 'completion' | 'messages' | 'conversations' "
+                      "| 'text' (the row has keys: 'prompt')"),
     ({"messages": [{"role": "user", "content": "hi"}]}, "'messages' has no assistant turn"),
     ({"messages": [{"role": "robot", "content": "hi"}]}, "'messages'[0] 'role' is 'robot'"),
     ({"conversations": [{"from": "human", "value": "hi"}, {"from": "bot", "value": "yo"}]},

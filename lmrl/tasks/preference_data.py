@@ -1,134 +1,368 @@
 """Offline training data: preference pairs (DPO, reward models) and supervised rows (SFT), in the
-JSONL formats TRL users already have, checked row by row with `path:line: what is wrong` errors.
+formats TRL users already have, checked row by row with `where: what is wrong` errors.
 
-    pairs = read_preference("pairs.jsonl")   # {"prompt", "chosen", "rejected"}
-    rows = read_sft("sft.jsonl")             # {"prompt", "response" | "completion"}, {"messages"}, {"conversations"}
+    pairs = read_preference("pairs.jsonl")        # a JSONL file (.jsonl.gz too)
+    pairs = read_preference(dataset)              # or rows: a datasets.Dataset, a list of dicts
+    rows = read_sft("sft.jsonl")
     counter = TruncationCounter()
     prompt_ids, response_ids = counter.truncate(prompt_ids, response_ids, max_len=1024)
-    print(counter)                           # "3 of 500 rows truncated (0.6%)"
+    print(counter)                                # "3 of 500 rows truncated (0.6%)"
 
-Over-long rows are cut, never dropped, and every cut is counted so the caller can report it.
+Preference rows, standard (strings) or conversational (lists of {"role", "content"} messages):
+    {"prompt", "chosen", "rejected"}      explicit prompt; conversational replies are assistant messages
+    {"messages", "chosen", "rejected"}    the prompt as a conversation (lmrl's older form)
+    {"chosen", "rejected"}                implicit prompt: the two share their beginning, which is the prompt
+                                          (Anthropic HH-RLHF's "\\n\\nHuman: ... \\n\\nAssistant: ..." dialogues
+                                          become conversational rows, see `hh_to_conversation`)
+SFT rows:
+    {"prompt", "completion" | "response"} strings, or prompt messages + completion assistant messages
+    {"messages"}, {"conversations"}       a conversation (ShareGPT's {"from", "value"} turns too)
+    {"text"}                              language modelling: the loss on every token
+
+Errors name `path:line` for a file and `row i` (0-based, as `dataset[i]`) for rows handed in, then the
+field. Every row becomes a row or an error; none is dropped. Over-long rows are cut when encoded,
+never dropped, and every cut is counted so the caller can report it.
 """
 
 from __future__ import annotations
 
+import gzip
 import json
 import os
-from dataclasses import dataclass
-from typing import Sequence
+import re
+import zlib
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass, field, replace
+from typing import Sequence, Union
 
-from ..data import DataError, read_jsonl
+from ..data import DataError
 
 SHAREGPT_ROLES = {"human": "user", "gpt": "assistant", "system": "system",
                   "user": "user", "assistant": "assistant", "tool": "tool"}
+HH_ASSISTANT = "\n\nAssistant:"  # where an assistant turn starts in HH-RLHF's dialogue text
+DIALOGUES = ("auto", "hh", "text")
+_HH_TURN = re.compile(r"(?:\A|\n\n)(Human|Assistant):")
+
+Source = Union[str, os.PathLike, Iterable[Mapping]]  # a JSONL path, or the rows themselves
 
 
 @dataclass(frozen=True)
 class PreferenceRow:
-    prompt: str | list[dict]  # a string, or the conversation so far as {"role", "content"} messages
-    chosen: str               # the preferred response
-    rejected: str             # the dispreferred response
+    prompt: str | list[dict]    # a string, or the conversation so far as {"role", "content"} messages
+    chosen: str | list[dict]    # the preferred reply: a string, or messages starting with the assistant's
+    rejected: str | list[dict]  # the dispreferred reply, in the same form as chosen
+    source: str = field(default="", compare=False, repr=False)  # "path:line" or "row i", for later errors
 
 
 @dataclass(frozen=True)
 class SFTRow:
     """One supervised example as a conversation; the loss goes on the assistant turns.
 
-    A {"prompt", "response" | "completion"} row becomes [user: prompt, assistant: response] with
-    chat=False: plain text, to be joined without a chat template. Conversation rows have chat=True."""
+    A {"prompt", "response" | "completion"} row of strings becomes [user: prompt, assistant: response]
+    with chat=False: plain text, to be joined without a chat template. Conversation rows have
+    chat=True. A {"text"} row has `text` set and no messages: the loss covers all of it."""
     messages: list[dict]  # {"role", "content"}; roles system, user, assistant, tool
-    chat: bool            # False: a plain prompt/response pair, not a chat
+    chat: bool            # False: a plain prompt/response pair (or text), not a chat
+    text: str | None = None
+    source: str = field(default="", compare=False, repr=False)
 
 
-def read_preference(path: str | os.PathLike) -> list[PreferenceRow]:
-    """Rows {"prompt": str, "chosen": str, "rejected": str}, or {"messages": [...], "chosen", "rejected"}
-    with the prompt as a conversation. Refused, naming path:line and the field: a missing or non-string
-    chosen/rejected, an empty (or all-whitespace) prompt, chosen or rejected, both prompt and messages,
-    and chosen identical to rejected (up to surrounding whitespace), which teaches nothing."""
-    rows = read_jsonl(path, ["chosen", "rejected"], alternatives=[["prompt"], ["messages"]])
-    pairs = []
-    for line, row in zip(_row_lines(path), rows):
-        where = f"{path}:{line}"
-        if "prompt" in row and "messages" in row:
-            raise DataError(f"{where}: the row has both 'prompt' and 'messages'; keep one (the prompt)")
-        for key in ("prompt", "chosen", "rejected"):
-            if key in row and not row[key].strip():
-                raise DataError(f"{where}: {key!r} is empty")
-        if row["chosen"].strip() == row["rejected"].strip():
-            raise DataError(f"{where}: 'chosen' and 'rejected' are the same text ({_preview(row['chosen'])}); "
-                            f"a pair must differ to say which is preferred")
-        pairs.append(PreferenceRow(row.get("prompt", row.get("messages")), row["chosen"], row["rejected"]))
-    return pairs
+class _Bad(Exception):
+    """A problem with one row's fields; the reader puts the row's location in front."""
 
 
-def read_sft(path: str | os.PathLike) -> list[SFTRow]:
-    """Rows {"prompt", "response"} or {"prompt", "completion"} (strings), or a conversation:
-    {"messages": [{"role", "content"}, ...]}, or {"conversations": [...]} whose turns are
-    {"role", "content"} or ShareGPT's {"from", "value"} (human → user, gpt → assistant, system).
-    A turn may say `"training": false` (as in axolotl): an assistant turn that is context, not loss
-    (a worked example). A conversation needs an assistant turn to train on; a prompt, response or
-    assistant turn must not be empty."""
-    rows = read_jsonl(path, alternatives=[["prompt", "response"], ["prompt", "completion"],
-                                          ["messages"], ["conversations"]])
-    out = []
-    for line, row in zip(_row_lines(path), rows):
-        where = f"{path}:{line}"
-        present = [k for k in ("prompt", "messages", "conversations") if k in row]
-        if len(present) > 1:
-            raise DataError(f"{where}: the row has {' and '.join(map(repr, present))}; keep one format")
-        if "prompt" in row:
-            answer_key = "response" if "response" in row else "completion"
-            if "response" in row and "completion" in row:
-                raise DataError(f"{where}: the row has both 'response' and 'completion'; keep one")
-            for key in ("prompt", answer_key):
-                if not isinstance(row[key], str):
-                    raise DataError(f"{where}: {key!r} must be a string, got {_preview(row[key])}")
-                if not row[key].strip():
-                    raise DataError(f"{where}: {key!r} is empty")
-            messages = [{"role": "user", "content": row["prompt"]}, {"role": "assistant", "content": row[answer_key]}]
-            out.append(SFTRow(messages, chat=False))
-            continue
-        key = present[0]
-        messages = _conversation(row[key], key, where)
-        if not any(m["role"] == "assistant" for m in messages):
-            raise DataError(f"{where}: {key!r} has no assistant turn, so there is nothing to learn")
-        if not any(m["role"] == "assistant" and m.get("training", True) for m in messages):
-            raise DataError(f"{where}: every assistant turn of {key!r} is \"training\": false, so there is "
-                            f"nothing to learn")
-        out.append(SFTRow(messages, chat=True))
-    return out
+def read_preference(source: Source, *, dialogue: str = "auto") -> list[PreferenceRow]:
+    """Preference pairs from a JSONL file (.jsonl or .jsonl.gz) or from rows (a `datasets.Dataset`,
+    a list of dicts). Row forms: see the module docstring.
+
+    An implicit prompt is the longest beginning the two sides share, cut back so that it ends where the
+    replies start: for message lists, the shared leading messages, fewer if needed so that both sides
+    go on with an assistant message; for text, up to and including the last shared "\\n\\nAssistant:",
+    else cut back to a word boundary (a shared trailing space goes with the replies, as in TRL's
+    `extract_prompt`, which does not look for words or turns). `dialogue` says what to do
+    with HH-RLHF text: "auto" makes conversational rows of pairs whose two sides both start with
+    "\\n\\nHuman:", "hh" requires every implicit pair to be such a dialogue, "text" keeps them text.
+
+    Refused, naming the row and the field: a missing chosen/rejected; a value that is neither a string
+    nor a list of messages; an empty prompt, chosen or rejected (a reply cut from a dialogue may be
+    empty: HH-RLHF prefers silence to some requests); chosen and rejected in different forms; both
+    prompt and messages; a conversational reply that does not start with an assistant message or does
+    not end with one; a pair with no shared beginning; chosen identical to rejected."""
+    if dialogue not in DIALOGUES:
+        raise ValueError(f"dialogue must be one of {', '.join(DIALOGUES)}, got {dialogue!r}")
+    return [_located(where, _preference_row, row, dialogue) for where, row in iter_rows(source)]
 
 
-def _conversation(turns, key: str, where: str) -> list[dict]:
+def read_sft(source: Source) -> list[SFTRow]:
+    """SFT rows from a JSONL file (.jsonl or .jsonl.gz) or from rows (a `datasets.Dataset`, a list of
+    dicts): {"prompt", "response" | "completion"} as strings, or as prompt messages and completion
+    assistant messages (the loss on the completion only); {"messages": [...]}; {"conversations": [...]}
+    whose turns are {"role", "content"} or ShareGPT's {"from", "value"} (human → user, gpt →
+    assistant, system); {"text"} (the loss on every token). A turn may say `"training": false` (as in
+    axolotl): an assistant turn that is context, not loss (a worked example). A conversation needs an
+    assistant turn to train on; a prompt, response, text or assistant turn must not be empty."""
+    return [_located(where, _sft_row, row) for where, row in iter_rows(source)]
+
+
+def iter_rows(source: Source) -> Iterator[tuple[str, dict]]:
+    """(where, row) for each row: `path:line` for a JSONL file (gzip-compressed when it starts with
+    gzip's magic bytes; blank lines skipped), `row i` for rows handed in, where a None value (a column
+    a datasets.Dataset row does not fill) counts as an absent key."""
+    if isinstance(source, (str, os.PathLike)):
+        yield from _file_rows(source)
+        return
+    if isinstance(source, Mapping):
+        hint = "; pass one split, e.g. data['train']" if "train" in source else ""
+        raise DataError(f"expected rows (a datasets.Dataset or a list of dicts), got a {type(source).__name__} "
+                        f"with keys {', '.join(map(repr, list(source)[:5]))}{hint}")
+    count = 0
+    for i, row in enumerate(source):
+        if not isinstance(row, Mapping):
+            raise DataError(f"row {i}: expected a dict of fields, got a {type(row).__name__}")
+        count += 1
+        yield f"row {i}", {k: v for k, v in row.items() if v is not None}
+    if not count:
+        raise DataError("no rows were given (the data set is empty)")
+
+
+def hh_to_conversation(chosen: str, rejected: str) -> dict:
+    """An HH-RLHF pair (two "\\n\\nHuman: ... \\n\\nAssistant: ..." dialogues that share every turn but
+    the last reply) as TRL's conversational preference row: {"prompt": the shared turns as user /
+    assistant messages, "chosen": [the chosen reply as one assistant message], "rejected": [...]}.
+
+    The prompt is the shared text up to its last "\\n\\nAssistant:"; each reply is the rest of its side
+    (stripped), so a side that goes on for more turns keeps them in its one reply, as TRL's HH script
+    does. Raises DataError when a side is not such a dialogue or the two share no turn."""
+    try:
+        prompt, chosen_reply, rejected_reply = _hh_split(chosen, rejected)
+    except _Bad as e:
+        raise DataError(str(e)) from None
+    return {"prompt": prompt, "chosen": chosen_reply, "rejected": rejected_reply}
+
+
+def hh_messages(text: str) -> list[dict]:
+    """HH-RLHF dialogue text as {"role", "content"} messages (Human → user, Assistant → assistant),
+    each turn's text stripped."""
+    parts = _HH_TURN.split(text.lstrip())
+    if len(parts) < 3 or parts[0].strip():
+        raise DataError(f"not a 'Human: ... Assistant: ...' dialogue: {_preview(text)}")
+    return [{"role": "user" if speaker == "Human" else "assistant", "content": said.strip()}
+            for speaker, said in zip(parts[1::2], parts[2::2])]
+
+
+# ------------------------------------------------------------------------------------ preference rows
+
+def _preference_row(row: dict, dialogue: str) -> PreferenceRow:
+    missing = [k for k in ("chosen", "rejected") if k not in row]
+    if missing:
+        raise _Bad(f"missing key{'s' if len(missing) > 1 else ''} {', '.join(map(repr, missing))} {_keys(row)}")
+    if "prompt" in row and "messages" in row:
+        raise _Bad("the row has both 'prompt' and 'messages'; keep one (the prompt)")
+    chosen, rejected = _text_or_messages(row["chosen"], "chosen"), _text_or_messages(row["rejected"], "rejected")
+    if isinstance(chosen, list) != isinstance(rejected, list):
+        raise _Bad(f"'chosen' is {_form(chosen)} but 'rejected' is {_form(rejected)}; give both the same way")
+    prompt_key = "prompt" if "prompt" in row else "messages" if "messages" in row else None
+    if prompt_key is None:
+        prompt, chosen, rejected = _implicit_prompt(chosen, rejected, dialogue)
+    else:
+        if prompt_key == "messages" and not isinstance(row["messages"], list):
+            raise _Bad(f"'messages' must be a list of {{role, content}} messages, got {_describe(row['messages'])}")
+        prompt = _text_or_messages(row[prompt_key], prompt_key)
+        if isinstance(chosen, list):
+            if isinstance(prompt, str):
+                prompt = [{"role": "user", "content": prompt}]
+            chosen, rejected = _after_prompt(prompt, chosen), _after_prompt(prompt, rejected)
+    if isinstance(prompt, list) and not any(m["content"].strip() for m in prompt):
+        raise _Bad(f"'{prompt_key or 'prompt'}' is empty (every message's content is blank)")
+    if isinstance(chosen, list):
+        for key, reply in (("chosen", chosen), ("rejected", rejected)):
+            _check_reply(reply, key)
+    if _comparable(chosen) == _comparable(rejected):
+        raise _Bad(f"'chosen' and 'rejected' are the same text ({_preview(chosen)}); a pair must differ to say "
+                   f"which is preferred")
+    return PreferenceRow(prompt, chosen, rejected)
+
+
+def _text_or_messages(value, key: str) -> str | list[dict]:
+    """A non-empty string, or a list of messages (see `_conversation`)."""
+    if isinstance(value, str):
+        if not value.strip():
+            raise _Bad(f"{key!r} is empty")
+        return value
+    if isinstance(value, list):
+        return _conversation(value, key)
+    raise _Bad(f"{key!r} must be a string or a list of {{role, content}} messages, got {_describe(value)}")
+
+
+def _implicit_prompt(chosen, rejected, dialogue: str):
+    """(prompt, chosen, rejected) from two sides that share their beginning."""
+    if isinstance(chosen, list):
+        return _split_messages(chosen, rejected)
+    if dialogue == "hh" or (dialogue == "auto" and _is_hh(chosen) and _is_hh(rejected)):
+        return _hh_split(chosen, rejected)
+    return _split_text(chosen, rejected)
+
+
+def _split_messages(chosen: list[dict], rejected: list[dict]):
+    """The shared leading messages are the prompt, cut back until both sides go on with an assistant
+    message (the reply starts there)."""
+    k = 0
+    while k < min(len(chosen), len(rejected)) and _comparable([chosen[k]]) == _comparable([rejected[k]]):
+        k += 1
+    while k > 0 and not (k < len(chosen) and k < len(rejected) and
+                         chosen[k]["role"] == rejected[k]["role"] == "assistant"):
+        k -= 1
+    if k == 0:
+        raise _Bad("'chosen' and 'rejected' share no leading messages before an assistant reply, so there is no "
+                   "prompt; give a 'prompt', or both whole conversations from the start")
+    return chosen[:k], chosen[k:], rejected[k:]
+
+
+def _split_text(chosen: str, rejected: str):
+    """The shared beginning is the prompt: up to and including its last "\\n\\nAssistant:" when it has
+    one, else cut back to a word boundary (the prompt never ends inside a word unless it has no
+    whitespace at all, e.g. Chinese), with a trailing space given to the replies."""
+    shared = os.path.commonprefix([chosen, rejected])
+    turn = shared.rfind(HH_ASSISTANT)
+    if turn >= 0:  # a dialogue: the prompt ends where the assistant's reply starts
+        cut = turn + len(HH_ASSISTANT)
+        return chosen[:cut], chosen[cut:], rejected[cut:]
+    cut = len(shared)
+    inside_word = cut > 0 and not shared[-1].isspace() and any(
+        len(side) == cut or not side[cut].isspace() for side in (chosen, rejected))
+    if inside_word:
+        space = max((i for i, ch in enumerate(shared) if ch.isspace()), default=-1)
+        cut = space if space > 0 else cut
+    if cut > 0 and chosen[cut - 1] == " ":
+        cut -= 1
+    if not chosen[:cut].strip():
+        raise _Bad(f"'chosen' and 'rejected' share no beginning, so there is no prompt (they start "
+                   f"{_preview(chosen[:20])} and {_preview(rejected[:20])}); give a 'prompt'")
+    for key, side in (("chosen", chosen), ("rejected", rejected)):
+        if not side[cut:].strip():
+            raise _Bad(f"{key!r} has nothing after the prompt it shares with the other side ({_preview(side)})")
+    return chosen[:cut], chosen[cut:], rejected[cut:]
+
+
+def _is_hh(text: str) -> bool:
+    return text.lstrip().startswith("Human:") and HH_ASSISTANT in text
+
+
+def _hh_split(chosen: str, rejected: str):
+    for key, side in (("chosen", chosen), ("rejected", rejected)):
+        if not _is_hh(side):
+            raise _Bad(f"{key!r} is not a '\\n\\nHuman: ... \\n\\nAssistant: ...' dialogue (it starts "
+                       f"{_preview(side[:30])})")
+    shared = os.path.commonprefix([chosen, rejected])
+    turn = shared.rfind(HH_ASSISTANT)
+    if turn < 0:
+        raise _Bad("'chosen' and 'rejected' share no turns up to an '\\n\\nAssistant:' reply, so there is no prompt")
+    try:
+        prompt = hh_messages(chosen[:turn])
+    except DataError as e:
+        raise _Bad(f"'chosen': {e}") from None
+    start = turn + len(HH_ASSISTANT)
+    return prompt, [{"role": "assistant", "content": chosen[start:].strip()}], \
+        [{"role": "assistant", "content": rejected[start:].strip()}]
+
+
+def _after_prompt(prompt: list[dict], reply: list[dict]) -> list[dict]:
+    """The reply without a copy of the prompt in front (some sets, e.g. UltraFeedback, repeat it)."""
+    n = len(prompt)
+    if len(reply) > n and _comparable(reply[:n]) == _comparable(prompt):
+        return reply[n:]
+    return reply
+
+
+def _check_reply(reply: list[dict], key: str) -> None:
+    if reply[0]["role"] != "assistant":
+        raise _Bad(f"{key!r} must start with the assistant's reply, got a {reply[0]['role']!r} message first")
+    if reply[-1]["role"] != "assistant":
+        raise _Bad(f"{key!r} must end with an assistant message, got a {reply[-1]['role']!r} message last")
+
+
+def _comparable(value) -> object:
+    """What two replies are compared on: stripped text, or (role, stripped content) per message."""
+    if isinstance(value, str):
+        return value.strip()
+    return [(m["role"], m["content"].strip()) for m in value]
+
+
+# ------------------------------------------------------------------------------------------- SFT rows
+
+_SFT_FORMS = "'prompt' + 'response' | 'prompt' + 'completion' | 'messages' | 'conversations' | 'text'"
+
+
+def _sft_row(row: dict) -> SFTRow:
+    present = [k for k in ("prompt", "messages", "conversations", "text") if k in row]
+    if not present or (present == ["prompt"] and "response" not in row and "completion" not in row):
+        raise _Bad(f"needs one of {_SFT_FORMS} {_keys(row)}")
+    if len(present) > 1:
+        raise _Bad(f"the row has {' and '.join(map(repr, present))}; keep one format")
+    key = present[0]
+    if key == "text":
+        if not isinstance(row["text"], str):
+            raise _Bad(f"'text' must be a string, got {_describe(row['text'])}")
+        if not row["text"].strip():
+            raise _Bad("'text' is empty")
+        return SFTRow([], chat=False, text=row["text"])
+    if key == "prompt":
+        if "response" in row and "completion" in row:
+            raise _Bad("the row has both 'response' and 'completion'; keep one")
+        answer_key = "response" if "response" in row else "completion"
+        prompt, answer = _text_or_messages(row["prompt"], "prompt"), _text_or_messages(row[answer_key], answer_key)
+        if isinstance(prompt, str) and isinstance(answer, str):
+            return SFTRow([{"role": "user", "content": prompt}, {"role": "assistant", "content": answer}], chat=False)
+        # conversational: the prompt (a string becomes one user message) is context, the completion is the loss
+        prompt = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else prompt
+        answer = [{"role": "assistant", "content": answer}] if isinstance(answer, str) else \
+            _after_prompt(prompt, answer)
+        _check_reply(answer, answer_key)
+        context = [{**m, "training": False} if m["role"] == "assistant" else m for m in prompt]
+        messages = context + answer
+        key = answer_key
+    else:
+        messages = _conversation(row[key], key)
+    if not any(m["role"] == "assistant" for m in messages):
+        raise _Bad(f"{key!r} has no assistant turn, so there is nothing to learn")
+    if not any(m["role"] == "assistant" and m.get("training", True) for m in messages):
+        raise _Bad(f"every assistant turn of {key!r} is \"training\": false, so there is nothing to learn")
+    return SFTRow(messages, chat=True)
+
+
+def _conversation(turns, key: str) -> list[dict]:
     """{"role", "content"} messages from role/content or ShareGPT from/value turns."""
     if not isinstance(turns, list) or not turns:
-        raise DataError(f"{where}: {key!r} must be a non-empty list of turns, got {_preview(turns)}")
+        raise _Bad(f"{key!r} must be a non-empty list of turns, got {_preview(turns)}")
     messages = []
     for i, turn in enumerate(turns):
-        field = f"{key!r}[{i}]"
-        if isinstance(turn, dict) and isinstance(turn.get("from"), str) and isinstance(turn.get("value"), str):
+        where = f"{key!r}[{i}]"
+        if isinstance(turn, Mapping) and isinstance(turn.get("from"), str) and isinstance(turn.get("value"), str):
             if turn["from"] not in SHAREGPT_ROLES:
-                raise DataError(f"{where}: {field} 'from' is {turn['from']!r}; ShareGPT speakers are "
-                                f"{', '.join(map(repr, SHAREGPT_ROLES))}")
+                raise _Bad(f"{where} 'from' is {turn['from']!r}; ShareGPT speakers are "
+                           f"{', '.join(map(repr, SHAREGPT_ROLES))}")
             role, content = SHAREGPT_ROLES[turn["from"]], turn["value"]
-        elif isinstance(turn, dict) and isinstance(turn.get("role"), str) and isinstance(turn.get("content"), str):
+        elif isinstance(turn, Mapping) and isinstance(turn.get("role"), str) and isinstance(turn.get("content"), str):
             role, content = turn["role"], turn["content"]
             if role not in ("system", "user", "assistant", "tool"):
-                raise DataError(f"{where}: {field} 'role' is {role!r}; use system, user, assistant or tool")
+                raise _Bad(f"{where} 'role' is {role!r}; use system, user, assistant or tool")
         else:
-            raise DataError(f"{where}: {field} must be an object with string 'role' and 'content' "
-                            f"(or ShareGPT 'from' and 'value'), got {_preview(turn)}")
+            raise _Bad(f"{where} must be an object with string 'role' and 'content' "
+                       f"(or ShareGPT 'from' and 'value'), got {_preview(turn)}")
         if role == "assistant" and not content.strip():
-            raise DataError(f"{where}: {field} is an empty assistant turn")
+            raise _Bad(f"{where} is an empty assistant turn")
         message = {"role": role, "content": content}
-        if "training" in turn:
-            if not isinstance(turn["training"], bool):
-                raise DataError(f"{where}: {field} 'training' must be true or false, got {_preview(turn['training'])}")
-            if not turn["training"]:
+        training = turn.get("training")  # None: absent (a datasets.Dataset fills missing struct fields with None)
+        if training is not None:
+            if not isinstance(training, bool):
+                raise _Bad(f"{where} 'training' must be true or false, got {_preview(training)}")
+            if not training:
                 message["training"] = False
         messages.append(message)
     return messages
 
+
+# ---------------------------------------------------------------------------------------- truncation
 
 def truncate_pair(prompt_ids: Sequence[int], response_ids: Sequence[int],
                   max_len: int) -> tuple[list[int], list[int], bool]:
@@ -170,13 +404,75 @@ class TruncationCounter:
         return f"{self.truncated} of {self.rows} rows truncated ({100 * self.fraction:.1f}%)"
 
 
-def _row_lines(path: str | os.PathLike) -> list[int]:
-    """The line numbers of the rows `read_jsonl` returned: its non-blank lines, in order (it has
-    already checked that each is a JSON object)."""
+# -------------------------------------------------------------------------------------------- reading
+
+def _file_rows(path: str | os.PathLike) -> Iterator[tuple[str, dict]]:
+    count = 0
+    for lineno, raw in enumerate(_file_lines(path), 1):
+        where = f"{path}:{lineno}"
+        try:
+            line = raw.decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise DataError(f"{where}: not UTF-8 text ({e.reason} at byte {e.start})") from None
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise DataError(f"{where}: invalid JSON: {e.msg} (column {e.colno})") from None
+        if not isinstance(row, dict):
+            raise DataError(f"{where}: expected a JSON object {{...}}, got {_describe(row)}")
+        count += 1
+        yield where, row
+    if not count:
+        raise DataError(f"{path}: the file has no rows (it is empty)")
+
+
+def _file_lines(path: str | os.PathLike) -> Iterable[bytes]:
+    """The file's lines as bytes; a gzip file is decompressed whole first, so a truncated one fails
+    before any of its rows is used."""
     with open(path, "rb") as f:
-        return [n for n, raw in enumerate(f, 1) if raw.decode("utf-8").strip()]
+        if f.read(2) != b"\x1f\x8b":
+            f.seek(0)
+            yield from f
+            return
+    try:
+        with gzip.open(path, "rb") as f:
+            data = f.read()
+    except EOFError:
+        raise DataError(f"{path}: the gzip file is truncated (it ends before gzip's end-of-stream marker); "
+                        f"copy or download it again") from None
+    except (gzip.BadGzipFile, zlib.error) as e:
+        raise DataError(f"{path}: the gzip file is corrupt ({e}); copy or download it again") from None
+    yield from data.split(b"\n")
+
+
+def _located(where: str, parse, *args):
+    """parse(*args), its problems as `where: ...` errors and its row marked with where it came from."""
+    try:
+        return replace(parse(*args), source=where)
+    except _Bad as e:
+        raise DataError(f"{where}: {e}") from None
+
+
+def _keys(row: dict) -> str:
+    return f"(the row has keys: {', '.join(map(repr, row)) or 'none'})"
+
+
+def _form(value) -> str:
+    return "a list of messages" if isinstance(value, list) else "a string"
+
+
+def _describe(value) -> str:
+    names = {dict: "an object", list: "a list", str: "a string", bool: "a boolean", int: "a number",
+             float: "a number"}
+    kind = "null" if value is None else names.get(type(value), f"a {type(value).__name__}")
+    return f"{kind} ({_preview(value)})" if isinstance(value, (int, float)) and not isinstance(value, bool) else kind
 
 
 def _preview(value) -> str:
-    text = json.dumps(value, ensure_ascii=False)
+    try:
+        text = json.dumps(value, ensure_ascii=False)
+    except TypeError:
+        text = repr(value)
     return text if len(text) <= 60 else text[:57] + "..."

@@ -8,7 +8,10 @@ the policy's tokenizer, truncated to `max_length` with every cut counted, and pa
 The text a model is trained on is the text it will be prompted with: a plain-text prompt goes into
 the tokenizer's chat template as a user message (when it has one and `chat` is on), a response is
 followed by the end-of-sequence token (the end of an assistant turn in chat models), and loss
-masks cover the response tokens (with that end token) and nothing else."""
+masks cover the response tokens (with that end token) and nothing else. A conversational prompt
+(messages) is rendered by the chat template with the generation prompt; a conversational reply
+(assistant messages) is what the template renders after it, its loss on the assistant messages'
+contents and the end-of-turn token closing each. A {"text"} row has the loss on every token."""
 
 from __future__ import annotations
 
@@ -17,7 +20,16 @@ from dataclasses import dataclass
 import torch
 
 from ..algos.preference_losses import sequence_logps
+from ..data import DataError
 from .preference_data import PreferenceRow, SFTRow, TruncationCounter, truncate_pair
+
+try:
+    from jinja2 import TemplateError  # what a chat template raises (e.g. "roles must alternate")
+except ImportError:  # no chat templates without jinja2 (transformers brings it)
+    TemplateError = ValueError
+
+_NEEDS_CHAT = "needs an hf tokenizer with a chat template and data.chat=true"
+_KEEP_TEXT = " (read_preference(..., dialogue='text') keeps HH-RLHF's '\\n\\nHuman:' dialogues as text)"
 
 
 @dataclass(frozen=True)
@@ -31,6 +43,8 @@ class PairExample:
     prompt: list[int]
     chosen: list[int]
     rejected: list[int]
+    chosen_mask: list[int] | None = None    # 1 where a chosen token has loss; None: every chosen token
+    rejected_mask: list[int] | None = None  # the same for rejected
 
 
 class TextCodec:
@@ -46,8 +60,7 @@ class TextCodec:
     def prompt_ids(self, prompt: str | list[dict]) -> list[int]:
         if isinstance(prompt, list):  # a conversation so far
             if not self.chat:
-                raise ValueError("a conversational prompt (a list of messages) needs an hf tokenizer with a chat "
-                                 "template and data.chat=true")
+                raise ValueError(f"a conversational prompt (a list of messages) {_NEEDS_CHAT}")
             return self._ids(self.tokenizer.apply_chat_template(prompt, tokenize=False, add_generation_prompt=True))
         if self.chat:
             from ..models.hf import already_templated
@@ -60,6 +73,23 @@ class TextCodec:
     def response_ids(self, text: str) -> list[int]:
         return self._ids(text) + self.eos
 
+    def reply_ids(self, prompt: str | list[dict], reply: str | list[dict]) -> tuple[list[int], list[int]]:
+        """(ids, loss mask) of a reply to `prompt`, to follow `prompt_ids(prompt)`: a string reply is its
+        text and the end token, all with loss; a conversational reply is what the chat template renders
+        after the prompt's generation prompt, up to the end of its last assistant message, with the loss
+        on its assistant messages' contents and their end-of-turn tokens (not the template's markup)."""
+        if isinstance(reply, str):
+            ids = self.response_ids(reply)
+            return ids, [1] * len(ids)
+        if not self.chat:
+            raise ValueError(f"a conversational reply (a list of messages) {_NEEDS_CHAT}")
+        prompt = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else prompt
+        return conversation_reply(self.tokenizer, prompt, reply)
+
+    def text_ids(self, text: str) -> list[int]:
+        """A {"text"} row for language modelling: its tokens and the end token, no template."""
+        return self._ids(text) + self.eos
+
     def _ids(self, text: str) -> list[int]:
         if self.is_hf:
             return self.tokenizer(text, add_special_tokens=False)["input_ids"]
@@ -69,44 +99,66 @@ class TextCodec:
 def encode_sft(rows: list[SFTRow], codec: TextCodec, max_length: int, counter: TruncationCounter,
                where: str = "") -> list[SFTExample]:
     """Prompt/response rows as prompt + response ids (loss on the response); conversations through
-    the chat template (loss on every assistant turn and its end token). Over-long rows keep their
-    end nearest the response (a pair) or their start (a conversation), and are counted."""
-
+    the chat template (loss on every assistant turn and its end token); {"text"} rows as their
+    tokens and the end token (loss on all). Over-long rows keep their end nearest the response (a
+    pair) or their start (a conversation, a text), and are counted. Errors name the row's source
+    (path:line or row i), else `where` and its 1-based position in `rows`."""
     out = []
     for i, row in enumerate(rows):
-        if row.chat:
-            if not codec.chat:
-                raise ValueError(f"{where} row {i + 1}: a conversation (messages) needs an hf tokenizer with a chat "
-                                 f"template and data.chat=true")
-            ids, mask = assistant_token_mask(codec.tokenizer, row.messages)
-            counter.rows += 1
-            if len(ids) > max_length:
-                counter.truncated += 1
-                ids, mask = ids[:max_length], mask[:max_length]
-        else:
-            prompt, response = row.messages[0]["content"], row.messages[1]["content"]
-            p, r = counter.truncate(codec.prompt_ids(prompt), codec.response_ids(response), max_length)
-            ids, mask = p + r, [0] * len(p) + [1] * len(r)
+        try:
+            if row.text is not None:  # language modelling: every token has loss
+                ids = codec.text_ids(row.text)
+                ids, mask = _keep_start(ids, [1] * len(ids), max_length, counter)
+            elif row.chat:
+                if not codec.chat:
+                    raise ValueError(f"a conversation (messages) {_NEEDS_CHAT}")
+                ids, mask = _keep_start(*assistant_token_mask(codec.tokenizer, row.messages), max_length, counter)
+            else:
+                prompt, response = row.messages[0]["content"], row.messages[1]["content"]
+                p, r = counter.truncate(codec.prompt_ids(prompt), codec.response_ids(response), max_length)
+                ids, mask = p + r, [0] * len(p) + [1] * len(r)
+        except (ValueError, TemplateError) as e:
+            raise DataError(f"{_row_name(row, where, i)}: {e}") from None
         out.append(SFTExample(ids, mask))
     return out
 
 
 def encode_preferences(rows: list[PreferenceRow], codec: TextCodec, max_length: int,
-                       counter: TruncationCounter) -> list[PairExample]:
-    """Each pair as (prompt, chosen, rejected) ids. Both sides keep the same prompt: when either
-    prompt + response is too long, the prompt is cut (its start first) for the longer response,
-    then each response is cut at its end; a pair with any cut counts once."""
+                       counter: TruncationCounter, where: str = "") -> list[PairExample]:
+    """Each pair as (prompt, chosen, rejected) ids, with loss masks for conversational replies. Both
+    sides keep the same prompt: when either prompt + reply is too long, the prompt is cut (its start
+    first) for the longer reply, then each reply is cut at its end; a pair with any cut counts once.
+    Errors name the row's source (path:line or row i), else `where` and its 1-based position."""
     out = []
-    for row in rows:
-        prompt = codec.prompt_ids(row.prompt)
-        chosen, rejected = codec.response_ids(row.chosen), codec.response_ids(row.rejected)
+    for i, row in enumerate(rows):
+        try:
+            prompt = codec.prompt_ids(row.prompt)
+            (chosen, chosen_mask), (rejected, rejected_mask) = (codec.reply_ids(row.prompt, row.chosen),
+                                                                codec.reply_ids(row.prompt, row.rejected))
+        except (ValueError, TemplateError) as e:
+            hint = _KEEP_TEXT if not codec.chat and isinstance(row.prompt, list) else ""
+            raise DataError(f"{_row_name(row, where, i)}: {e}{hint}") from None
         longer = chosen if len(chosen) >= len(rejected) else rejected
         prompt, _, cut = truncate_pair(prompt, longer, max_length)
         room = max_length - len(prompt)
         counter.rows += 1
         counter.truncated += cut
-        out.append(PairExample(prompt, chosen[:room], rejected[:room]))
+        out.append(PairExample(prompt, chosen[:room], rejected[:room], chosen_mask[:room], rejected_mask[:room]))
     return out
+
+
+def _keep_start(ids: list[int], mask: list[int], max_length: int,
+                counter: TruncationCounter) -> tuple[list[int], list[int]]:
+    """The first max_length tokens of a conversation or text, counted."""
+    counter.rows += 1
+    if len(ids) <= max_length:
+        return ids, mask
+    counter.truncated += 1
+    return ids[:max_length], mask[:max_length]
+
+
+def _row_name(row, where: str, i: int) -> str:
+    return row.source or f"{where} row {i + 1}".strip()
 
 
 def pad_sequences(ids: list[list[int]], masks: list[list[int]], pad_id: int = 0,
@@ -127,8 +179,8 @@ def pair_batch(pairs: list[PairExample], pad_id: int, device) -> tuple[torch.Ten
     """Chosen rows first, then rejected rows (2B rows), as `pad_sequences` output: one forward pass
     scores both sides, and the loss mask covers the responses."""
     seqs = [p.prompt + p.chosen for p in pairs] + [p.prompt + p.rejected for p in pairs]
-    masks = [[0] * len(p.prompt) + [1] * len(p.chosen) for p in pairs] + \
-            [[0] * len(p.prompt) + [1] * len(p.rejected) for p in pairs]
+    masks = [[0] * len(p.prompt) + (p.chosen_mask or [1] * len(p.chosen)) for p in pairs] + \
+            [[0] * len(p.prompt) + (p.rejected_mask or [1] * len(p.rejected)) for p in pairs]
     return pad_sequences(seqs, masks, pad_id, device)
 
 
@@ -165,9 +217,43 @@ def assistant_token_mask(tokenizer, messages: list[dict]) -> tuple[list[int], li
     if not messages or messages[-1].get("role") != "assistant":
         raise ValueError("an episode's messages must end with the assistant's last turn")
     text = tokenizer.apply_chat_template(messages, tokenize=False)
+    spans = _assistant_spans(tokenizer, messages, text)
+    enc = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
+    return enc["input_ids"], _span_mask(enc["offset_mapping"], spans)
+
+
+def conversation_reply(tokenizer, prompt: list[dict], reply: list[dict]) -> tuple[list[int], list[int]]:
+    """(ids, mask) of `reply` (messages, the first and last the assistant's) after `prompt`: the text the
+    chat template renders for prompt + reply past the prompt's own rendering with the generation
+    prompt, up to the end of the last assistant message (its end-of-turn token included; what the
+    template writes after it, such as a newline, is left out: nothing follows a reply). mask is 1 on
+    the assistant messages' contents and their end-of-turn tokens (`"training": false` ones excepted)."""
+    head = tokenizer.apply_chat_template(prompt, tokenize=False, add_generation_prompt=True)
+    text = tokenizer.apply_chat_template(prompt + reply, tokenize=False)
+    if not text.startswith(head):
+        raise ValueError("the chat template does not render prompt + reply as the prompt (with its generation "
+                         "prompt) followed by the reply, so the reply's tokens cannot be told apart")
+    spans = _assistant_spans(tokenizer, prompt + reply, text, first=len(prompt), every=True)
+    body = text[len(head):spans[-1][1]]
+    enc = tokenizer(body, add_special_tokens=False, return_offsets_mapping=True)
+    trained = [(s - len(head), e - len(head)) for (s, e), m in zip(spans, _assistants(reply))
+               if m.get("training") is not False]
+    return enc["input_ids"], _span_mask(enc["offset_mapping"], trained)
+
+
+def _assistants(messages: list[dict]) -> list[dict]:
+    return [m for m in messages if m["role"] == "assistant"]
+
+
+def _assistant_spans(tokenizer, messages: list[dict], text: str, first: int = 0,
+                     every: bool = False) -> list[tuple[int, int]]:
+    """Character spans in `text` (the rendered conversation) of the assistant messages from index
+    `first` on, each with the end-of-turn token that closes it; messages marked `"training": false`
+    are left out unless `every`."""
+    closers = _turn_closers(tokenizer)
     spans, cursor = [], 0
     for k, message in enumerate(messages):
-        if message["role"] != "assistant" or message.get("training") is False:
+        if k < first or message["role"] != "assistant" or (message.get("training") is False and not every):
             continue
         prefix = tokenizer.apply_chat_template(messages[:k], tokenize=False, add_generation_prompt=True)
         start = text.find(message["content"], max(len(prefix), cursor))
@@ -175,11 +261,30 @@ def assistant_token_mask(tokenizer, messages: list[dict]) -> tuple[list[int], li
             raise ValueError(f"the chat template does not render message {k} (assistant) after the conversation "
                              "before it; cannot find its tokens")
         end = start + len(message["content"])
-        eos = tokenizer.eos_token or ""
-        if eos and text.startswith(eos, end):
-            end += len(eos)
+        end += next((len(c) for c in closers if text.startswith(c, end)), 0)
         spans.append((start, end))
         cursor = end
-    enc = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
-    mask = [int(any(s <= a and b <= e and b > a for s, e in spans)) for a, b in enc["offset_mapping"]]
-    return enc["input_ids"], mask
+    return spans
+
+
+def _turn_closers(tokenizer) -> list[str]:
+    """The special tokens that may close an assistant turn right after its content: the end-of-sequence
+    token first, then the tokenizer's other special tokens (e.g. Gemma's <end_of_turn> where eos is
+    <eos>), less those that begin a sequence or pad it and those the generation prompt holds (they
+    open a turn)."""
+    eos = tokenizer.eos_token or ""
+    specials = set(tokenizer.all_special_tokens)
+    specials |= {t.content for t in getattr(tokenizer, "added_tokens_decoder", {}).values() if t.special}
+    specials -= {tokenizer.bos_token, tokenizer.pad_token, tokenizer.unk_token, eos, None, ""}
+    user = [{"role": "user", "content": "x"}]
+    try:
+        opening = tokenizer.apply_chat_template(user, tokenize=False, add_generation_prompt=True)[
+            len(tokenizer.apply_chat_template(user, tokenize=False)):]
+    except Exception:  # a template that cannot render a lone user turn: keep the end-of-sequence token only
+        return [eos] if eos else []
+    others = sorted((s for s in specials if s not in opening), key=len, reverse=True)
+    return ([eos] if eos else []) + others
+
+
+def _span_mask(offsets, spans: list[tuple[int, int]]) -> list[int]:
+    return [int(any(s <= a and b <= e and b > a for s, e in spans)) for a, b in offsets]
