@@ -157,3 +157,17 @@ def test_over_long_pairs_are_cut_and_counted(data, tmp_path):
     trainer = DPOTrainer(_cfg(data, tmp_path / "run", "dpo", "data.max_length=12", "train.steps=1"))
     assert all(len(p.prompt) + max(len(p.chosen), len(p.rejected)) <= 12 for p in trainer.train_rows)
     assert any(f"of {len(PAIRS)} rows truncated" in note and not note.startswith("0 ") for note in trainer.data_notes)
+
+
+def test_offline_trainers_take_a_datasets_dataset_instead_of_files(data, tmp_path):
+    from datasets import Dataset
+
+    pairs = Dataset.from_list([{"prompt": [{"role": "user", "content": f"What is {a}+{b}?"}],
+                                "chosen": [{"role": "assistant", "content": f"yes {a + b}"}],
+                                "rejected": [{"role": "assistant", "content": f"no {a + b}"}]}
+                               for a in range(4) for b in range(2)])
+    trainer = DPOTrainer(_cfg(data, tmp_path / "run", "dpo"), train_dataset=pairs, eval_dataset=pairs.select(range(4)))
+    assert len(trainer.train_rows) == 8 and len(trainer.eval_rows) == 4  # not the files' 12 and 4 rows
+    summary = trainer.train()
+    assert summary["steps_done"] == 6 and summary["train_rows"] == 8
+    assert "rows handed in" in (tmp_path / "run" / "train.log").read_text()

@@ -21,9 +21,9 @@ import torch
 from ..algos.preference_losses import dpo_loss
 from ..config import Config
 from ..models.reference import is_reference_view, reference_view
+from ..tasks.text_batches import response_logps
 from .offline import PairTrainer
 from .offline_setup import build_policy, export_policy
-from ..tasks.text_batches import response_logps
 
 
 class DPOTrainer(PairTrainer):
@@ -32,8 +32,10 @@ class DPOTrainer(PairTrainer):
     accuracy_key = "rewards/accuracy"
     default_best_metric = "eval/accuracy"
 
-    def __init__(self, config: Config, *, model=None, tokenizer=None, reference=None, callbacks=None):
-        super().__init__(config, model=model, tokenizer=tokenizer, callbacks=callbacks)
+    def __init__(self, config: Config, *, reference=None, **kwargs):
+        """`reference`: the frozen model of the KL term (default: the policy as training starts);
+        other keywords as `OfflineTrainer`'s (model, tokenizer, train_dataset, eval_dataset, callbacks)."""
+        super().__init__(config, **kwargs)
         # the reference is the starting policy: a view with the adapter off, or a frozen copy made now
         self.reference = reference if reference is not None else \
             reference_view(self.model) or copy.deepcopy(self.model).eval().requires_grad_(False)

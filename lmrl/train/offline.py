@@ -5,10 +5,12 @@ model, early stopping, checkpoints, exact resume, export, summary.json).
     trainer = DPOTrainer(load_config("dpo-smollm2"))
     summary = trainer.train()    # {"best": {...}, "final": {...}, "steps_done": ..., "time_s": ...}
 
-A subclass says what its model is and what a row and its loss are: `build_model() -> (model,
-tokenizer)`, `encode(path) -> rows` (called for data.train_file and data.eval_file),
-`collate(rows) -> batch` and `compute_loss(batch) -> (loss, metrics)`; evaluation averages
-`compute_loss`'s metrics over the held-out rows.
+Rows come from `data.train_file` / `data.eval_file`, or from `train_dataset=` / `eval_dataset=`
+handed to the constructor (a `datasets.Dataset`, a list of dicts), in TRL's formats (see
+`lmrl.tasks.preference_data`). A subclass says what its model is and what a row and its loss
+are: `build_model() -> (model, tokenizer)`, `encode(source) -> rows`, `collate(rows) -> batch`
+and `compute_loss(batch) -> (loss, metrics)`; evaluation averages `compute_loss`'s metrics over
+the held-out rows.
 
 The data order is a pure function of (seed, epoch): step k reads rows k·B .. (k+1)·B − 1 of the
 stream of per-epoch permutations, so a resumed run reads exactly the rows it would have read, and
@@ -17,11 +19,13 @@ nothing about the order has to be saved."""
 from __future__ import annotations
 
 import math
+import os
 import time
 
 import torch
 
 from ..config import Config
+from ..errors import ConfigError
 from ..tasks.preference_data import TruncationCounter, read_preference
 from .lifecycle import Stage, Trainer
 from .offline_setup import ensure_data
@@ -36,11 +40,13 @@ class OfflineTrainer(Trainer):
     trainer_key = "sft"
     accuracy_key: str | None = None
 
-    def __init__(self, config: Config, *, model=None, tokenizer=None, callbacks=None):
+    def __init__(self, config: Config, *, model=None, tokenizer=None, train_dataset=None, eval_dataset=None,
+                 callbacks=None):
         config.run.trainer = self.trainer_key
         super().__init__(config, callbacks=callbacks)
         cfg = self.config
-        ensure_data(cfg)
+        if train_dataset is None:
+            ensure_data(cfg)
         if cfg.data.batch_size % (self.dist.world_size * cfg.train.ga_steps):
             raise ValueError(f"data.batch_size={cfg.data.batch_size} must split evenly over {self.dist.world_size} "
                              f"processes x train.ga_steps={cfg.train.ga_steps} micro-batches")
@@ -53,10 +59,14 @@ class OfflineTrainer(Trainer):
         self.codec = TextCodec(tokenizer, chat=cfg.data.chat)
         self.pad_id = getattr(tokenizer, "pad_token_id", None) or 0
         self.data_notes: list[str] = []
-        self.train_rows = self.encode(cfg.data.train_file)
+        train = train_dataset if train_dataset is not None else cfg.data.train_file
+        if train is None:
+            raise ConfigError(f"{type(self).__name__} needs rows: set data.train_file or pass train_dataset=")
+        self.train_rows = self.encode(train)
         if not self.train_rows:
-            raise ValueError(f"data.train_file={cfg.data.train_file} holds no rows")
-        self.eval_rows = self.encode(cfg.data.eval_file) if cfg.data.eval_file else []
+            raise ValueError(f"{source_name(train)} holds no rows")
+        held_out = eval_dataset if eval_dataset is not None else cfg.data.eval_file
+        self.eval_rows = self.encode(held_out) if held_out is not None else []
         if cfg.data.eval_size:
             self.eval_rows = self.eval_rows[: cfg.data.eval_size]
         self.init_state()
@@ -65,7 +75,9 @@ class OfflineTrainer(Trainer):
     def build_model(self) -> tuple[torch.nn.Module, object]:
         raise NotImplementedError
 
-    def encode(self, path: str) -> list:
+    def encode(self, source) -> list:
+        """Rows from `source`: a JSONL path (.jsonl / .jsonl.gz) or rows handed in (a datasets.Dataset,
+        a list of dicts), in any of the formats `lmrl.tasks.preference_data` reads."""
         raise NotImplementedError
 
     def collate(self, rows: list):
@@ -177,11 +189,17 @@ class PairTrainer(OfflineTrainer):
     """An offline trainer over preference pairs {prompt|messages, chosen, rejected} (DPO, reward
     models): rows encoded once with `self.codec`, each batch chosen rows first, then rejected."""
 
-    def encode(self, path: str) -> list:
+    def encode(self, source) -> list:
         counter = TruncationCounter()
-        pairs = encode_preferences(read_preference(path), self.codec, self.config.data.max_length, counter)
-        self.data_notes.append(f"{path}: {counter}")
+        rows = read_preference(source, dialogue="auto" if self.codec.chat else "text")
+        pairs = encode_preferences(rows, self.codec, self.config.data.max_length, counter)
+        self.data_notes.append(f"{source_name(source)}: {counter}")
         return pairs
 
     def collate(self, rows):
         return pair_batch(rows, self.pad_id, self.device)
+
+
+def source_name(source) -> str:
+    """How a data source is named in the log: its path, or "rows handed in"."""
+    return str(source) if isinstance(source, (str, os.PathLike)) else "rows handed in"

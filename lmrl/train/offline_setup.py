@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 
 from ..config import Config, ConfigError
+from ..tasks.preference_data import iter_rows
 
 
 def ensure_data(cfg: Config) -> None:
@@ -55,12 +56,8 @@ def data_texts(path: str | None) -> str:
             for x in v:
                 walk(x)
 
-    for line in Path(path).read_text(encoding="utf-8").splitlines():
-        if line.strip():
-            try:
-                walk(json.loads(line))
-            except json.JSONDecodeError:
-                pass  # the row readers report it with its line number
+    for _, row in iter_rows(path):
+        walk(row)
     return "".join(out)
 
 

@@ -19,9 +19,9 @@ import torch
 import torch.nn.functional as F
 
 from ..tasks.preference_data import TruncationCounter, read_sft
-from .offline import OfflineTrainer
-from .offline_setup import build_policy, export_policy
 from ..tasks.text_batches import encode_sft, pad_sequences, response_logps
+from .offline import OfflineTrainer, source_name
+from .offline_setup import build_policy, export_policy
 
 
 class SFTTrainer(OfflineTrainer):
@@ -33,10 +33,10 @@ class SFTTrainer(OfflineTrainer):
     def build_model(self):
         return build_policy(self.config)
 
-    def encode(self, path: str) -> list:
+    def encode(self, source) -> list:
         counter = TruncationCounter()
-        rows = encode_sft(read_sft(path), self.codec, self.config.data.max_length, counter, where=path)
-        self.data_notes.append(f"{path}: {counter}")
+        rows = encode_sft(read_sft(source), self.codec, self.config.data.max_length, counter)
+        self.data_notes.append(f"{source_name(source)}: {counter}")
         return rows
 
     def collate(self, rows):
