@@ -195,7 +195,7 @@ def test_missing_model_key_error_names_the_file_and_key(tmp_path):
 def test_missing_optimizer_file_is_a_clear_error(tmp_path):
     path = save_checkpoint(tmp_path, 1, model=TiedLM(), trainer_state={})
     model, opt, _ = make_training()
-    with pytest.raises(FileNotFoundError, match="optimizer.pt"):
+    with pytest.raises(CheckpointError, match="optimizer.pt not found"):
         load_checkpoint(path, model=model, optimizer=opt)
 
 

@@ -70,11 +70,13 @@ class JsonlSink:
         self._file.close()
 
 
-def truncate_jsonl(path: str | os.PathLike, after_step: int) -> int:
+def truncate_jsonl(path: str | os.PathLike, after_step: int | None) -> int:
     """Rewrite `path` keeping only the lines with step <= after_step, so a run resumed from the
-    checkpoint at `after_step` ends with the same file as one that never stopped. Lines that do
-    not parse (a write torn by a kill) are dropped. Atomic: written to a temporary file beside it,
-    then `os.replace`d. A missing file is left missing. Returns the number of lines kept."""
+    checkpoint at `after_step` ends with the same file as one that never stopped. `after_step=None`
+    (a run restarting with no checkpoint to resume from) keeps no line, step 0 included: the run
+    writes them all again. Lines that do not parse (a write torn by a kill) are dropped. Atomic:
+    written to a temporary file beside it, then `os.replace`d. A missing file is left missing.
+    Returns the number of lines kept."""
     path = Path(path)
     if not path.exists():
         return 0
@@ -84,7 +86,7 @@ def truncate_jsonl(path: str | os.PathLike, after_step: int) -> int:
             step = json.loads(line)["step"]
         except (ValueError, KeyError, TypeError):
             continue
-        if step <= after_step:
+        if after_step is not None and step <= after_step:
             kept.append(line + "\n")
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:

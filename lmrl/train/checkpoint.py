@@ -9,6 +9,8 @@ Layout of one checkpoint, `<run_dir>/checkpoints/step_<N>/`:
     optimizer.pt         optimizer.state_dict()            (only if an optimizer was given)
     scheduler.pt         scheduler.state_dict()            (only if a scheduler was given)
     rng.pt               python / numpy / torch / CUDA / named-generator RNG states
+    manifest.json        the name and size in bytes of every file above, so a missing or cut-short
+                         file is found without guessing which files this checkpoint should hold
     trainer_state.json   whatever the trainer needs to resume; written last, so its presence
                          marks a complete checkpoint
 
@@ -20,6 +22,11 @@ Every save goes into `.tmp-<name>-<pid>/` next to its final name, is fsynced, an
 renamed into place, so a killed run leaves either the old checkpoint or the new one, never half
 of one. Everything is loaded with `torch.load(weights_only=True)`: no pickled code runs on load.
 One process (rank 0) is assumed to write to a checkpoints dir at a time.
+
+A file can still be damaged after its save (a full disk, a copy cut short, a hand edit).
+`check_checkpoint` reads every file of a checkpoint without touching a model and says which one
+does not load; `resume_checkpoint` picks the newest checkpoint that loads, moves each newer damaged
+one aside to `damaged-step_<N>` (kept, never deleted or overwritten) and says why it was skipped.
 """
 
 from __future__ import annotations
@@ -36,6 +43,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file, load_model, save_file, save_model
 
 MODEL_FILE = "model.safetensors"
@@ -43,13 +51,15 @@ OPTIMIZER_FILE = "optimizer.pt"
 SCHEDULER_FILE = "scheduler.pt"
 RNG_FILE = "rng.pt"
 TRAINER_STATE_FILE = "trainer_state.json"
+MANIFEST_FILE = "manifest.json"
 
 _STEP_DIR = re.compile(r"step_(\d+)")
 _TMP_PREFIX = ".tmp-"
+_DAMAGED_PREFIX = "damaged-"
 
 
 class CheckpointError(RuntimeError):
-    """A checkpoint on disk does not match what it is being loaded into."""
+    """A checkpoint on disk is damaged, or does not match what it is being loaded into."""
 
 
 # --- RNG state -------------------------------------------------------------------------------
@@ -118,6 +128,148 @@ def latest_checkpoint(ckpt_dir: Path) -> Path | None:
     return found[-1] if found else None
 
 
+def _step_dirs(ckpt_dir: Path) -> list[Path]:
+    """Every `step_<N>` dir in `ckpt_dir`, complete or not, sorted by N."""
+    ckpt_dir = Path(ckpt_dir)
+    if not ckpt_dir.is_dir():
+        return []
+    return sorted((p for p in ckpt_dir.iterdir() if p.is_dir() and _step_of(p) is not None), key=_step_of)
+
+
+# --- checking --------------------------------------------------------------------------------
+
+def _one_line(e: BaseException) -> str:
+    """`Type: first sentence of the message`, at most 160 characters of it (torch's messages go on
+    with advice, such as loading with weights_only=False, that does not fit a damaged file)."""
+    lines = str(e).strip().splitlines()
+    line = lines[0].strip() if lines else ""
+    end = line.find(". ")
+    if end >= 0:
+        line = line[: end + 1]
+    if len(line) > 160:
+        line = line[:157] + "..."
+    return f"{type(e).__name__}: {line}" if line else type(e).__name__
+
+
+def _read_safetensors(file: Path) -> None:
+    """Open `file` and read every tensor in it, keeping none."""
+    with safe_open(str(file), framework="pt", device="cpu") as f:
+        for key in f.keys():
+            f.get_tensor(key)
+
+
+def _read_torch(file: Path) -> None:
+    torch.load(file, map_location="cpu", weights_only=True)
+
+
+def check_checkpoint(path: Path) -> str | None:
+    """None if every file of the checkpoint dir `path` loads; otherwise one line naming the first
+    file that does not and why. Reads the files only, touching no model or optimizer:
+
+    - trainer_state.json is present and a JSON object whose "step" is an int (N, in `step_<N>`);
+    - each file manifest.json lists is present with the size it lists (checkpoints saved before
+      manifests existed skip this check);
+    - model.safetensors is present;
+    - every *.safetensors opens and each of its tensors reads (safetensors.safe_open);
+    - every *.pt loads with torch.load(weights_only=True) (optimizer.pt, scheduler.pt, rng.pt).
+
+    It cannot tell whether the tensors match the model they will be loaded into; `load_checkpoint`
+    checks that.
+    """
+    path = Path(path)
+    if not path.is_dir():
+        return "is not a directory"
+    state_file = path / TRAINER_STATE_FILE
+    if not state_file.is_file():
+        return f"{TRAINER_STATE_FILE} is missing (a save that did not finish, or a removed file)"
+    try:
+        state = json.loads(state_file.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError) as e:
+        return f"{TRAINER_STATE_FILE} is not valid JSON ({_one_line(e)})"
+    step = state.get("step") if isinstance(state, dict) else None
+    if not isinstance(step, int) or isinstance(step, bool):
+        return f"{TRAINER_STATE_FILE} holds no integer \"step\""
+    if _step_of(path) is not None and step != _step_of(path):
+        return f"{TRAINER_STATE_FILE} says step {step}, the dir is {path.name}"
+
+    manifest_file = path / MANIFEST_FILE
+    if manifest_file.exists():
+        try:
+            listed = json.loads(manifest_file.read_text(encoding="utf-8"))["files"]
+            listed = {str(name): int(size) for name, size in listed.items()}
+        except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError, AttributeError) as e:
+            return f"{MANIFEST_FILE} is not valid ({_one_line(e)})"
+        for name, size in listed.items():
+            file = path / name
+            if not file.is_file():
+                return f"{name} is missing ({MANIFEST_FILE} lists it, {size:,} bytes)"
+            actual = file.stat().st_size
+            if actual != size:
+                what = "empty" if actual == 0 else "cut short" if actual < size else "longer than saved"
+                return f"{name} is {what}: {actual:,} bytes, {MANIFEST_FILE} lists {size:,}"
+    if not (path / MODEL_FILE).is_file():
+        return f"{MODEL_FILE} is missing"
+
+    for file in sorted(path.iterdir()):
+        reader = {".safetensors": _read_safetensors, ".pt": _read_torch}.get(file.suffix)
+        if reader is None or not file.is_file():
+            continue
+        if file.stat().st_size == 0:
+            return f"{file.name} is empty (0 bytes)"
+        try:
+            reader(file)
+        except Exception as e:  # whatever the reader raises, the file does not load
+            return f"{file.name} does not load ({_one_line(e)})"
+    return None
+
+
+def find_resume_checkpoint(ckpt_dir: Path) -> tuple[Path | None, list[tuple[Path, str]]]:
+    """The newest `step_<N>` dir in `ckpt_dir` that `check_checkpoint` passes (None if none does),
+    and (path, reason) for each newer one that did not, newest first. Unlike `latest_checkpoint`, a
+    step dir without trainer_state.json counts as damaged: atomic saves never leave one. Changes
+    nothing on disk."""
+    skipped: list[tuple[Path, str]] = []
+    for path in reversed(_step_dirs(ckpt_dir)):
+        reason = check_checkpoint(path)
+        if reason is None:
+            return path, skipped
+        skipped.append((path, reason))
+    return None, skipped
+
+
+def _set_aside(path: Path) -> Path:
+    """Rename the checkpoint dir `path` to `damaged-<name>` (then -2, -3, ...) beside it: a name
+    that pruning, stale-temp cleanup and later saves of the same step never touch."""
+    n, dest = 1, path.with_name(f"{_DAMAGED_PREFIX}{path.name}")
+    while dest.exists():
+        n += 1
+        dest = path.with_name(f"{_DAMAGED_PREFIX}{path.name}-{n}")
+    os.rename(path, dest)
+    return dest
+
+
+def resume_checkpoint(ckpt_dir: Path, *, set_aside: bool = True) -> tuple[Path | None, list[str]]:
+    """The checkpoint a resumed run loads: the newest in `ckpt_dir` that `check_checkpoint` passes,
+    or None when `ckpt_dir` holds no `step_<N>` dir (start from step 0). Also returns one warning
+    line per newer damaged checkpoint skipped. With `set_aside` (one process only: rank 0) each
+    skipped one is renamed to `damaged-step_<N>`, so the resumed run neither prunes it nor
+    overwrites it when it saves step N again; nothing is deleted.
+
+    Raises CheckpointError, one line naming `ckpt_dir` and each checkpoint's reason, when step
+    dirs exist but none loads; nothing is moved then.
+    """
+    found, skipped = find_resume_checkpoint(ckpt_dir)
+    if found is None and skipped:
+        reasons = "; ".join(f"{p.name}: {why}" for p, why in skipped)
+        raise CheckpointError(f"no checkpoint in {ckpt_dir} loads ({reasons}); repair one, or move them out of "
+                              f"{ckpt_dir} to start again from step 0")
+    lines = []
+    for path, why in skipped:
+        kept = f"moved to {_set_aside(path).name}" if set_aside else "left in place"
+        lines.append(f"skipped damaged checkpoint {path}: {why}; {kept} (not deleted); resuming from {found.name}")
+    return found, lines
+
+
 # --- saving ----------------------------------------------------------------------------------
 
 def _fsync(path: Path) -> None:
@@ -162,14 +314,21 @@ def _write_atomically(final: Path, write_files) -> Path:
     return final
 
 
+def _write_text(path: Path, text: str) -> None:
+    with open(path, "w") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+
+
 def _write_model_and_state(tmp: Path, model: torch.nn.Module | dict, state_json: str) -> None:
     save_weights_file(model, tmp / MODEL_FILE)
     _fsync(tmp / MODEL_FILE)
+    # The manifest lists every file written so far with its size: what check_checkpoint compares.
+    sizes = {p.name: p.stat().st_size for p in sorted(tmp.iterdir()) if p.is_file()}
+    _write_text(tmp / MANIFEST_FILE, json.dumps({"files": sizes}, indent=2))
     # trainer_state.json goes last: its presence is what marks the checkpoint complete.
-    with open(tmp / TRAINER_STATE_FILE, "w") as f:
-        f.write(state_json)
-        f.flush()
-        os.fsync(f.fileno())
+    _write_text(tmp / TRAINER_STATE_FILE, state_json)
 
 
 def _to_json(trainer_state: dict) -> str:
@@ -228,9 +387,17 @@ def save_weights(path: Path, model: torch.nn.Module | dict, *, trainer_state: di
 
 def _require(path: Path, what: str) -> Path:
     if not path.is_file():
-        raise FileNotFoundError(f"{path} not found: cannot restore the {what} from this checkpoint "
-                                f"(files present: {sorted(p.name for p in path.parent.iterdir())})")
+        raise CheckpointError(f"{path} not found: cannot restore the {what} from this checkpoint "
+                              f"(files present: {sorted(p.name for p in path.parent.iterdir())})")
     return path
+
+
+def _torch_load(file: Path, map_location) -> Any:
+    """torch.load(weights_only=True), any failure to read turned into one line naming the file."""
+    try:
+        return torch.load(file, map_location=map_location, weights_only=True)
+    except Exception as e:  # a truncated, empty or foreign file: each reader raises its own type
+        raise CheckpointError(f"{file} does not load ({_one_line(e)})") from None
 
 
 def _adapter_only(model: torch.nn.Module) -> bool:
@@ -287,6 +454,13 @@ def save_weights_file(model: torch.nn.Module | dict, file: Path) -> None:
 def load_weights(model: torch.nn.Module, file: Path, map_location: str | torch.device = "cpu") -> None:
     """Load a safetensors file into `model`, every key matching exactly (for a LoRA policy: every
     adapter weight, and nothing else). A sharded model takes its shard of each tensor on every rank."""
+    try:
+        _load_weights(model, file, map_location)
+    except (SafetensorError, OSError) as e:  # every tensor is read before any reaches the model
+        raise CheckpointError(f"{file} does not load ({_one_line(e)})") from None
+
+
+def _load_weights(model: torch.nn.Module, file: Path, map_location) -> None:
     sharded = _sharded(model)
     if _adapter_only(model) or sharded:
         state = load_file(str(file), device="cpu" if sharded else str(map_location))
@@ -340,13 +514,16 @@ def load_checkpoint(path: Path, *, model: torch.nn.Module, optimizer=None, sched
     if not state_file.is_file():
         raise CheckpointError(f"{path} is incomplete (no {TRAINER_STATE_FILE}); probably a save that was "
                               f"killed. Use latest_checkpoint() to find a complete one.")
-    trainer_state = json.loads(state_file.read_text())
+    try:
+        trainer_state = json.loads(state_file.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, ValueError) as e:
+        raise CheckpointError(f"{state_file} is not valid JSON ({_one_line(e)})") from None
 
     load_weights(model, _require(path / MODEL_FILE, "model"), map_location)
     for name, module in (modules or {}).items():
         load_weights(module, _require(path / f"{name}.safetensors", name), map_location)
     if optimizer is not None:
-        saved = torch.load(_require(path / OPTIMIZER_FILE, "optimizer"), map_location=map_location, weights_only=True)
+        saved = _torch_load(_require(path / OPTIMIZER_FILE, "optimizer"), map_location)
         if _sharded_optimizer(optimizer):
             from ..distributed.fsdp import load_optimizer_state
 
@@ -354,10 +531,9 @@ def load_checkpoint(path: Path, *, model: torch.nn.Module, optimizer=None, sched
         else:
             optimizer.load_state_dict(saved)
     if scheduler is not None:
-        scheduler.load_state_dict(torch.load(_require(path / SCHEDULER_FILE, "scheduler"),
-                                             map_location=map_location, weights_only=True))
+        scheduler.load_state_dict(_torch_load(_require(path / SCHEDULER_FILE, "scheduler"), map_location))
     if restore_rng:
         # RNG states are CPU byte tensors whatever the device: torch.set_rng_state insists.
-        rng = torch.load(_require(path / RNG_FILE, "RNG state"), map_location="cpu", weights_only=True)
+        rng = _torch_load(_require(path / RNG_FILE, "RNG state"), "cpu")
         restore_rng_state(rng, generators)
     return trainer_state
