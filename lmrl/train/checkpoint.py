@@ -112,28 +112,24 @@ def _step_of(path: Path) -> int | None:
     return int(m.group(1)) if m else None
 
 
-def list_checkpoints(ckpt_dir: Path) -> list[Path]:
-    """Complete `step_<N>` dirs in `ckpt_dir`, sorted by N (numerically, not by name)."""
+def _step_dirs(ckpt_dir: Path) -> list[Path]:
+    """Every `step_<N>` dir in `ckpt_dir`, complete or not, sorted by N (numerically, not by name)."""
     ckpt_dir = Path(ckpt_dir)
     if not ckpt_dir.is_dir():
         return []
-    found = [p for p in ckpt_dir.iterdir()
-             if p.is_dir() and _step_of(p) is not None and (p / TRAINER_STATE_FILE).is_file()]
-    return sorted(found, key=_step_of)
+    return sorted((p for p in ckpt_dir.iterdir() if p.is_dir() and _step_of(p) is not None), key=_step_of)
+
+
+def list_checkpoints(ckpt_dir: Path) -> list[Path]:
+    """Complete `step_<N>` dirs in `ckpt_dir` (holding trainer_state.json), sorted by N. Their files
+    are not read: `find_resume_checkpoint` checks that they load."""
+    return [p for p in _step_dirs(ckpt_dir) if (p / TRAINER_STATE_FILE).is_file()]
 
 
 def latest_checkpoint(ckpt_dir: Path) -> Path | None:
     """The complete `step_<N>` dir with the highest N, or None if there is none."""
     found = list_checkpoints(ckpt_dir)
     return found[-1] if found else None
-
-
-def _step_dirs(ckpt_dir: Path) -> list[Path]:
-    """Every `step_<N>` dir in `ckpt_dir`, complete or not, sorted by N."""
-    ckpt_dir = Path(ckpt_dir)
-    if not ckpt_dir.is_dir():
-        return []
-    return sorted((p for p in ckpt_dir.iterdir() if p.is_dir() and _step_of(p) is not None), key=_step_of)
 
 
 # --- checking --------------------------------------------------------------------------------
@@ -176,7 +172,13 @@ def check_checkpoint(path: Path) -> str | None:
     It cannot tell whether the tensors match the model they will be loaded into; `load_checkpoint`
     checks that.
     """
-    path = Path(path)
+    try:
+        return _check(Path(path))
+    except OSError as e:  # the dir or a file went away or cannot be read while being checked
+        return f"cannot be read ({_one_line(e)})"
+
+
+def _check(path: Path) -> str | None:
     if not path.is_dir():
         return "is not a directory"
     state_file = path / TRAINER_STATE_FILE
