@@ -13,8 +13,7 @@ import pytest
 import torch
 
 from lmrl.data import write_jsonl
-from lmrl.train.loop import RLTrainer
-from lmrl.train.sft_trainer import SFTTrainer
+from lmrl.train.trainers import build_trainer
 from tests.test_offline_trainers import _cfg
 
 VOLATILE = ("perf/", "time/")
@@ -38,10 +37,10 @@ def killed_copy(full, run_dir, keep_steps):
 
 def test_the_rl_trainer_resumes_from_the_checkpoint_before_a_damaged_one(tiny_config, tmp_path):
     keep_all = "train.keep_checkpoints=0"
-    RLTrainer(tiny_config(keep_all, dir=tmp_path / "full")).train()
+    build_trainer(tiny_config(keep_all, dir=tmp_path / "full")).train()
     ckpts = killed_copy(tmp_path / "full", tmp_path / "run", keep_steps={2, 4, 6, 8})
     (ckpts / "step_8" / "rng.pt").write_bytes(b"not a torch file")
-    summary = RLTrainer(tiny_config(keep_all, "run.resume=auto", dir=tmp_path / "run")).train()
+    summary = build_trainer(tiny_config(keep_all, "run.resume=auto", dir=tmp_path / "run")).train()
 
     assert summary["steps_done"] == 6
     assert stable(tmp_path / "run") == stable(tmp_path / "full")
@@ -54,19 +53,19 @@ def test_the_rl_trainer_resumes_from_the_checkpoint_before_a_damaged_one(tiny_co
 
 
 def test_the_rl_trainer_with_no_checkpoint_to_resume_drops_the_killed_attempts_rows(tiny_config, tmp_path):
-    RLTrainer(tiny_config(dir=tmp_path / "full")).train()
+    build_trainer(tiny_config(dir=tmp_path / "full")).train()
     killed_copy(tmp_path / "full", tmp_path / "run", keep_steps=set())  # killed before step_2 was saved
-    RLTrainer(tiny_config("run.resume=auto", dir=tmp_path / "run")).train()
+    build_trainer(tiny_config("run.resume=auto", dir=tmp_path / "run")).train()
     assert stable(tmp_path / "run") == stable(tmp_path / "full")
 
 
 def test_the_rl_trainer_stops_with_one_line_when_no_checkpoint_loads(tiny_config, tmp_path):
-    RLTrainer(tiny_config("train.steps=2", dir=tmp_path / "full")).train()
+    build_trainer(tiny_config("train.steps=2", dir=tmp_path / "full")).train()
     ckpts = killed_copy(tmp_path / "full", tmp_path / "run", keep_steps={4})
     (ckpts / "step_4" / "trainer_state.json").write_text("{")
     with pytest.raises(Exception, match=rf"^no checkpoint in {ckpts} loads \(step_4: trainer_state.json is not "
                                          rf"valid JSON \(JSONDecodeError: Expecting property name"):
-        RLTrainer(tiny_config("train.steps=2", "run.resume=auto", dir=tmp_path / "run")).train()
+        build_trainer(tiny_config("train.steps=2", "run.resume=auto", dir=tmp_path / "run")).train()
     assert (ckpts / "step_4").is_dir()
 
 
@@ -81,10 +80,10 @@ def chars(tmp_path_factory):
 def test_the_offline_trainer_resumes_from_the_checkpoint_before_a_damaged_one(chars, tmp_path):
     over = ["data.train_file=" + str(chars / "chars.jsonl"), "data.eval_file=" + str(chars / "chars.jsonl"),
             "data.batch_size=16", "optim.lr=3e-3", "train.steps=8", "train.eval_every=4", "train.keep_checkpoints=0"]
-    full = SFTTrainer(_cfg(chars, tmp_path / "full", "sft", *over, hf=False)).train()
+    full = build_trainer(_cfg(chars, tmp_path / "full", "sft", *over, hf=False)).train()
     ckpts = killed_copy(tmp_path / "full", tmp_path / "run", keep_steps={2, 4, 6})
     (ckpts / "step_6" / "optimizer.pt").write_bytes(b"")
-    resumed = SFTTrainer(_cfg(chars, tmp_path / "run", "sft", *over, "run.resume=auto", hf=False)).train()
+    resumed = build_trainer(_cfg(chars, tmp_path / "run", "sft", *over, "run.resume=auto", hf=False)).train()
 
     assert resumed["best"] == full["best"] and resumed["steps_done"] == 8
     assert stable(tmp_path / "run") == stable(tmp_path / "full")
