@@ -94,6 +94,7 @@ def main(argv: list[str] | None = None) -> int:
         args.overrides = list(args.overrides) + extra
     from .config import ConfigError
     from .data import DataError
+    from .train.checkpoint import CheckpointError
     from .train.inspect import PromptError
     from .errors import TrainingError
     from .tasks.rewards import RewardError
@@ -102,8 +103,8 @@ def main(argv: list[str] | None = None) -> int:
         commands = {"train": _train, "eval": _eval, "generate": _generate, "export": _export, "data": _data,
                     "presets": _presets, "plot": _plot, "prepare-data": _prepare_data}
         return commands[args.command](args)
-    except (ConfigError, PromptError, TrainingError, RewardError, DataError, FileNotFoundError, NotADirectoryError,
-            PermissionError) as e:
+    except (ConfigError, PromptError, TrainingError, RewardError, DataError, CheckpointError, FileNotFoundError,
+            NotADirectoryError, PermissionError) as e:
         print(f"lmrl {args.command}: error: {e}", file=sys.stderr)
         return 2 if isinstance(e, ConfigError) else 1
 

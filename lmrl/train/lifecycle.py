@@ -145,6 +145,7 @@ class Trainer:
         self.log: RunLog | None = None
         self._stop_requested = False
         self._resume_path: Path | None = None
+        self._resume_warnings: list[str] = []  # one per damaged checkpoint that resume passed over
 
     def init_state(self, **extra) -> None:
         """The run dir, generators and the resumable state; call once the model (and data) exist."""
@@ -221,7 +222,10 @@ class Trainer:
         resumed_from = self._resume()
         if self.dist.is_main:
             save_config(cfg, self.run_dir / "config.yaml")
-            self.log = RunLog(self.run_dir, cfg, total_steps=self.total_steps, resume_step=self.state["step"])
+            self.log = RunLog(self.run_dir, cfg, total_steps=self.total_steps,
+                              resume_step=self.state["step"] if resumed_from else None)
+            for warning in self._resume_warnings:
+                self.log.warning(warning)
             if resumed_from:
                 self.log.info(f"resumed from {resumed_from} (step {self.state['step']})")
             self.log.info(self.describe())
@@ -426,11 +430,13 @@ class Trainer:
         return full_state_dict(module, ckpt.weights_to_save(module))
 
     def _resume(self) -> Path | None:
-        """With run.resume=auto, load the model's weights and the state from the latest checkpoint
+        """With run.resume=auto, load the model's weights and the state from the newest checkpoint
+        whose files all load (newer damaged ones are moved aside by rank 0 and named in a warning)
         now; the optimizer, scheduler and RNG follow in `_restore_pending` once a stage has made them."""
         if self.config.run.resume != "auto":
             return None
-        latest = ckpt.latest_checkpoint(self.ckpt_dir)
+        # the newest checkpoint whose files all load; rank 0 moves newer damaged ones aside
+        latest, self._resume_warnings = ckpt.resume_checkpoint(self.ckpt_dir, set_aside=self.dist.is_main)
         if latest is None:
             return None
         self.state = ckpt.load_checkpoint(latest, model=self.model, map_location=self.device, restore_rng=False)

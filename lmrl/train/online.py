@@ -70,7 +70,9 @@ class EpisodeLearner(Callback):
         self.state = {"step": 0, "episodes": 0, "baseline": None, "nonfinite_total": 0, "nonfinite_run": 0}
         self.pending: list[tuple[list[int], list[int], float, list[float] | None]] = []
         self.ckpt_dir = Path(self.config.run_dir) / "checkpoints" if self.config.run_dir else None
-        latest = ckpt.latest_checkpoint(self.ckpt_dir) if self.ckpt_dir and self.ckpt_dir.is_dir() else None
+        latest, skipped = ckpt.resume_checkpoint(self.ckpt_dir) if self.ckpt_dir else (None, [])
+        for warning in skipped:
+            log.warning(warning)
         if latest is not None:
             self.state.update(ckpt.load_checkpoint(latest, model=policy, optimizer=self.optimizer, restore_rng=False))
         self.resumed_from = latest

@@ -42,28 +42,38 @@ def _holds_a_run(path: Path) -> bool:
 
 class RunLog:
     """Rank 0's logging: console + train.log, metrics.jsonl, TensorBoard, optional wandb, and a
-    progress bar over all steps. On resume, metrics after the checkpoint's step are dropped first,
-    so the files read as if the run had never stopped."""
+    progress bar over all steps. `resume_step` is the step of the checkpoint the run resumed from,
+    None when it loaded none. Metrics an earlier attempt logged after that step (all of them when
+    None) are dropped first, so the files read as if the run had never stopped."""
 
-    def __init__(self, run_dir: Path, cfg: Config, *, total_steps: int, resume_step: int = 0):
+    def __init__(self, run_dir: Path, cfg: Config, *, total_steps: int, resume_step: int | None = None):
         self.logger = setup_logging(run_dir)
         metrics_path = run_dir / "metrics.jsonl"
-        if resume_step and metrics_path.exists():
+        if metrics_path.exists():
             truncate_jsonl(metrics_path, resume_step)
         sinks = [ConsoleSink(self.logger, total_steps), JsonlSink(metrics_path)]
         if cfg.run.tensorboard:
-            sinks.append(TensorBoardSink(run_dir / "tb", purge_step=resume_step + 1 if resume_step else None))
+            # TensorBoard hides the events an earlier attempt wrote from purge_step on: all of them
+            # when the run starts again from step 0
+            if resume_step is not None:
+                purge = resume_step + 1
+            else:
+                purge = 0 if (run_dir / "tb").exists() else None
+            sinks.append(TensorBoardSink(run_dir / "tb", purge_step=purge))
         if cfg.run.wandb:
             sinks.append(WandbSink(cfg.run.wandb_project, cfg.run.name, config_to_dict(cfg), run_dir,
                                    mode=cfg.run.wandb_mode))
         self.metrics = MetricsLogger(sinks)
-        self.bar = progress(total_steps, initial=resume_step, desc=cfg.run.name, enabled=cfg.run.progress)
+        self.bar = progress(total_steps, initial=resume_step or 0, desc=cfg.run.name, enabled=cfg.run.progress)
 
     def log(self, step: int, metrics: dict, **context) -> None:
         self.metrics.log(step, metrics, **context)
 
     def info(self, msg: str) -> None:
         self.logger.info(msg)
+
+    def warning(self, msg: str) -> None:
+        self.logger.warning(msg)
 
     def advance(self, step: int) -> None:
         self.bar.update(step - self.bar.n)
