@@ -2,6 +2,7 @@ import pickle
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import pytest
 
@@ -111,6 +112,19 @@ def test_a_set_answer_matches_a_set_ground_truth(reward):
     assert reward.score_one(done("3"), "3, 4").reward == 0.0
 
 
+@pytest.mark.parametrize("relation", ["\\boxed{20 = 19}", "20 = 19", "a = b = 19", "19 \\le 20", "x \\geq 19",
+                                      "19 < 20", "19 \\ne 20", "$20 = 19$"])
+def test_a_relation_is_not_an_answer(reward, relation):
+    # math-verify reads `20 = 19` as its right side, 19.
+    assert reward.score_one(done(relation), "19").reward == 0.0
+
+
+def test_a_relation_matches_a_relation_and_a_lone_variable_answers_its_value(reward):
+    assert reward.score_one(done("x \\le 3"), "x \\le 3").reward == 1.0
+    assert reward.score_one(done("x < 3"), "x \\le 3").reward == 0.0
+    assert reward.score_one(done("\\boxed{x = 19}"), "19").reward == 1.0
+
+
 def test_only_the_answer_block_counts(reward):
     assert reward.score_one("<think>maybe 18? no: 19</think><answer>18</answer>", "19").reward == 0.0
     assert reward.score_one("<think>maybe 18? no: 19</think><answer>19</answer>", "18").reward == 0.0
@@ -187,6 +201,46 @@ def test_a_hostile_answer_times_out_and_the_reward_keeps_working(reward, monkeyp
     assert reward.timeouts == before + 1
     assert time.monotonic() - start < 20  # 1 s of waiting, then a fresh worker (~2 s), not minutes
     assert reward(["p", "p"], [done("7"), done("8")], ["7", "7"]) == [1.0, 0.0]
+
+
+def test_a_batch_of_hostile_answers_costs_about_one_timeout_not_one_per_row():
+    r = MathReward(timeout_s=1.0)
+    try:
+        r.score_one(done("1"), "1")  # the checker server is up
+        start = time.monotonic()
+        infos = r.score([done(HOSTILE)] * 16 + [done("19"), done("\\frac{1}{2}")], ["19"] * 16 + ["19", "0.5"])
+        elapsed = time.monotonic() - start
+        assert [i.timed_out for i in infos] == [True] * 16 + [False, False]
+        assert [i.reward for i in infos[-2:]] == [1.0, 1.0]
+        assert r.timeouts == 16
+        assert elapsed < 6  # checked one after another, 16 rows took 16 timeouts and a restart each
+    finally:
+        r.close()
+
+
+def test_closing_stops_the_checks_still_running():
+    r = MathReward(timeout_s=30.0)
+    r.score_one(done("1"), "1")
+    process, conn = r._server
+    conn.send(([(HOSTILE, "19")] * 2, 30.0))  # a batch left running, as a caller interrupted mid-batch leaves it
+    time.sleep(0.5)
+    assert len(group_states(process.pid)) == 3  # the server and its two checks
+    r.close()
+    time.sleep(0.5)
+    assert set(group_states(process.pid)) <= {"Z"}  # gone, or dead and waiting for init to reap them
+
+
+def group_states(pgid: int) -> list[str]:
+    """The states (R, S, Z, ...) of the processes in process group `pgid`, from /proc."""
+    states = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[2]) == pgid:
+            states.append(fields[0])
+    return states
 
 
 def test_scores_correctly_from_threads():

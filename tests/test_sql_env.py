@@ -8,8 +8,8 @@ import time
 
 import pytest
 
-from lmrl.tasks.sql import (Sandbox, SandboxLimits, SQLEnv, SQLEnvConfig, SQLTask, Table, parse_action,
-                            table_md5)
+from lmrl.tasks.sql import (InProcessSandbox, Sandbox, SandboxLimits, SQLEnv, SQLEnvConfig, SQLTask, Table,
+                            parse_action, table_md5)
 
 TABLE = Table(name='Bob\'s "odd" table', columns=(("name", "TEXT"), ("home city", "TEXT"), ("age", "INTEGER")),
               rows=(("Ana", "Oslo", 31), ("Ben", "Lima", 45), ("Chen", "Oslo", 28)))
@@ -60,9 +60,47 @@ def test_load_extension_is_refused(db):
 def test_pragma_writes_are_refused_and_change_nothing(db):
     assert db.run("PRAGMA user_version = 7").startswith("Error: not authorized: PRAGMA")
     assert db.run("PRAGMA writable_schema = ON").startswith("Error: not authorized: PRAGMA")
-    db.conn.set_authorizer(None)  # look behind the sandbox's back
-    assert db.conn.execute("PRAGMA user_version").fetchone() == (0,)
-    assert db.conn.execute("PRAGMA writable_schema").fetchone() == (0,)
+    with InProcessSandbox(TABLE, FAST) as local:  # the same rules in this process, to look behind their back
+        assert local.run("PRAGMA user_version = 7").startswith("Error: not authorized: PRAGMA")
+        assert local.run("PRAGMA writable_schema = ON").startswith("Error: not authorized: PRAGMA")
+        local.conn.set_authorizer(None)
+        assert local.conn.execute("PRAGMA user_version").fetchone() == (0,)
+        assert local.conn.execute("PRAGMA writable_schema").fetchone() == (0,)
+
+
+@pytest.mark.parametrize("sql, what", [
+    (f"DROP TABLE {T}", "changing the schema"),
+    (f"ALTER TABLE {T} RENAME TO other", "ALTER TABLE"),
+    ("CREATE TABLE other (x)", "changing the schema"),
+    ("CREATE TEMP VIEW v AS SELECT 1", "changing the schema"),
+    (f"CREATE TRIGGER tr AFTER INSERT ON {T} BEGIN SELECT 1; END", "CREATE TRIGGER"),
+    ("BEGIN", "TRANSACTION"),
+    ("SAVEPOINT s", "SAVEPOINT"),
+    ("SELECT * FROM pragma_table_info('x')", "changing the schema"),
+    ("SELECT sqlite_version()", "sqlite_version()"),
+    ("SELECT random()", "random()"),
+    ("SELECT json_extract('{}', '$.a')", "json_extract()"),
+])
+def test_statements_and_functions_outside_the_allow_list_are_refused(db, sql, what):
+    assert db.run(sql) == f"Error: not authorized: {what} is disabled in this sandbox"
+    assert db.run(f"SELECT COUNT(*) FROM {T}") == "[(3,)]"
+
+
+def test_what_dbbench_tasks_need_is_allowed(db):
+    assert db.run(f"SELECT upper(name), length(name), round(age / 7.0, 2), substr(\"home city\", 1, 2) FROM {T} "
+                  f"WHERE name LIKE 'A%'") == "[('ANA', 3, 4.43, 'Os')]"
+    assert db.run(f"SELECT \"home city\", COUNT(*), AVG(age), MAX(age) FROM {T} GROUP BY 1 ORDER BY 1") == \
+        "[('Lima', 1, 45.0, 45), ('Oslo', 2, 29.5, 31)]"
+    assert db.run(f"SELECT name, rank() OVER (ORDER BY age DESC) FROM {T}") == \
+        "[('Ben', 1), ('Ana', 2), ('Chen', 3)]"
+    assert db.run(f"WITH old AS (SELECT * FROM {T} WHERE age > 30) SELECT group_concat(name) FROM old") == \
+        "[('Ana,Ben',)]"
+    assert db.run("SELECT date('2020-01-31', '+1 day'), strftime('%Y', '1998-03-19'), abs(-2), coalesce(NULL, 1)") == \
+        "[('2020-02-01', '1998', 2, 1)]"
+    assert db.run(f"INSERT INTO {T} VALUES ('Dara', 'Lima', 52)") == "[]"
+    assert db.run(f"UPDATE {T} SET age = age + 1 WHERE name = 'Dara'") == "[]"
+    assert db.run(f"DELETE FROM {T} WHERE age > 50") == "[]"
+    assert db.run("SELECT name FROM sqlite_master") == "[('Bob\\'s \"odd\" table',)]"
 
 
 def test_runaway_recursive_cte_is_cut_at_max_rows(db):
@@ -88,14 +126,17 @@ def test_million_row_result_shows_max_rows_within_max_chars():
 
 
 def test_huge_value_is_refused(db):
-    assert db.run("SELECT zeroblob(1000000000)") == "Error: string or blob too big"
+    doubling = "WITH RECURSIVE s(v) AS (SELECT 'x' UNION ALL SELECT v || v FROM s)"
+    assert db.run(f"{doubling} SELECT max(length(v)) FROM s") == "Error: string or blob too big"
 
 
-def test_database_growth_is_capped_for_tables_and_temp_tables():
+def test_database_growth_is_capped_and_temp_tables_are_refused():
+    wide = "'" + "x" * 500 + "'"
     with Sandbox(TABLE, SandboxLimits(max_db_bytes=1 << 20)) as db:
-        for create in (f"INSERT INTO {T} (name)", "CREATE TEMP TABLE big AS"):
-            observation = db.run(f"{create} {ENDLESS} SELECT printf('%.500c', 'x') FROM c LIMIT 100000")
-            assert observation == "Error: database or disk is full"
+        observation = db.run(f"INSERT INTO {T} (name) {ENDLESS} SELECT {wide} FROM c LIMIT 100000")
+        assert observation == "Error: database or disk is full"
+        assert db.run(f"CREATE TEMP TABLE big AS SELECT {wide}") == \
+            "Error: not authorized: changing the schema is disabled in this sandbox"
         assert db.run(f"SELECT COUNT(*) FROM {T}") == "[(3,)]"
 
 
@@ -110,10 +151,12 @@ def test_sql_errors_become_observations(db):
     assert db.run(f"UPDATE {T} SET age = 46 WHERE name = 'Ben'") == "[]"
 
 
-def test_table_rows_is_none_once_the_table_is_gone(db):
-    assert sorted(db.table_rows()) == sorted(TABLE.rows)
-    db.run(f"DROP TABLE {T}")
-    assert db.table_rows() is None
+def test_table_rows_is_none_once_the_table_is_gone():
+    with InProcessSandbox(TABLE, FAST) as db:
+        assert sorted(db.table_rows()) == sorted(TABLE.rows)
+        db.conn.set_authorizer(None)  # the model cannot drop it: do it behind the sandbox's back
+        db.conn.execute(f"DROP TABLE {T}")
+        assert db.table_rows() is None
 
 
 # --- the protocol ----------------------------------------------------------------------------------------
@@ -226,5 +269,5 @@ def test_modification_is_checked_by_the_final_table_not_the_answer():
     obs, reward, done, info = env.step(answer([]))
     assert (reward, done, info["outcome"]) == (-0.1, True, "wrong")
     env.reset(task)
-    env.step(op(f"DROP TABLE {T}"))
+    assert env.step(op(f"DROP TABLE {T}"))[0].startswith("Error: not authorized")
     assert env.step(answer([]))[3]["outcome"] == "wrong"

@@ -23,22 +23,34 @@ digit; without groups the whole answer is one. `\boxed{3} or \boxed{4}` and `$3$
 wrong against 4, and so is `3 or 4`, which math-verify reads as the set {3, 4}: a set equals only
 a ground truth that is the same set.
 
+Relations. math-verify reads an equation as its right side, so `\boxed{20 = 19}` would be 19. A
+candidate that is a relation (`=`, `\ne`, `<`, `\le`, `>`, `\ge`, or several joined, such as
+`a = b = 19`) is wrong unless the ground truth is a relation too; the one exception is a lone
+variable set to a value, `x = 19`, which answers 19.
+
 Time. Sympy can take minutes on a hostile answer (`10^{10^{10}}`), and math-verify's own
-timeouts use signal.alarm, which only works in the main thread. So they are off, and each check
-runs in a worker process (spawned once, about 2 s, then reused) that is killed after `timeout_s`:
-the row scores 0, `timeouts` counts it, and a fresh worker serves the next row. This works from
-any thread. Scripts that use MathReward need the usual `if __name__ == "__main__":` guard (spawned
-workers import the main script).
+timeouts use signal.alarm, which only works in the main thread. So they are off, and a checker
+server process (spawned once, about 2 s, with math-verify imported) forks one process per answer,
+up to `max_parallel` at a time, and kills each that runs past `timeout_s`: the row scores 0 and
+`timeouts` counts it. The answers of a batch are checked side by side, so a batch of hostile
+answers costs about one `timeout_s`, not one per row. Each forked check may grow its address space
+by `_CHECK_MEMORY_BYTES` at most. This works from any thread, on Linux (it forks). Scripts that use
+MathReward need the usual `if __name__ == "__main__":` guard (the spawned server imports the main
+script).
 """
 
 from __future__ import annotations
 
-import concurrent.futures as cf
 import importlib.util
+import math
 import multiprocessing
+import os
+import pickle
 import re
+import select
+import signal
 import threading
-from concurrent.futures.process import BrokenProcessPool
+import time
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -46,7 +58,9 @@ _TAGS = ("<think>", "</think>", "<answer>", "</answer>")
 _FORMAT = re.compile(r"\s*<think>.*</think>\s*<answer>.*</answer>\s*", re.DOTALL)
 _MATH_GROUP = re.compile(r"\$\$(.+?)\$\$|\$(.+?)\$|\\\((.+?)\\\)|\\\[(.+?)\\\]", re.DOTALL)
 _LAST_NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?")
-_STARTUP_S = 300.0  # a worker's start (imports torch via lmrl.tasks, sympy) is not counted in timeout_s
+_STARTUP_S = 300.0  # the checker server's start (imports sympy and math-verify) is not counted in timeout_s
+_SERVER_SLACK_S = 30.0  # beyond its rows' own timeouts, how long a batch may take before the server is given up
+_CHECK_MEMORY_BYTES = 2 << 30  # address space one forked check may add to the server's
 
 
 def parse_completion(text: str) -> tuple[bool, str | None]:
@@ -104,12 +118,12 @@ def _as_latex(text: str) -> str:
 def _init_worker() -> None:
     import logging
 
-    # It warns that its own timeouts are off; the worker's deadline replaces them.
+    # It warns that its own timeouts are off; the checker's deadline replaces them.
     logging.getLogger("math_verify").setLevel(logging.ERROR)
 
 
 def _check(answer: str, ground_truth: str) -> tuple[bool, str | None]:
-    """(correct, error) for one answer; runs in a worker process."""
+    """(correct, error) for one answer; runs in a forked checker process."""
     from math_verify import parse, verify
 
     candidates = [_as_latex(c) for c in answer_candidates(answer)]
@@ -118,9 +132,28 @@ def _check(answer: str, ground_truth: str) -> tuple[bool, str | None]:
         if not gold:
             return False, f"the ground truth {ground_truth!r} does not parse as math"
         preds = [parse(c, parsing_timeout=None) for c in candidates]
+        if not _is_relation(gold) and any(_is_relation(p, lone_variable_ok=True) for p in preds):
+            return False, None
         return all(p and verify(gold, p, timeout_seconds=None) for p in preds), None
     except Exception as e:  # math-verify failing on this row: the row scores 0, the batch goes on
         return False, f"math-verify raised {type(e).__name__}: {e}"
+
+
+def _is_relation(parsed: list, lone_variable_ok: bool = False) -> bool:
+    """Whether math-verify's parse of an answer is a relation (`20 = 19`, `x \\le 3`, `a = b = 19`);
+    with `lone_variable_ok`, `x = 19` (a symbol on the left, no relation on the right) is not one."""
+    from sympy import Symbol
+    from sympy.core.relational import Equality, Relational
+    from sympy.logic.boolalg import BooleanFunction
+
+    for expr in parsed:
+        if isinstance(expr, BooleanFunction):
+            return True
+        if isinstance(expr, Relational):
+            lone = isinstance(expr, Equality) and isinstance(expr.lhs, Symbol) and not expr.rhs.has(Relational)
+            if not (lone_variable_ok and lone):
+                return True
+    return False
 
 
 @dataclass
@@ -140,16 +173,18 @@ class MathReward:
     A row whose check times out or fails scores 0 (counted in `timeouts` / `errors`)."""
 
     def __init__(self, format_weight: float = 0.0, correct_weight: float = 1.0, require_format: bool = True,
-                 timeout_s: float = 5.0, workers: int = 1):
+                 timeout_s: float = 5.0, max_parallel: int = 32):
         if importlib.util.find_spec("math_verify") is None:
             raise ImportError("MathReward needs math-verify: pip install 'lmrl[math]'")
+        if max_parallel < 1:
+            raise ValueError(f"max_parallel must be at least 1 (got {max_parallel})")
         self.__name__ = "math_reward"  # TRL names reward functions in its logs by __name__
         self.format_weight, self.correct_weight = format_weight, correct_weight
-        self.require_format, self.timeout_s, self.workers = require_format, timeout_s, workers
+        self.require_format, self.timeout_s, self.max_parallel = require_format, timeout_s, max_parallel
         self.timeouts = 0  # rows whose check was stopped after timeout_s
-        self.errors = 0  # rows where math-verify raised, or its worker died
-        self._pool: cf.ProcessPoolExecutor | None = None
-        self._lock = threading.Lock()  # one batch at a time: a timeout replaces the shared pool
+        self.errors = 0  # rows where math-verify raised, or its process died
+        self._server: tuple | None = None  # (process, connection) of the checker server
+        self._lock = threading.Lock()  # one batch at a time through the server
 
     def __call__(self, prompts: Sequence[str], completions: Sequence, ground_truth: Sequence[str],
                  **kwargs) -> list[float]:
@@ -177,67 +212,147 @@ class MathReward:
         return infos
 
     def close(self) -> None:
-        """Stop the worker processes (a later call starts new ones)."""
+        """Stop the checker server and its checks (a later call starts a new one)."""
         with self._lock:
-            self._kill_pool()
+            self._kill_server()
 
     def _check_all(self, todo: dict[int, tuple[str, str]]) -> dict[int, tuple[bool, bool, str | None]]:
-        """(correct, timed_out, error) per row index. A timeout kills the pool; the rows that were
-        queued or running beside it are checked again in a fresh one."""
-        results, pending = {}, list(todo)
+        """(correct, timed_out, error) per row index, all rows checked side by side in the server."""
+        if not todo:
+            return {}
+        rows = list(todo)
         with self._lock:
-            while pending:
-                pool = self._get_pool()
-                futures = [(i, pool.submit(_check, *todo[i])) for i in pending]
-                pending, killed = [], False
-                for i, fut in futures:
-                    if killed and (fut.cancelled() or not fut.done() or fut.exception() is not None):
-                        pending.append(i)
-                        continue
-                    try:
-                        correct, error = fut.result(timeout=self.timeout_s)
-                    except (cf.TimeoutError, BrokenProcessPool) as e:
-                        timed_out = isinstance(e, cf.TimeoutError)
-                        self.timeouts += timed_out
-                        self.errors += not timed_out  # the worker died on this row (e.g. out of memory)
-                        results[i] = (False, timed_out, None if timed_out else "the checker process died")
-                        self._kill_pool()
-                        killed = True
-                        continue
-                    self.errors += error is not None
-                    results[i] = (correct, False, error)
+            _, conn = self._get_server()
+            conn.send(([todo[i] for i in rows], self.timeout_s))
+            waves = math.ceil(len(rows) / self.max_parallel)  # rows beyond max_parallel wait for a free slot
+            try:
+                outcomes = conn.recv() if conn.poll(waves * self.timeout_s + _SERVER_SLACK_S) else None
+            except (EOFError, OSError):
+                outcomes = None
+            if outcomes is None:  # the server hung or died: no row of this batch was checked
+                self._kill_server()
+                outcomes = [("died", None)] * len(rows)
+            results = {}
+            for i, (status, value) in zip(rows, outcomes):
+                if status == "bug":
+                    raise RuntimeError(f"MathReward: checking an answer failed in lmrl's code: {value}")
+                self.timeouts += status == "timeout"
+                self.errors += status == "died" or (status == "ok" and value[1] is not None)
+                if status == "ok":
+                    results[i] = (value[0], False, value[1])
+                else:
+                    results[i] = (False, status == "timeout",
+                                  None if status == "timeout" else "the checker process died")
         return results
 
-    def _get_pool(self) -> cf.ProcessPoolExecutor:
-        if self._pool is None:
-            pool = cf.ProcessPoolExecutor(self.workers, mp_context=multiprocessing.get_context("spawn"),
-                                          initializer=_init_worker)
-            # Import sympy and math-verify in every worker now, so no row's timeout pays for it.
-            warm = [pool.submit(_check, "1", "1") for _ in range(self.workers)]
-            if cf.wait(warm, timeout=_STARTUP_S).not_done:
-                _kill(pool)
-                raise RuntimeError(f"MathReward: the checker processes did not start in {_STARTUP_S:.0f} s")
-            for fut in warm:
-                fut.result()
-            self._pool = pool
-        return self._pool
+    def _get_server(self) -> tuple:
+        if self._server is None:
+            ctx = multiprocessing.get_context("spawn")
+            ours, theirs = ctx.Pipe()
+            process = ctx.Process(target=_serve_checks, args=(theirs, self.max_parallel), daemon=True,
+                                  name="lmrl-math-checker")
+            process.start()
+            theirs.close()
+            self._server = (process, ours)
+            # Its start imports sympy and math-verify, so no row's timeout pays for it.
+            if not ours.poll(_STARTUP_S):
+                self._kill_server()
+                raise RuntimeError(f"MathReward: the checker process did not start in {_STARTUP_S:.0f} s")
+            ours.recv()
+        return self._server
 
-    def _kill_pool(self) -> None:
-        pool, self._pool = self._pool, None
-        if pool is not None:
-            _kill(pool)
+    def _kill_server(self) -> None:
+        server, self._server = self._server, None
+        if server is not None:
+            process, conn = server
+            try:
+                os.killpg(process.pid, signal.SIGKILL)  # the server and the checks it forked
+            except (ProcessLookupError, PermissionError):
+                process.kill()
+            process.join()
+            conn.close()
 
-    def __getstate__(self):  # picklable (e.g. for DDP spawn): the pool and lock stay behind
-        return {k: v for k, v in self.__dict__.items() if k not in ("_pool", "_lock")}
+    def __getstate__(self):  # picklable (e.g. for DDP spawn): the server and lock stay behind
+        return {k: v for k, v in self.__dict__.items() if k not in ("_server", "_lock")}
 
     def __setstate__(self, state):
-        self.__dict__.update(state, _pool=None, _lock=threading.Lock())
+        self.__dict__.update(state, _server=None, _lock=threading.Lock())
 
 
-def _kill(pool: cf.ProcessPoolExecutor) -> None:
-    for proc in list((pool._processes or {}).values()):  # no public way to kill before Python 3.14
-        proc.kill()
-    pool.shutdown(wait=False, cancel_futures=True)
+def _serve_checks(conn, max_parallel: int) -> None:
+    """The checker server: import math-verify once, then check each batch it receives in forked
+    processes (`_check_forked`) and send back one (status, value) per row."""
+    os.setpgid(0, 0)  # its own process group, so one killpg stops it and every check it forked
+    signal.signal(signal.SIGTERM, lambda *_: os.killpg(0, signal.SIGKILL))  # terminated: take the checks along
+    _init_worker()
+    _check("1", "1")  # import sympy and math-verify before the first fork
+    conn.send("ready")
+    while True:
+        try:
+            jobs, timeout_s = conn.recv()
+        except EOFError:  # the reward was closed or its process ended
+            return
+        conn.send(_check_forked(jobs, timeout_s, max_parallel))
+
+
+def _check_forked(jobs: list[tuple[str, str]], timeout_s: float, max_parallel: int) -> list[tuple]:
+    """(status, value) per job: ("ok", `_check`'s result), ("timeout", None) for a check killed after
+    `timeout_s` of its own, ("died", None) for one that ended without a result, ("bug", message) for
+    an exception raised by lmrl's own code."""
+    results: list = [("died", None)] * len(jobs)
+    waiting, running = list(range(len(jobs))), {}  # running: read fd -> [row, pid, deadline, chunks]
+    while waiting or running:
+        while waiting and len(running) < max_parallel:
+            row = waiting.pop(0)
+            read_fd, write_fd = os.pipe()
+            pid = os.fork()
+            if pid == 0:  # the check: compute, write the pickled result, exit without cleanup
+                os.close(read_fd)
+                _check_in_child(jobs[row], write_fd)
+            os.close(write_fd)
+            running[read_fd] = [row, pid, time.monotonic() + timeout_s, []]
+        wait = max(0.0, min(r[2] for r in running.values()) - time.monotonic())
+        for fd in select.select(list(running), [], [], wait)[0]:
+            data = os.read(fd, 1 << 16)
+            if data:
+                running[fd][3].append(data)
+                continue
+            row, pid, _, chunks = running.pop(fd)
+            os.close(fd)
+            os.waitpid(pid, 0)
+            if chunks:
+                results[row] = pickle.loads(b"".join(chunks))
+        now = time.monotonic()
+        late = [fd for fd, (_, _, deadline, _) in running.items() if now >= deadline]
+        for fd in late:  # all signalled first, so they die side by side
+            os.kill(running[fd][1], signal.SIGKILL)
+        for fd in late:
+            row, pid, _, _ = running.pop(fd)
+            os.waitpid(pid, 0)
+            os.close(fd)
+            results[row] = ("timeout", None)
+    return results
+
+
+def _check_in_child(job: tuple[str, str], fd: int) -> None:
+    import resource
+
+    try:
+        os.nice(10)  # below the server, which must stay free to fork the next check and kill late ones
+        with open("/proc/self/statm") as f:  # the server's size, which the check starts from
+            size = int(f.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
+        resource.setrlimit(resource.RLIMIT_AS, (size + _CHECK_MEMORY_BYTES, size + _CHECK_MEMORY_BYTES))
+        result = ("ok", _check(*job))
+    except MemoryError:
+        result = ("died", None)
+    except BaseException as e:  # a bug in lmrl's code: the parent raises it
+        result = ("bug", f"{type(e).__name__}: {e}")
+    try:
+        data = pickle.dumps(result)
+        while data:
+            data = data[os.write(fd, data):]
+    finally:
+        os._exit(0)
 
 
 def _completion_text(completion) -> str:

@@ -15,10 +15,10 @@ from .checking import answers_match, normalise_value, parse_answer_md5, table_md
 from .env import SQLEnv, SQLEnvConfig
 from .procedural import SKILLS, ProceduralSQLTasks, build_task, is_heldout
 from .protocol import Action, parse_action, render_task, system_prompt
-from .sandbox import Sandbox, SandboxLimits, Table, quote_identifier, quote_literal
+from .sandbox import InProcessSandbox, Sandbox, SandboxLimits, Table, quote_identifier, quote_literal
 from .tasks import SQLTask, group_by_skill, load_dbbench
 
-__all__ = ["Action", "ProceduralSQLTasks", "SKILLS", "SQLEnv", "SQLEnvConfig", "SQLTask", "Sandbox",
+__all__ = ["Action", "InProcessSandbox", "ProceduralSQLTasks", "SKILLS", "SQLEnv", "SQLEnvConfig", "SQLTask", "Sandbox",
            "SandboxLimits", "Table", "answers_match", "build_task", "group_by_skill", "is_heldout",
            "load_dbbench", "normalise_value", "parse_action", "parse_answer_md5", "quote_identifier",
            "quote_literal", "render_task", "system_prompt", "table_md5"]

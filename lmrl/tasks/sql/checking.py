@@ -1,16 +1,20 @@
 """DBBench answer checks, as pure functions.
 
-    answers_match(["2.0"], ["2"])                     # True: single numbers compare as floats
+    answers_match(["2.0"], ["2"])                     # True: numbers compare as exact decimals
     answers_match(["Paris", "Rome"], ["Rome", "Paris"])  # True: otherwise as sets of strings
     table_md5([("a", "1"), ("b", None)])               # the hash DBBench stores as answer_md5
 
-Questions (AgentBench `result_processor.py`, `compare_results`): numbers compare as floats within
-`tol` (AgentBench: 1e-2 absolute), one value against one or lists one to one (so their counts
-must agree); anything else compares as sets of normalised strings. Normalising strips whitespace
-and one pair of surrounding quotes, a trailing `%` and thousands separators in numbers ("1,429"
--> 1429), and writes every null-like value (None, "none", "null", "") as "none". Case is kept:
+Questions (AgentBench `result_processor.py`, `compare_results`): numbers compare within `tol`
+(AgentBench: 1e-2 absolute), one value against one or lists one to one (so their counts must
+agree); anything else compares as sets of normalised strings. Normalising strips whitespace and
+one pair of surrounding quotes, a trailing `%` and thousands separators in numbers ("1,429" ->
+1429), and writes every null-like value (None, "none", "null", "") as "none". Case is kept:
 DBBench asks for answers "exactly the same as the correct answer". Unlike AgentBench, null does
 not also equal "0".
+
+Stricter than Python's float(), which AgentBench uses: a number is ASCII digits only (no "٧", no
+"1_000", no "inf"), written without leading zeros ("07" is text, so it equals only "07"), and it
+is compared as an exact decimal, so integers above 2**53 that differ in the last digit differ.
 
 Modifications (INSERT/UPDATE/DELETE): DBBench hashes the whole table after the episode, in MySQL:
 
@@ -27,8 +31,8 @@ from __future__ import annotations
 
 import ast
 import hashlib
-import math
 import re
+from decimal import Decimal
 from typing import Iterable, Sequence
 
 MODIFICATION_TYPES = ("INSERT", "UPDATE", "DELETE")
@@ -36,7 +40,9 @@ NULL_TEXT = "none"
 EMPTY_TABLE_MD5 = "NULL"  # MySQL's group_concat over no rows is NULL, and md5(NULL) too
 GROUP_CONCAT_MAX_LEN = 1024  # bytes; MySQL's default
 _NULL_LIKE = {"", "none", "null"}
-_THOUSANDS = re.compile(r"^[+-]?\d{1,3}(,\d{3})+(\.\d+)?$")
+# ASCII only: an integer part without leading zeros, optional fraction and exponent.
+_NUMBER = re.compile(r"[+-]?(?:0|[1-9][0-9]*)(?:\.[0-9]+)?(?:[eE][+-]?[0-9]{1,4})?")
+_THOUSANDS = re.compile(r"[+-]?[1-9][0-9]{0,2}(?:,[0-9]{3})+(?:\.[0-9]+)?")
 
 
 def normalise_value(value) -> str:
@@ -50,23 +56,30 @@ def normalise_value(value) -> str:
     if text.lower() in _NULL_LIKE:
         return NULL_TEXT
     number = as_number(text)
-    if number is None:
-        return text
-    return str(int(number)) if number.is_integer() and abs(number) < 1e15 else repr(number)
+    return text if number is None else _canonical(number)
 
 
-def as_number(text) -> float | None:
-    """`text` as a finite float ("1,429", "45%", " 2.0 " included), or None when it is not a number."""
+def as_number(text) -> Decimal | None:
+    """`text` as an exact decimal ("1,429", "45%", " 2.0 " included; a float as its repr), or None
+    when it is not a number written in ASCII digits without leading zeros."""
+    if isinstance(text, bool):
+        return None
+    if isinstance(text, (int, float)):
+        text = repr(text)
     text = str(text).strip()
     if text.endswith("%"):
         text = text[:-1].strip()
-    if _THOUSANDS.match(text):
+    if _THOUSANDS.fullmatch(text):
         text = text.replace(",", "")
-    try:
-        number = float(text)
-    except ValueError:
-        return None
-    return number if math.isfinite(number) else None
+    return Decimal(text) if _NUMBER.fullmatch(text) else None
+
+
+def _canonical(number: Decimal) -> str:
+    """Plain digits, exactly, without trailing zeros: 2, 2.0 and 2.00 -> "2"; 2.50 -> "2.5"; 1e3 -> "1000"."""
+    if number.is_zero():
+        return "0"
+    text = format(number, "f")  # exact: formatting does not round to the context precision
+    return text.rstrip("0").rstrip(".") if "." in text else text
 
 
 def answers_match(answer: Sequence, label: Sequence, tol: float = 1e-2) -> bool:
@@ -75,12 +88,12 @@ def answers_match(answer: Sequence, label: Sequence, tol: float = 1e-2) -> bool:
     want = [normalise_value(v) for v in label]
     got_numbers = [as_number(v) for v in got]
     want_numbers = [as_number(v) for v in want]
-    all_numbers = None not in got_numbers and None not in want_numbers
-    if all_numbers and got and want:
+    if None not in got_numbers and None not in want_numbers and got and want:
         if len(got) != len(want):
             return False
         # Sorted pairing is the best one-to-one matching of numbers on a line.
-        return all(abs(a - b) <= tol for a, b in zip(sorted(got_numbers), sorted(want_numbers)))
+        tolerance = Decimal(repr(tol))
+        return all(abs(a - b) <= tolerance for a, b in zip(sorted(got_numbers), sorted(want_numbers)))
     return set(got) == set(want)
 
 

@@ -14,7 +14,8 @@ it first imitates solved episodes. Each is a procedural training task played by 
                a question, `[]` after a change (the table itself is checked)
 
 The text the model learns from is the text it sees in RL: the opening messages are the agent
-task's, and the observation and the reward come from the environment, so a demonstration is kept
+task's, and the observation and the reward come from the environment (its database in this
+process: the scripted SQL is the task's own reference statement), so a demonstration is kept
 only when its scripted episode earns `reward_correct`, and skipped (counted) otherwise: a result
 cut at `max_chars`, or an answer the checker refuses. The worked example's assistant turns say
 `"training": false` (as in RL's preamble): context, not something to learn again in every row.
@@ -37,6 +38,7 @@ from ...data import write_jsonl
 from .agent_task import episode_preamble
 from .env import SQLEnv, SQLEnvConfig
 from .procedural import SKILLS, build_task, is_heldout
+from .sandbox import InProcessSandbox
 from .tasks import SQLTask
 
 # The plan before the operation: one short sentence, as the system prompt asks, and short because a turn
@@ -98,7 +100,7 @@ def demonstration(task: SQLTask, env_config: SQLEnvConfig, *, one_shot: bool = T
     if env_config.max_rounds < 2:
         raise ValueError(f"a demonstration takes 2 turns (an operation and the answer); max_rounds is "
                          f"{env_config.max_rounds}")
-    env = SQLEnv(env_config)
+    env = SQLEnv(env_config, sandbox=InProcessSandbox)  # the reference SQL is trusted: no worker process needed
     try:
         messages = episode_preamble(env_config, one_shot) + [{"role": "user", "content": env.reset(task)}]
         operation = operation_turn(task)

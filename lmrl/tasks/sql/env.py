@@ -9,9 +9,10 @@ Rewards: an answer turn ends the episode with `reward_correct` or `reward_wrong`
 breaks the protocol earns `-invalid_action_penalty` and the episode goes on; reaching `max_rounds`
 turns (the answer turn counts) without an answer ends it with `reward_timeout`. Other turns earn
 0, so an episode's return is the sum of its step rewards (`info["episode_reward"]`). Questions are
-checked with `checking.answers_match`, modifications by hashing the final table
-(`checking.table_md5`, whatever the answer says). The database is fresh on `reset` and closed when
-the episode ends.
+checked with `checking.answers_match`, modifications by hashing the final table in the `main`
+schema (`checking.table_md5`, whatever the answer says). The database is fresh on `reset` and
+closed when the episode ends. It is a `Sandbox` (its own worker process, for model SQL) unless the
+env is made with `sandbox=InProcessSandbox`, for scripted episodes whose SQL is trusted.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from dataclasses import dataclass
 
 from .checking import answers_match, table_md5
 from .protocol import parse_action, render_task, system_prompt
-from .sandbox import Sandbox, SandboxLimits
+from .sandbox import InProcessSandbox, Sandbox, SandboxLimits
 from .tasks import SQLTask
 
 OUTCOMES = ("correct", "wrong", "timeout")
@@ -62,18 +63,19 @@ class SQLEnvConfig:
 class SQLEnv:
     """One episode at a time: `reset(task)`, then `step(turn_text)` until done."""
 
-    def __init__(self, config: SQLEnvConfig | None = None):
+    def __init__(self, config: SQLEnvConfig | None = None, sandbox: type[Sandbox | InProcessSandbox] = Sandbox):
         self.config = config or SQLEnvConfig()
+        self.sandbox = sandbox  # the database class of each episode
         self.system_prompt = system_prompt(self.config.max_rounds)
         self.task: SQLTask | None = None
-        self._db: Sandbox | None = None
+        self._db: Sandbox | InProcessSandbox | None = None
         self.rounds = self.invalid_actions = 0
         self.episode_reward = 0.0
 
     def reset(self, task: SQLTask) -> str:
         """Start an episode on a fresh copy of the task's table; returns the first user message."""
         self.close()
-        self._db = Sandbox(task.table, self.config.limits())
+        self._db = self.sandbox(task.table, self.config.limits())
         self.task, self.rounds, self.invalid_actions, self.episode_reward = task, 0, 0, 0.0
         return render_task(task)
 

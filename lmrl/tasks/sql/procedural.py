@@ -24,7 +24,7 @@ from collections import Counter
 from dataclasses import dataclass, replace
 
 from .checking import table_md5
-from .sandbox import Sandbox, Table, quote_identifier as q, quote_literal as lit
+from .sandbox import InProcessSandbox, Table, quote_identifier as q, quote_literal as lit
 from .tasks import SQLTask
 
 SKILLS = ("filter", "count", "sum", "avg", "max", "min", "ranking", "group_by", "comparison",
@@ -215,7 +215,7 @@ def build_task(rng: random.Random, skill: str) -> SQLTask | None:
     if made is None:
         return None
     description, sql = made
-    with Sandbox(shape.table) as db:
+    with InProcessSandbox(shape.table) as db:
         if skill in MODIFYING_SKILLS:
             db.fetch_all(sql)
             rows = db.table_rows()

@@ -8,9 +8,11 @@ An agent turn is exactly one of
     ```
 
 (free-form reasoning may come before). `parse_action` reads a turn into an `Action`:
-`operation` (exactly one ```sql block), `answer` (a list literal, read with json or
-ast.literal_eval, never eval) or `invalid` with the reason. Stricter than AgentBench, which runs
-the first of several SQL blocks: two blocks, or two Action lines, are invalid here.
+`operation` (exactly one SQL block), `answer` (a list literal, read with json or
+ast.literal_eval, never eval) or `invalid` with the reason. Line endings may be \n, \r\n or \r.
+An SQL block is a fence labelled `sql`, `sqlite` or `mysql` (any case) or not labelled at all;
+blocks in other languages are ignored. Stricter than AgentBench, which runs the first of several
+SQL blocks: two blocks, or two Action lines, are invalid here.
 """
 
 from __future__ import annotations
@@ -22,7 +24,9 @@ from dataclasses import dataclass
 
 MAX_ANSWER_CHARS = 4000  # a longer answer is invalid: literal_eval on huge input is slow and deep
 _ACTION_LINE = re.compile(r"^[ \t]*Action:[ \t]*(.*?)[ \t]*$", re.MULTILINE)
-_SQL_BLOCK = re.compile(r"```sql[ \t]*\n?(.*?)```", re.DOTALL | re.IGNORECASE)
+# A fence: ``` and an optional language label, then the block up to the closing ```.
+_FENCE = re.compile(r"```([A-Za-z0-9_+-]*)[ \t]*\n?(.*?)```", re.DOTALL)
+SQL_LABELS = ("", "sql", "sqlite", "mysql")  # fence labels read as SQL (lower-cased)
 _FINAL_ANSWER = "Final Answer:"
 _SCALARS = (str, int, float, type(None))
 
@@ -89,6 +93,7 @@ def render_task(task) -> str:
 
 def parse_action(text: str) -> Action:
     """Read one agent turn (see the module docstring). Never raises on model text."""
+    text = text.replace("\r\n", "\n").replace("\r", "\n")
     actions = _ACTION_LINE.findall(text)
     if not actions:
         return _invalid("no 'Action: Operation' or 'Action: Answer' line")
@@ -103,7 +108,7 @@ def parse_action(text: str) -> Action:
 
 
 def _operation(text: str) -> Action:
-    blocks = _SQL_BLOCK.findall(text)
+    blocks = [body for label, body in _FENCE.findall(text) if label.lower() in SQL_LABELS]
     if not blocks:
         return _invalid("'Action: Operation' without a ```sql block")
     if len(blocks) > 1:

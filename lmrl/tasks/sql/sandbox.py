@@ -4,32 +4,88 @@
         db.run("SELECT COUNT(*) FROM `people`")    # "[(12,)]"
         db.run("ATTACH '/etc/x' AS x")              # "Error: not authorized: ATTACH is disabled in this sandbox"
 
-The database lives in memory (`:memory:`) and is discarded on `close()`. Model SQL is untrusted:
-- an authorizer denies ATTACH and DETACH (VACUUM INTO goes through ATTACH, so it is denied too),
-  every PRAGMA (reads included: the table's schema is in the task text and `sqlite_master`, and a
-  blanket rule cannot be talked round), and any call of `load_extension`; extension loading is
-  also switched off and at most 0 databases may be attached;
+Model SQL is untrusted, so two layers hold it.
+
+The database (`InProcessSandbox`) lives in memory (`:memory:`) and is locked down before any model
+SQL reaches it:
+- an authorizer allows only what DBBench tasks need and denies everything else: SELECT (WITH and
+  WITH RECURSIVE included) and reading tables (the task's is the only one, beside `sqlite_master`);
+  INSERT, UPDATE and DELETE of the task's table in the `main` schema; the functions in
+  `ALLOWED_FUNCTIONS` (scalar, string, date, math, aggregate and window functions). Refused, among
+  others: ATTACH, PRAGMA, CREATE / DROP / ALTER of anything (TEMP tables, views, triggers and
+  virtual tables included), transactions, `printf`/`format` (one call with a huge width runs for
+  seconds), `load_extension`, `fts3_tokenizer`, `randomblob`/`zeroblob`, `random`, the JSON
+  functions and table-valued functions (`pragma_*`, `json_each`, `dbstat`);
+- SQLite limits bound what one call can build: `max_value_bytes` per string or blob
+  (SQLITE_LIMIT_LENGTH), `max_like_pattern` per LIKE/GLOB pattern, no attached databases, no sorter
+  threads; each database may hold at most `max_db_bytes`; extension loading is off;
 - a progress handler stops a statement that runs past `query_timeout_s` (fetching included);
-- at most `max_rows` rows are fetched (`fetchmany`, so an endless recursive CTE stops there), no
-  string or blob may exceed `max_value_bytes`, the database (temp tables included) may not grow
-  past `max_db_bytes`, and the observation is cut at `max_chars`;
-- one statement per call; errors come back as `Error: ...` text, never as exceptions.
+- at most `max_rows` rows are fetched (`fetchmany`, so an endless recursive CTE stops there) and the
+  observation is cut at `max_chars`; one statement per call; errors come back as `Error: ...` text.
+
+`Sandbox` runs that database in a worker process of its own (this file, run as a script), so what
+the first layer cannot bound stays out of the caller's process:
+- memory: the worker's address space is capped at `max_memory_bytes` (RLIMIT_AS) and SQLite's heap
+  at half of it, so sorting or DISTINCT over an endless query fails with "out of memory";
+- time inside one C call (the progress handler runs only between VM instructions): a statement not
+  answered `_KILL_GRACE_S` after its timeout has its worker killed;
+- crashes: a worker that dies takes only its own process down.
+After a kill or a crash the episode goes on: a fresh worker rebuilds the table and replays the
+statements that had changed it, so the failed statement is undone as SQLite undoes a failed statement.
+`InProcessSandbox` alone (same rules, no process) serves trusted SQL: reference statements, labels.
 
 Results are shown as AgentBench's DBBench shows MySQL results: Python's `str` of the row tuples,
-`[('March 19, 1998',)]`, with `[TRUNCATED]` after a cut.
+`[('March 19, 1998',)]`, cut after `max_chars` characters with `[TRUNCATED]`, which also follows
+whenever rows were left out.
 """
 
 from __future__ import annotations
 
+import json
 import math
+import os
+import select
+import signal
 import sqlite3
+import subprocess
+import sys
+import threading
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
 TRUNCATED = "[TRUNCATED]"
 _PROGRESS_OPS = 1000  # SQLite VM instructions between two deadline checks
-_DENIED_ACTIONS = {sqlite3.SQLITE_ATTACH: "ATTACH", sqlite3.SQLITE_DETACH: "DETACH", sqlite3.SQLITE_PRAGMA: "PRAGMA"}
-_DENIED_FUNCTIONS = {"load_extension"}
+_KILL_GRACE_S = 1.0  # how long past query_timeout_s a worker may stay silent before it is killed
+_START_TIMEOUT_S = 60.0  # a worker's start and table build (a loaded machine can be slow)
+
+ALLOWED_FUNCTIONS = frozenset({
+    # scalar and string
+    "abs", "changes", "char", "coalesce", "concat", "concat_ws", "glob", "hex", "ifnull", "iif", "instr",
+    "last_insert_rowid", "length", "like", "likelihood", "likely", "lower", "ltrim", "max", "min", "nullif",
+    "octet_length", "quote", "replace", "round", "rtrim", "sign", "substr", "substring", "total_changes", "trim",
+    "typeof", "unicode", "unlikely", "upper",
+    # date and time
+    "date", "datetime", "julianday", "strftime", "time", "timediff", "unixepoch",
+    # math
+    "acos", "acosh", "asin", "asinh", "atan", "atan2", "atanh", "ceil", "ceiling", "cos", "cosh", "degrees", "exp",
+    "floor", "ln", "log", "log10", "log2", "mod", "pi", "pow", "power", "radians", "sin", "sinh", "sqrt", "tan",
+    "tanh", "trunc",
+    # aggregate
+    "avg", "count", "group_concat", "string_agg", "sum", "total",
+    # window
+    "cume_dist", "dense_rank", "first_value", "lag", "last_value", "lead", "nth_value", "ntile", "percent_rank",
+    "rank", "row_number",
+})
+_SCHEMA_TABLES = ("sqlite_master", "sqlite_temp_master")
+_DML = {sqlite3.SQLITE_INSERT: "INSERT", sqlite3.SQLITE_UPDATE: "UPDATE", sqlite3.SQLITE_DELETE: "DELETE"}
+# Names for the error text of the authorizer actions that are always denied.
+_ACTION_NAMES = {
+    getattr(sqlite3, f"SQLITE_{name}"): name.replace("_", " ").replace("VTABLE", "VIRTUAL TABLE")
+    for name in ("CREATE_INDEX", "CREATE_TABLE", "CREATE_TEMP_INDEX", "CREATE_TEMP_TABLE", "CREATE_TEMP_TRIGGER",
+                 "CREATE_TEMP_VIEW", "CREATE_TRIGGER", "CREATE_VIEW", "DROP_INDEX", "DROP_TABLE",
+                 "DROP_TEMP_INDEX", "DROP_TEMP_TABLE", "DROP_TEMP_TRIGGER", "DROP_TEMP_VIEW", "DROP_TRIGGER",
+                 "DROP_VIEW", "PRAGMA", "TRANSACTION", "ATTACH", "DETACH", "ALTER_TABLE", "REINDEX", "ANALYZE",
+                 "CREATE_VTABLE", "DROP_VTABLE", "SAVEPOINT")}
 
 
 @dataclass(frozen=True)
@@ -51,13 +107,18 @@ class SandboxLimits:
     query_timeout_s: float = 2.0  # wall-clock budget of one statement, fetching included
     max_value_bytes: int = 100_000  # SQLITE_LIMIT_LENGTH: the longest string or blob a query may build
     max_db_bytes: int = 32 * 2**20  # main and temp database size each (pages of 4 KiB); then "database or disk is full"
+    max_like_pattern: int = 1000  # SQLITE_LIMIT_LIKE_PATTERN_LENGTH: bytes of a LIKE or GLOB pattern
+    max_memory_bytes: int = 256 * 2**20  # a Sandbox worker's address space; SQLite's heap gets half of it
 
     def __post_init__(self):
-        for key in ("max_rows", "max_chars", "max_value_bytes", "max_db_bytes"):
+        for key in ("max_rows", "max_chars", "max_value_bytes", "max_db_bytes", "max_like_pattern"):
             if getattr(self, key) < 1:
                 raise ValueError(f"{key} must be at least 1 (got {getattr(self, key)})")
         if not self.query_timeout_s > 0:
             raise ValueError(f"query_timeout_s must be > 0 seconds (got {self.query_timeout_s})")
+        if self.max_memory_bytes < 2 * self.max_db_bytes + 64 * 2**20:
+            raise ValueError(f"max_memory_bytes must hold the database twice over plus 64 MiB for the worker "
+                             f"(at least {2 * self.max_db_bytes + 64 * 2**20}, got {self.max_memory_bytes})")
 
 
 def quote_identifier(name: str) -> str:
@@ -80,8 +141,9 @@ def quote_literal(value) -> str:
     return repr(value)
 
 
-class Sandbox:
-    """An in-memory SQLite database holding one table, open until `close()`."""
+class InProcessSandbox:
+    """The locked-down in-memory database holding one table, in this process, open until `close()`.
+    For trusted SQL; model SQL goes through `Sandbox`, which runs this class in a worker process."""
 
     def __init__(self, table: Table, limits: SandboxLimits = SandboxLimits()):
         self.table, self.limits = table, limits
@@ -99,7 +161,7 @@ class Sandbox:
     def _create(self, table: Table) -> None:
         if not table.columns:
             raise ValueError(f"table {table.name!r} has no columns")
-        self.conn.execute("PRAGMA temp_store = MEMORY")  # sorts and temp tables never touch the disk
+        self.conn.execute("PRAGMA temp_store = MEMORY")  # sorts and temp data never touch the disk
         pages = max(1, self.limits.max_db_bytes // self.conn.execute("PRAGMA page_size").fetchone()[0])
         self.conn.execute(f"PRAGMA main.max_page_count = {pages}")
         self.conn.execute(f"PRAGMA temp.max_page_count = {pages}")
@@ -113,15 +175,26 @@ class Sandbox:
             self.conn.enable_load_extension(False)
         self.conn.setlimit(sqlite3.SQLITE_LIMIT_ATTACHED, 0)
         self.conn.setlimit(sqlite3.SQLITE_LIMIT_LENGTH, self.limits.max_value_bytes)
+        self.conn.setlimit(sqlite3.SQLITE_LIMIT_LIKE_PATTERN_LENGTH, self.limits.max_like_pattern)
+        self.conn.setlimit(sqlite3.SQLITE_LIMIT_WORKER_THREADS, 0)
         self.conn.set_authorizer(self._authorize)
         self.conn.set_progress_handler(self._past_deadline, _PROGRESS_OPS)
 
     def _authorize(self, action: int, arg1, arg2, db_name, trigger) -> int:
-        what = _DENIED_ACTIONS.get(action)
-        if what is None and action == sqlite3.SQLITE_FUNCTION and str(arg2).lower() in _DENIED_FUNCTIONS:
-            what = f"{arg2}()"
-        if what is None:
+        """SQLITE_OK for what the module docstring allows, SQLITE_DENY (remembering what) for the rest."""
+        if action in (sqlite3.SQLITE_SELECT, sqlite3.SQLITE_READ, sqlite3.SQLITE_RECURSIVE):
             return sqlite3.SQLITE_OK
+        if action == sqlite3.SQLITE_FUNCTION:
+            if str(arg2).lower() in ALLOWED_FUNCTIONS:
+                return sqlite3.SQLITE_OK
+            what = f"{arg2}()"
+        elif action in _DML:
+            if arg1 == self.table.name and db_name == "main":
+                return sqlite3.SQLITE_OK
+            # CREATE, DROP and ALTER write the schema table before SQLite asks about the statement itself.
+            what = "changing the schema" if arg1 in _SCHEMA_TABLES else f"{_DML[action]} on {arg1}"
+        else:
+            what = _ACTION_NAMES.get(action, f"SQLite action {action}")
         self._denied = what
         return sqlite3.SQLITE_DENY
 
@@ -130,6 +203,10 @@ class Sandbox:
 
     def run(self, sql: str) -> str:
         """The observation for one model-written statement: its rows as text, or `Error: ...`."""
+        return self.execute(sql)[0]
+
+    def execute(self, sql: str) -> tuple[str, bool]:
+        """(the observation for `sql`, whether it ran without an error)."""
         self._denied = None
         self._deadline = time.monotonic() + self.limits.query_timeout_s
         cursor = self.conn.cursor()
@@ -137,32 +214,38 @@ class Sandbox:
             cursor.execute(sql)
             rows = cursor.fetchmany(self.limits.max_rows + 1) if cursor.description else []
         except Exception as e:  # the model's SQL may fail in any way; it must never end the episode
-            return self._error_text(e)
+            return self._error_text(e), False
         finally:
             self._deadline = math.inf
             cursor.close()
-        return self._render(rows)
+        return self._render(rows), True
 
     def _error_text(self, e: Exception) -> str:
         message = str(e)
         if message == "interrupted":
             return f"Error: query timed out after {self.limits.query_timeout_s:g} s and was stopped"
-        if self._denied and ("not authorized" in message or "authorization denied" in message):
+        if self._denied:  # a denial always fails the statement, whatever SQLite's message says
             return f"Error: not authorized: {self._denied} is disabled in this sandbox"
         if "one statement at a time" in message:
             return "Error: only one SQL statement can run per turn"
+        if isinstance(e, MemoryError) or message == "out of memory":
+            return "Error: out of memory"
         return _cut(f"Error: {message}", self.limits.max_chars)
 
     def _render(self, rows: list[tuple]) -> str:
-        # Built row by row, so a huge result never becomes one huge string.
-        limit, parts, size = self.limits.max_chars, [], 1
-        for row in rows[: self.limits.max_rows]:
-            parts.append(repr(row))
-            size += len(parts[-1]) + 2
+        """str(rows), as AgentBench prints a MySQL result: longer than max_chars, it is cut there and
+        [TRUNCATED] follows; rows beyond max_rows (not fetched) also earn the marker."""
+        limit, shown = self.limits.max_chars, rows[: self.limits.max_rows]
+        parts, size = ["["], 1
+        for i, row in enumerate(shown):  # built row by row, so a huge result never becomes one huge string
+            parts.append((", " if i else "") + repr(row))
+            size += len(parts[-1])
             if size > limit:
                 break
-        text = _cut("[" + ", ".join(parts) + "]", limit)
-        if len(rows) > self.limits.max_rows and not text.endswith(TRUNCATED):
+        else:
+            parts.append("]")
+        text = _cut("".join(parts), limit)
+        if len(rows) > len(shown) and not text.endswith(TRUNCATED):
             text += f" {TRUNCATED} (more than {self.limits.max_rows} rows)"
         return text
 
@@ -175,12 +258,12 @@ class Sandbox:
             self._deadline = math.inf
 
     def table_rows(self, max_rows: int = 100_000) -> list[tuple] | None:
-        """The task table's rows, its columns in their original order; None when the table cannot be
-        read (dropped, a column renamed) or holds more than `max_rows` rows."""
+        """The task table's rows in the `main` schema, its columns in their original order; None when
+        the table cannot be read or holds more than `max_rows` rows."""
         columns = ", ".join(quote_identifier(c) for c in self.table.column_names)
         self._deadline = time.monotonic() + self.limits.query_timeout_s
         try:
-            cursor = self.conn.execute(f"SELECT {columns} FROM {quote_identifier(self.table.name)}")
+            cursor = self.conn.execute(f"SELECT {columns} FROM main.{quote_identifier(self.table.name)}")
             rows = cursor.fetchmany(max_rows + 1)
             cursor.close()
         except sqlite3.Error:
@@ -192,12 +275,200 @@ class Sandbox:
     def close(self) -> None:
         self.conn.close()
 
-    def __enter__(self) -> Sandbox:
+    def __enter__(self) -> InProcessSandbox:
         return self
 
     def __exit__(self, *exc) -> None:
         self.close()
 
 
+class Sandbox:
+    """`InProcessSandbox` in a worker process of its own (see the module docstring), open until `close()`.
+    Every method may be called from any one thread at a time."""
+
+    def __init__(self, table: Table, limits: SandboxLimits = SandboxLimits()):
+        if not table.columns:
+            raise ValueError(f"table {table.name!r} has no columns")
+        self.table, self.limits = table, limits
+        self._setup = json.dumps({"table": [table.name, table.columns, table.rows], "limits": asdict(limits)})
+        self._replay: list[str] = []  # statements that changed the database, in order
+        self._lost = False  # a fresh worker could not rebuild the database
+        self._lock = threading.Lock()
+        self.process: subprocess.Popen | None = None
+        self._pending = b""  # bytes the worker wrote after its last reply line
+        self._ready = self._closed = False
+        self._start()
+
+    def _start(self) -> None:
+        """Start a worker and send it the table; its reply is read by the next request (`_wait_ready`),
+        so many sandboxes start side by side."""
+        # -I -S: the worker imports the standard library only (no site-packages, no PYTHONPATH).
+        self.process = subprocess.Popen([sys.executable, "-I", "-S", os.path.abspath(__file__)],
+                                        stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+        self._pending, self._ready = b"", False
+        self.process.stdin.write(self._setup.encode() + b"\n")
+        self.process.stdin.flush()
+
+    def _wait_ready(self) -> None:
+        if self._ready:
+            return
+        reply, why = self._reply(time.monotonic() + _START_TIMEOUT_S)
+        if reply is None or "error" in reply:
+            self._stop()
+            detail = reply["error"] if reply else f"no answer in {_START_TIMEOUT_S:g} s" if why == "timeout" else why
+            raise RuntimeError(f"the SQL sandbox worker could not build table {self.table.name!r}: {detail}")
+        self._ready = True
+
+    def run(self, sql: str) -> str:
+        """The observation for one model-written statement: its rows as text, or `Error: ...`."""
+        with self._lock:
+            self._check_open()
+            if self._lost:
+                return "Error: the database was lost when its worker process failed; no query can run"
+            self._wait_ready()
+            reply, why = self._request(json.dumps({"sql": sql}), self._deadline())
+            if reply is None:
+                self._recover()
+                if why == "timeout":
+                    return f"Error: query timed out after {self.limits.query_timeout_s:g} s and was stopped"
+                return f"Error: the query crashed the database process ({why}); the table is as it was before it"
+            if reply["ok"] and reply["changed"]:
+                self._replay.append(sql)
+            return reply["text"]
+
+    def table_rows(self, max_rows: int = 100_000) -> list[tuple] | None:
+        """The task table's rows in the `main` schema (see `InProcessSandbox.table_rows`); None also
+        when the worker fails to answer."""
+        with self._lock:
+            self._check_open()
+            if self._lost:
+                return None
+            self._wait_ready()
+            reply, _ = self._request(json.dumps({"rows": max_rows}), self._deadline())
+            if reply is None:
+                self._recover()
+                return None
+            if reply["rows"] is None:
+                return None
+            return [tuple(bytes.fromhex(v["blob"]) if isinstance(v, dict) else v for v in row) for row in reply["rows"]]
+
+    def _deadline(self) -> float:
+        return time.monotonic() + self.limits.query_timeout_s + _KILL_GRACE_S
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise RuntimeError("this Sandbox is closed; make a new one")
+
+    def _request(self, line: str, deadline: float) -> tuple[dict | None, str]:
+        """Send one request line; the reply as `_reply` reads it."""
+        try:
+            self.process.stdin.write(line.encode() + b"\n")
+            self.process.stdin.flush()
+        except OSError:  # a broken pipe: the worker is gone; _reply reads what it left and reaps it
+            pass
+        return self._reply(deadline)
+
+    def _reply(self, deadline: float) -> tuple[dict | None, str]:
+        """(the worker's next reply, ""), or (None, why) once the worker is gone: "timeout" when it
+        had not answered by `deadline` and was killed, "signal 11" or "exit status 1" when it died."""
+        chunks = [self._pending]
+        readable = select.poll()  # not select.select: a trainer may hold more than 1024 open files
+        readable.register(self.process.stdout, select.POLLIN)
+        while b"\n" not in chunks[-1]:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0 or not readable.poll(math.ceil(remaining * 1000)):
+                self._stop()
+                return None, "timeout"
+            chunks.append(os.read(self.process.stdout.fileno(), 1 << 20))
+            if not chunks[-1]:  # end of file: the worker died
+                code = self._stop()
+                return None, f"signal {-code}" if code < 0 else f"exit status {code}"
+        reply, self._pending = b"".join(chunks).split(b"\n", 1)
+        return json.loads(reply), ""
+
+    def _recover(self) -> None:
+        """A fresh worker with the table as it was before the failed statement; `_lost` if that fails."""
+        try:
+            self._start()
+            self._wait_ready()
+        except (OSError, RuntimeError):
+            self._lost = True
+            return
+        for sql in self._replay:
+            reply, _ = self._request(json.dumps({"sql": sql}), self._deadline())
+            if reply is None or not reply["ok"]:
+                self._stop()
+                self._lost = True
+                return
+
+    def _stop(self) -> int:
+        """Kill the worker (if still running) and reap it; returns its exit code."""
+        process, self.process = self.process, None
+        if process is None:
+            return 0
+        process.kill()
+        for pipe in (process.stdin, process.stdout):
+            try:
+                pipe.close()
+            except OSError:
+                pass
+        return process.wait()
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            self._stop()
+
+    def __enter__(self) -> Sandbox:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __del__(self):
+        if getattr(self, "process", None) is not None:
+            try:
+                self._stop()
+            except Exception:  # at interpreter exit the modules it needs may be gone; the worker ends on EOF
+                pass
+
+
+def _serve() -> None:
+    """The worker's loop: a setup line, then one JSON request a line, one JSON reply a line."""
+    import resource
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is for the parent, which closes the pipe
+    setup = json.loads(sys.stdin.readline())
+    limits = SandboxLimits(**setup["limits"])
+    name, columns, rows = setup["table"]
+    resource.setrlimit(resource.RLIMIT_AS, (limits.max_memory_bytes, limits.max_memory_bytes))
+    sqlite3.connect(":memory:").execute(f"PRAGMA hard_heap_limit = {limits.max_memory_bytes // 2}")  # process-wide
+    try:
+        db = InProcessSandbox(Table(name, tuple(map(tuple, columns)), tuple(map(tuple, rows))), limits)
+    except Exception as e:
+        _reply({"error": f"{type(e).__name__}: {e}"})
+        return
+    _reply({"ready": True})
+    for line in sys.stdin:
+        request = json.loads(line)
+        if "sql" in request:
+            before = db.conn.total_changes
+            text, ok = db.execute(request["sql"])
+            _reply({"text": text, "ok": ok, "changed": db.conn.total_changes != before})
+        else:
+            table = db.table_rows(request["rows"])
+            _reply({"rows": None if table is None else
+                    [[{"blob": v.hex()} if isinstance(v, bytes) else v for v in row] for row in table]})
+
+
+def _reply(message: dict) -> None:
+    sys.stdout.write(json.dumps(message) + "\n")
+    sys.stdout.flush()
+
+
 def _cut(text: str, max_chars: int) -> str:
     return text if len(text) <= max_chars else text[:max_chars] + TRUNCATED
+
+
+if __name__ == "__main__":
+    _serve()
