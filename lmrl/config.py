@@ -22,7 +22,7 @@ from typing import Any, Sequence
 import yaml
 
 from .config_schema import (  # noqa: F401  (re-exported: `from lmrl.config import TrainConfig`)
-    PRESET_DIR, PRESET_ALIASES, ALGORITHMS, TRAINERS, ConfigError, _f,
+    PRESET_DIR, PRESET_ALIASES, TRAINERS, ConfigError, arithmetic_seq_len, suggest,
     RunConfig, ModelConfig, TaskConfig, EnvConfig, LoraConfig, RewardConfig,
     SFTConfig, DataConfig, DPOConfig, AlgoConfig, OptimConfig, ScheduleConfig,
     TrainConfig, EvalConfig, RolloutConfig, DistributedConfig, Config,
@@ -81,6 +81,13 @@ def load_config(source: str | Path | None = None, overrides: Sequence[str] = ())
     return cfg
 
 
+def validate(cfg: Config) -> None:
+    """Raises a ConfigError with the config's first problem (see `lmrl.config_schema`), or returns."""
+    problems = cfg.problems()
+    if problems:
+        raise ConfigError(problems[0])
+
+
 def _override_value(raw: str):
     """A command-line value read as YAML (3e-4, true, [a, b]); text that is not valid YAML, or that
     YAML reads as a mapping (`{prompt} ...`), stays the string it was typed as."""
@@ -127,21 +134,16 @@ def _set(cfg: Config, dotted: str, value: Any, where: str) -> None:
     section, _, key = dotted.partition(".")
     sections = [f.name for f in dataclasses.fields(Config)]
     if section not in sections:
-        raise ConfigError(f"unknown section {section!r} in {where}{_suggest(section, sections)}")
+        raise ConfigError(f"unknown section {section!r} in {where}{suggest(section, sections)}")
     sub = getattr(cfg, section)
     keys = [f.name for f in dataclasses.fields(sub)]
     if not key:
         raise ConfigError(f"{where}: {section!r} is a section; set a key such as {section}.{keys[0]}")
     if key not in keys:
         full = [f"{s}.{f.name}" for s in sections for f in dataclasses.fields(getattr(cfg, s))]
-        raise ConfigError(f"unknown key {dotted!r} in {where}{_suggest(dotted, full)}")
+        raise ConfigError(f"unknown key {dotted!r} in {where}{suggest(dotted, full)}")
     ftype = typing.get_type_hints(type(sub))[key]
     setattr(sub, key, _coerce(value, ftype, dotted, where))
-
-
-def _suggest(name: str, options: list[str]) -> str:
-    near = difflib.get_close_matches(name, options, n=1, cutoff=0.5)
-    return f"; did you mean {near[0]!r}?" if near else ""
 
 
 def _coerce(value: Any, ftype, key: str, where: str):
@@ -194,5 +196,3 @@ def MultiplierRLConfig(*overrides: str) -> Config:
     """The `multiplier` preset: 6 layers, 8 heads, 256 dims, 2-digit multiplication."""
     return load_config("multiplier", overrides)
 
-
-from .config_checks import arithmetic_seq_len, validate  # noqa: E402  (the checks read the classes above)

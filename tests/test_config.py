@@ -59,7 +59,7 @@ def test_base_inheritance_and_yaml_round_trip(tmp_path):
     (["task.use_format=maybe"], "task.use_format must be true or false, got 'maybe'"),
     (["train.steps"], "override 'train.steps' must look like section.key=value"),
     (["task.ndigit=40"], "task.ndigit=40 needs 123 positions but model.n_position is 64"),
-    (["algo.name=reinforc"], "algo.name='reinforc' is not one of reinforce, rloo, grpo, ppo; did you mean 'reinforce'?"),
+    (["algo.name=reinforc"], "algo.name='reinforc' is not one of reinforce, grpo, rloo, ppo; did you mean 'reinforce'?"),
     (["train.rollout_size=10", "train.ga_steps=3"], "must be divisible by train.ga_steps=3"),
     (["sft.examples=0"], "sft.steps > 0 needs sft.examples > 0"),
     (["task.reward=per_step"], "task.reward=per_step checks scratchpad steps: it needs task.scratchpad=true"),
@@ -92,3 +92,49 @@ def test_errors_in_a_yaml_file_name_the_file(tmp_path):
 def test_a_label_budget_larger_than_the_training_split_is_refused():
     with pytest.raises(ConfigError, match="sft.examples=9500 is more than the 9000 training problems of ndigit=2"):
         load_config("multiplier", ["sft.examples=9500"])
+
+
+@pytest.mark.parametrize("key, registry", [
+    ("algo.name", "lmrl.algos:ALGORITHMS"),
+    ("algo.adv_mode", "lmrl.algos.advantages:GROUP_MODES"),
+    ("algo.loss_level", "lmrl.algos.losses:LOSS_LEVELS"),
+    ("algo.kl_estimator", "lmrl.algos.losses:KL_ESTIMATORS"),
+    ("dpo.loss_type", "lmrl.algos.preference_losses:DPO_LOSS_TYPES"),
+    ("task.name", "lmrl.tasks:TASKS"),
+    ("task.reward", "lmrl.tasks.arithmetic:REWARDS"),
+    ("schedule.name", "lmrl.schedules:SCHEDULES"),
+    ("rollout.engine", "lmrl.rollout.engine:ENGINES"),
+])
+def test_a_choice_key_takes_its_choices_from_the_implementing_modules_registry(key, registry):
+    import importlib
+
+    module, name = registry.split(":")
+    names = list(getattr(importlib.import_module(module), name))
+    with pytest.raises(ConfigError) as e:
+        load_config(None, [f"{key}={names[-1]}x"])
+    assert str(e.value) == f"{key}='{names[-1]}x' is not one of {', '.join(names)}; did you mean '{names[-1]}'?"
+
+
+def test_every_schedule_in_the_registry_is_a_valid_schedule_name():
+    from lmrl.schedules import SCHEDULES
+
+    for name in SCHEDULES:
+        assert load_config("adder", [f"schedule.name={name}"]).schedule.name == name
+
+
+def test_an_algorithm_states_its_own_requirements():
+    with pytest.raises(ConfigError, match="algo.name=reinforce makes one on-policy update per rollout"):
+        load_config("adder", ["algo.minibatch_size=64"])
+    with pytest.raises(ConfigError, match="algo.name=ppo needs a value model"):
+        load_config("adder", ["algo.name=ppo"])
+    assert load_config("adder", ["algo.name=grpo", "algo.adv_mode=raw"]).algo.group_size == 1  # A = r needs no group
+
+
+def test_the_config_layer_imports_no_trainer_and_light_modules_no_torch():
+    import subprocess
+    import sys
+
+    probe = ("import sys, lmrl.tasks.math_reward; light = 'torch' not in sys.modules; import lmrl.config; "
+             "print(light, any(m.startswith('lmrl.train') for m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout.split()
+    assert out == ["True", "False"]

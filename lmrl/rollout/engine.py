@@ -154,18 +154,29 @@ class ThreadEngine:
         self._pool.shutdown(wait=True, cancel_futures=True)
 
 
-def make_engine(trainer) -> RolloutEngine:
-    """The engine `trainer.config` asks for: Ray workers (`rollout.workers` > 0), vLLM
-    (`rollout.engine: vllm`), a background copy (`rollout.overlap`), else the learner's own policy."""
-    cfg = trainer.config
-    if cfg.rollout.workers > 0:
-        from ..distributed.ray_engine import RayRolloutEngine
-
-        return RayRolloutEngine(trainer)
-    if cfg.rollout.engine == "vllm":
-        from .vllm_engine import VLLMEngine
-
-        return VLLMEngine(trainer)
-    if cfg.rollout.overlap:
+def _local_engine(trainer) -> RolloutEngine:
+    """The learner's own policy; with `rollout.overlap`, a copy of it in a background thread."""
+    if trainer.config.rollout.overlap:
         return ThreadEngine(trainer.task, trainer.model)
     return LocalEngine(trainer.task, trainer.model)
+
+
+def _vllm_engine(trainer) -> RolloutEngine:
+    from .vllm_engine import VLLMEngine  # the vllm extra's module (it imports this one)
+
+    return VLLMEngine(trainer)
+
+
+# `rollout.engine` name -> the function that builds it from the trainer; the config check reads this.
+ENGINES = {"local": _local_engine, "vllm": _vllm_engine}
+
+
+def make_engine(trainer) -> RolloutEngine:
+    """The engine `trainer.config` asks for: Ray workers (`rollout.workers` > 0), else the one
+    `rollout.engine` names in `ENGINES`."""
+    cfg = trainer.config
+    if cfg.rollout.workers > 0:
+        from ..distributed.ray_engine import RayRolloutEngine  # the ray extra
+
+        return RayRolloutEngine(trainer)
+    return ENGINES[cfg.rollout.engine](trainer)

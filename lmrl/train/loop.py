@@ -37,7 +37,7 @@ from .evaluate import evaluate
 from .guarded_step import TrainingError, guarded_step  # noqa: F401  (TrainingError: re-exported)
 from .rewards import RewardFn, load_reward_class
 from .run_dir import RunLog, prepare_run_dir
-from .schedule import make_scheduler
+from ..schedules import make_scheduler
 
 
 class RLTrainer:

@@ -37,7 +37,7 @@ from ..distributed.ddp import barrier, broadcast_object, init_distributed
 from . import checkpoint as ckpt
 from .guarded_step import guarded_step
 from .run_dir import RunLog, prepare_run_dir
-from .schedule import make_scheduler
+from ..schedules import make_scheduler
 
 
 def free_memory(device: torch.device) -> None:
