@@ -69,14 +69,23 @@ def _read_yaml(path: Path, seen: tuple = ()) -> list[tuple[dict, str]]:
 def load_config(source: str | Path | None = None, overrides: Sequence[str] = ()) -> Config:
     """A validated Config from a preset name / alias / YAML path (None = defaults) plus overrides."""
     cfg = Config()
-    if source is not None:
-        for data, where in _read_yaml(_preset_path(source)):
-            _apply_mapping(cfg, data, where)
+    set_in: dict[str, int] = {}  # dotted key -> the last layer (base presets first, overrides last) setting it
+    layers = _read_yaml(_preset_path(source)) if source is not None else []
+    for i, (data, where) in enumerate(layers):
+        set_in.update(dict.fromkeys(_apply_mapping(cfg, data, where), i))
     for item in overrides:
         key, sep, raw = item.partition("=")
         if not sep or not key:
             raise ConfigError(f"override {item!r} must look like section.key=value")
         _set(cfg, key.strip(), _override_value(raw), f"override {item}")
+        set_in[key.strip()] = len(layers)
+    # An offline config built on an RL preset (base: sql-agent-smollm2, run.trainer: sft) inherits its
+    # train.steps, RL updates that mean nothing to an offline trainer (and an RL config on an offline
+    # base its train.max_steps): back to the default, so that validation refuses only the other kind's
+    # step count set with or after the trainer.
+    other = "steps" if cfg.run.trainer != "rl" else "max_steps"
+    if set_in.get(f"train.{other}", -1) < set_in.get("run.trainer", -1):
+        setattr(cfg.train, other, getattr(TrainConfig, other))
     validate(cfg)
     return cfg
 
@@ -121,13 +130,17 @@ def save_config(cfg: Config, path: str | Path) -> None:
     os.replace(tmp, path)
 
 
-def _apply_mapping(cfg: Config, data: dict, where: str) -> None:
+def _apply_mapping(cfg: Config, data: dict, where: str) -> list[str]:
+    """Sets each section.key of `data`; returns the dotted keys set."""
+    done = []
     for section, values in data.items():
         if not isinstance(values, dict):
             _set(cfg, str(section), values, where)  # reports an unknown section or a bare key
             continue
         for key, value in values.items():
             _set(cfg, f"{section}.{key}", value, where)
+            done.append(f"{section}.{key}")
+    return done
 
 
 def _set(cfg: Config, dotted: str, value: Any, where: str) -> None:

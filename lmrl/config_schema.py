@@ -228,7 +228,7 @@ class SFTConfig(Section):
     steps: int = _f(0, "warm-up steps (0 = no warm-up)", ge=0)
     examples: int = _f(0, "distinct labeled problems the warm-up may see", ge=0)
     batch_size: int = _f(256, "warm-up batch size (summed over ranks)", ge=1)
-    lr: float = _f(1e-3, "warm-up peak learning rate (cosine decay to schedule.min_lr_ratio)", gt=0)
+    lr: float = _f(1e-3, "warm-up peak learning rate (cosine decay to schedule.min_lr_ratio)", ge=0)
     weight_decay: float = _f(0.01, "warm-up AdamW weight decay", ge=0)
     warmup_steps: int = _f(0, "linear LR warm-up steps of the warm-up stage", ge=0)
 
@@ -253,7 +253,7 @@ class DataConfig(Section):
     max_length: int = _f(256, "tokens per prompt + response; longer rows are cut (the prompt's start first) and counted",
                          ge=2)
     batch_size: int = _f(16, "rows (pairs) per optimizer step, summed over ranks and accumulation micro-batches", ge=1)
-    epochs: float = _f(1.0, "passes over train_file when train.steps is 0", gt=0)
+    epochs: float = _f(1.0, "passes over train_file when train.max_steps is 0", gt=0)
     chat: bool = _f(True, "hf: put a plain-text prompt in the tokenizer's chat template as a user message")
     eval_size: int = _f(0, "held-out rows evaluated (0 = all of eval_file)", ge=0)
 
@@ -311,7 +311,7 @@ class AlgoConfig(Section):
 
 @dataclass
 class OptimConfig(Section):
-    lr: float = _f(1e-4, "RL peak learning rate", gt=0)
+    lr: float = _f(1e-4, "peak learning rate (RL, and the offline trainers)", ge=0)
     weight_decay: float = _f(0.01, "AdamW weight decay", ge=0)
     betas: list = _f([0.9, 0.99], "AdamW betas [beta1, beta2]")
     eps: float = _f(1e-8, "AdamW epsilon", gt=0)
@@ -335,7 +335,9 @@ class ScheduleConfig(Section):
 
 @dataclass
 class TrainConfig(Section):
-    steps: int = _f(200, "RL updates", ge=0)
+    steps: int = _f(200, "RL updates (run.trainer=rl; the offline trainers count train.max_steps)", ge=0)
+    max_steps: int = _f(0, "offline trainers (sft, dpo, reward): optimizer steps (0 = data.epochs passes over "
+                           "data.train_file)", ge=0)
     rollout_size: int = _f(256, "completions sampled per update (summed over ranks)", ge=1)
     temperature: float = _f(1.0, "sampling temperature", gt=0)
     top_k: int = _f(0, "sample from the k most likely tokens (0 = off)", ge=0)
@@ -450,6 +452,9 @@ def cross_section_problems(cfg: Config) -> list[str]:
         rules = common + _offline_rules(cfg)
     else:
         task = _arithmetic_rules(cfg) if cfg.task.name in ARITHMETIC_TASKS else _text_task_rules(cfg)
+        steps = cfg.train.max_steps
+        common.append((steps == TrainConfig.max_steps, f"train.max_steps={steps} counts the offline trainers' "
+                                                       f"optimizer steps; run.trainer=rl counts RL updates in train.steps"))
         rules = task + common + _sql_env_rules(cfg, cfg.task.name == "sql") + _rl_batch_rules(cfg) + _scale_rules(cfg)
     return [msg for ok, msg in rules if not ok]
 
@@ -506,7 +511,10 @@ def _offline_rules(cfg: Config) -> list[tuple[bool, str]]:
     """run.trainer = sft | dpo | reward: a model, data files, and the trainer's own options."""
     d, m, trainer = cfg.data, cfg.model, cfg.run.trainer
     demos = d.generate == "sql-demos"  # solved episodes played in the env section
+    steps = cfg.train.steps
     return [
+        (steps == TrainConfig.steps, f"train.steps={steps} counts RL updates; run.trainer={trainer} counts optimizer "
+                                     f"steps in train.max_steps (0 = data.epochs passes): set train.max_steps={steps}"),
         (bool(d.train_file), f"run.trainer={trainer} reads data.train_file (JSONL); set it (data.generate="
                              f"preferences writes synthetic pairs offline)"),
         (trainer != "reward" or m.type == "hf", "run.trainer=reward trains a Hugging Face model: set model.type=hf "

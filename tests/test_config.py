@@ -138,3 +138,32 @@ def test_the_config_layer_imports_no_trainer_and_light_modules_no_torch():
              "print(light, any(m.startswith('lmrl.train') for m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout.split()
     assert out == ["True", "False"]
+
+
+def test_offline_trainers_count_optimizer_steps_in_max_steps_and_refuse_train_steps():
+    dpo = load_config("dpo-smollm2")
+    assert dpo.train.max_steps == 40 and dpo.train.steps == 200  # train.steps (RL updates) left at its default
+    with pytest.raises(ConfigError) as e:
+        load_config("dpo-smollm2", ["train.steps=10"])
+    assert str(e.value) == ("train.steps=10 counts RL updates; run.trainer=dpo counts optimizer steps in "
+                            "train.max_steps (0 = data.epochs passes): set train.max_steps=10")
+    with pytest.raises(ConfigError, match="train.max_steps=3 counts the offline trainers' optimizer steps; "
+                                          "run.trainer=rl counts RL updates in train.steps"):
+        load_config("adder", ["train.max_steps=3"])
+
+
+def test_an_offline_preset_on_an_rl_base_drops_the_bases_rl_updates(tmp_path):
+    # sql-sft-smollm2 is `base: sql-agent-smollm2` (train.steps: 20) with run.trainer: sft
+    assert load_config("sql-sft-smollm2").train.steps == 200
+    with pytest.raises(ConfigError, match="train.steps=5 counts RL updates; run.trainer=sft"):
+        load_config("sql-sft-smollm2", ["train.steps=5"])
+    path = tmp_path / "mine.yaml"
+    path.write_text("base: dpo-smollm2\ntrain:\n  steps: 7\n")  # set in the offline config itself
+    with pytest.raises(ConfigError, match="train.steps=7 counts RL updates"):
+        load_config(path)
+    path.write_text("base: sql-sft-smollm2\nrun:\n  trainer: rl\n")  # and back: RL on the offline preset
+    cfg = load_config(path)
+    assert (cfg.train.steps, cfg.train.max_steps) == (20, 0)  # sql-agent's RL updates count again
+    path.write_text("base: dpo-smollm2\nrun:\n  trainer: rl\n")
+    rl = load_config(path, ["model.path=x", "task.name=math", "task.train_file=a", "task.test_file=b"])
+    assert rl.train.max_steps == 0  # dpo-smollm2's max_steps: 40 dropped

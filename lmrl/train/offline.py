@@ -125,8 +125,8 @@ class OfflineTrainer:
     @property
     def total_steps(self) -> int:
         cfg = self.config
-        if cfg.train.steps:
-            return cfg.train.steps
+        if cfg.train.max_steps:
+            return cfg.train.max_steps
         return max(1, math.ceil(cfg.data.epochs * len(self.train_rows) / cfg.data.batch_size))
 
     def train(self) -> dict:
