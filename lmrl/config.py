@@ -50,14 +50,56 @@ def _preset_path(source: str | Path) -> Path:
     raise ConfigError(f"unknown preset {source!r}{hint} (available: {', '.join(list_presets())})")
 
 
+class _DuplicateKey(Exception):
+    def __init__(self, key, line: int, first: int):
+        super().__init__(key)
+        self.key, self.line, self.first = key, line, first
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """PyYAML's safe loader, except that a mapping holding a key twice is an error (PyYAML keeps
+    the last value without a word, so a repeated section or key would silently drop the first)."""
+
+    def construct_mapping(self, node, deep=False):
+        if isinstance(node, yaml.MappingNode):
+            first_line = {}
+            for key_node, _ in node.value:
+                if key_node.tag == "tag:yaml.org,2002:merge":  # `<<: *anchor` merges, it repeats nothing
+                    continue
+                key = self.construct_object(key_node, deep=True)
+                line = key_node.start_mark.line + 1
+                if key in first_line:
+                    raise _DuplicateKey(key, line, first_line[key])
+                first_line[key] = line
+        return super().construct_mapping(node, deep=deep)
+
+
 def _read_yaml(path: Path, seen: tuple = ()) -> list[tuple[dict, str]]:
     """The layers of a YAML config, base presets first, each with its file name for errors."""
     if path.resolve() in seen:
         raise ConfigError(f"{path}: 'base' presets form a cycle")
     try:
-        data = yaml.safe_load(path.read_text()) or {}
+        raw = path.read_bytes()
+    except OSError as e:
+        raise ConfigError(f"{path}: cannot read the config file: {e.strerror or e}") from None
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = raw[:e.start].count(b"\n") + 1
+        raise ConfigError(f"{path}:{line}: not UTF-8 text ({e.reason} at byte {e.start})") from None
+    try:
+        data = yaml.load(text, Loader=_UniqueKeyLoader) or {}
+    except _DuplicateKey as e:
+        raise ConfigError(f"{path}:{e.line}: key {e.key!r} appears twice in one mapping (first on line {e.first}); "
+                          f"YAML would keep only the last") from None
+    except yaml.MarkedYAMLError as e:
+        mark = e.problem_mark or e.context_mark
+        where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark else str(path)
+        raise ConfigError(f"{where}: not valid YAML: {e.problem or e.context}") from None
     except yaml.YAMLError as e:
-        raise ConfigError(f"{path}: not valid YAML: {e}") from None
+        raise ConfigError(f"{path}: not valid YAML: {' '.join(str(e).split())}") from None
+    except RecursionError:
+        raise ConfigError(f"{path}: not valid YAML: nested too deeply to read") from None
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: expected a mapping of sections, got {type(data).__name__}")
     layers = []

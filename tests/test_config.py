@@ -83,7 +83,7 @@ def test_errors_in_a_yaml_file_name_the_file(tmp_path):
                                           r"'train.rollout_size'\?"):
         load_config(path)
     path.write_text("train: [1, 2\n")
-    with pytest.raises(ConfigError, match=rf"{path}: not valid YAML"):
+    with pytest.raises(ConfigError, match=rf"^{path}:2:1: not valid YAML: expected ',' or '\]', but got '<stream end>'$"):
         load_config(path)
     with pytest.raises(ConfigError, match="does not exist"):
         load_config(tmp_path / "missing.yaml")
@@ -167,3 +167,51 @@ def test_an_offline_preset_on_an_rl_base_drops_the_bases_rl_updates(tmp_path):
     path.write_text("base: dpo-smollm2\nrun:\n  trainer: rl\n")
     rl = load_config(path, ["model.path=x", "task.name=math", "task.train_file=a", "task.test_file=b"])
     assert rl.train.max_steps == 0  # dpo-smollm2's max_steps: 40 dropped
+
+
+@pytest.mark.parametrize("override, message", [
+    ("algo.group_size=0", "algo.group_size must be >= 1, got 0"),  # divided by in the checks before
+    ("train.ga_steps=0", "train.ga_steps must be >= 1, got 0"),
+    ("model.n_head=0", "model.n_head must be >= 1, got 0"),
+    ("model.n_embd=-8", "model.n_embd must be >= 1, got -8"),
+    ("eval.batch_size=0", "eval.batch_size must be >= 1, got 0"),
+    ("sft.batch_size=0", "sft.batch_size must be >= 1, got 0"),  # trained on empty batches, every loss NaN
+    ("data.batch_size=0", "data.batch_size must be >= 1, got 0"),
+    ("optim.lr=nan", "optim.lr must be a finite number, got nan"),
+    ("optim.lr=.inf", "optim.lr must be a finite number, got inf"),
+    ("optim.lr=-1e-4", "optim.lr must be >= 0, got -0.0001"),
+    ("algo.kl_coef=-.inf", "algo.kl_coef must be a finite number, got -inf"),
+    ("optim.betas=[.nan, 0.9]", "optim.betas must be two numbers in [0, 1), got [nan, 0.9]"),
+    ("model.dropout=1.5", "model.dropout must be in [0, 1), got 1.5"),
+    ("lora.dropout=-0.1", "lora.dropout must be in [0, 1), got -0.1"),
+    ("algo.gamma=1.5", "algo.gamma must be in [0, 1], got 1.5"),
+    ("rollout.gpu_memory_utilization=0", "rollout.gpu_memory_utilization must be in (0, 1], got 0.0"),
+    ("run.threads=-2", "run.threads must be >= 0, got -2"),
+    ("train.temperature=0", "train.temperature must be > 0, got 0.0"),
+])
+def test_bad_values_are_refused_up_front_in_one_line_naming_the_key(override, message):
+    with pytest.raises(ConfigError) as e:
+        load_config("adder", [override])
+    assert str(e.value) == message
+
+
+def test_a_config_built_in_python_is_checked_the_same_way():
+    from lmrl.config import Config, validate
+
+    cfg = Config()
+    cfg.algo.group_size = 0  # the rollout_size % group_size rule would divide by it
+    with pytest.raises(ConfigError, match="algo.group_size must be >= 1, got 0"):
+        validate(cfg)
+
+
+@pytest.mark.parametrize("text, line, key", [
+    ("train:\n  steps: 3\n  steps: 4\n", 3, "steps"),
+    ("train:\n  steps: 3\nmodel:\n  n_layer: 2\ntrain:\n  ga_steps: 2\n", 5, "train"),
+])
+def test_a_key_or_section_written_twice_in_yaml_is_refused(tmp_path, text, line, key):
+    path = tmp_path / "twice.yaml"
+    path.write_text(text)
+    with pytest.raises(ConfigError) as e:
+        load_config(path)
+    assert str(e.value).startswith(f"{path}:{line}: key {key!r} appears twice in one mapping (first on line ")
+
