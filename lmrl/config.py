@@ -86,7 +86,7 @@ def _read_yaml(path: Path, seen: tuple = ()) -> list[tuple[dict, str]]:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as e:
         line = raw[:e.start].count(b"\n") + 1
-        raise ConfigError(f"{path}:{line}: not UTF-8 text ({e.reason} at byte {e.start})") from None
+        raise ConfigError(f"{path}:{line}: not UTF-8 text ({e.reason} at byte {e.start} of the file)") from None
     try:
         data = yaml.load(text, Loader=_UniqueKeyLoader) or {}
     except _DuplicateKey as e:

@@ -215,3 +215,21 @@ def test_a_key_or_section_written_twice_in_yaml_is_refused(tmp_path, text, line,
         load_config(path)
     assert str(e.value).startswith(f"{path}:{line}: key {key!r} appears twice in one mapping (first on line ")
 
+
+
+def test_a_yaml_file_that_cannot_be_read_is_one_line_naming_it(tmp_path):
+    folder = tmp_path / "dir.yaml"
+    folder.mkdir()
+    with pytest.raises(ConfigError) as e:
+        load_config(folder)
+    assert str(e.value) == f"{folder}: cannot read the config file: Is a directory"
+    latin1 = tmp_path / "latin1.yaml"
+    latin1.write_bytes(b"run:\n  name: caf\xe9\n")
+    with pytest.raises(ConfigError) as e:
+        load_config(latin1)
+    assert str(e.value) == f"{latin1}:2: not UTF-8 text (invalid continuation byte at byte 16 of the file)"
+    deep = tmp_path / "deep.yaml"
+    deep.write_text("run: " + "[" * 100_000 + "\n")
+    with pytest.raises(ConfigError) as e:
+        load_config(deep)
+    assert str(e.value) == f"{deep}: not valid YAML: nested too deeply to read"
