@@ -47,7 +47,7 @@ def _f(default, help: str, *, choices=None, ge=None, gt=None, le=None, lt=None, 
 
 
 def suggest(name: str, options) -> str:
-    """"; did you mean 'x'?" for the option nearest to `name`, or ""."""
+    """The option nearest to `name` as "; did you mean 'x'?", or an empty string when none is near."""
     near = difflib.get_close_matches(name, [str(o) for o in options], n=1, cutoff=0.5)
     return f"; did you mean {near[0]!r}?" if near else ""
 
