@@ -3,7 +3,7 @@ PPO against the reward model, each from its preset, then one table.
 
     python benchmarks/preferences_smollm2.py                   # rm-smollm2, dpo-smollm2, ppo-rm-smollm2
     python benchmarks/preferences_smollm2.py --out /tmp/pref   # keep the runs
-    python benchmarks/preferences_smollm2.py --skip-ppo train.steps=10
+    python benchmarks/preferences_smollm2.py --skip-ppo train.max_steps=10
 
 Targets (issue "Preference learning and RLHF"): the reward model and DPO each reach >= 90% preference
 accuracy on the held-out synthetic pairs; PPO raises the mean reward-model score of greedy

@@ -11,7 +11,7 @@ import sys
 from lmrl import DPOTrainer, PPOTrainer, RewardTrainer, load_config
 
 quick = "--quick" in sys.argv
-small = ["train.steps=2", "data.batch_size=4", "data.eval_size=8", "data.generate_train=32",
+small = ["train.max_steps=2", "data.batch_size=4", "data.eval_size=8", "data.generate_train=32",
          "data.generate_test=8", "data.train_file=data/prefs/train.jsonl", "data.eval_file=data/prefs/test.jsonl",
          "train.eval_every=2"] if quick else []
 

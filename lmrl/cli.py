@@ -20,14 +20,6 @@ import json
 import sys
 from pathlib import Path
 
-# Overrides applied by --debug: every stage runs, each for a few seconds.
-DEBUG_OVERRIDES = [
-    "sft.steps=4", "sft.examples=64", "sft.batch_size=32",
-    "train.steps=4", "train.rollout_size=32", "train.log_every=1", "train.eval_every=2", "train.ckpt_every=2",
-    "eval.size=64", "eval.batch_size=64",
-]
-
-
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="lmrl", description="RL post-training of language models")
     sub = p.add_subparsers(dest="command", required=True)
@@ -36,7 +28,8 @@ def _parser() -> argparse.ArgumentParser:
     t.add_argument("config", nargs="?", default="adder", help="preset name (adder, multiplier, ...) or YAML path")
     t.add_argument("overrides", nargs="*", help="config overrides such as train.steps=50 optim.lr=3e-4")
     t.add_argument("--resume", action="store_true", help="continue from the latest checkpoint in the run dir")
-    t.add_argument("--debug", action="store_true", help="a run of seconds that exercises every stage")
+    t.add_argument("--debug", action="store_true", help="the preset shrunk to a run of seconds after the model loads: "
+                   "every stage it has, few steps, a few held-out rows (see lmrl.config.debug_overrides)")
     t.add_argument("--no-wandb", action="store_true", help="turn Weights & Biases logging off")
 
     e = sub.add_parser("eval", help="held-out accuracy of a run's model")
@@ -94,7 +87,7 @@ def main(argv: list[str] | None = None) -> int:
         args.overrides = list(args.overrides) + extra
     from .config import ConfigError
     from .data import DataError
-    from .train.checkpoint import CheckpointError
+    from .checkpoint import CheckpointError
     from .train.inspect import PromptError
     from .errors import TrainingError
     from .tasks.rewards import RewardError
@@ -110,20 +103,20 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _train(args) -> int:
-    from .config import ConfigError, load_config
+    from .config import ConfigError, debug_overrides, load_config
     from .distributed.ddp import shutdown
     from .train.trainers import build_trainer
 
     overrides = list(args.overrides)
     if "=" in args.config:  # `lmrl train key=value ...`: overrides on the default preset
         overrides, args.config = [args.config, *overrides], "adder"
-    if args.debug:
-        overrides = DEBUG_OVERRIDES + overrides
     if args.resume:
         overrides.append("run.resume=auto")
     if args.no_wandb:
         overrides.append("run.wandb=false")
     cfg = load_config(args.config, overrides)
+    if args.debug:  # the preset shrunk; what the command line set explicitly still wins
+        cfg = load_config(args.config, debug_overrides(cfg) + overrides)
     if cfg.run.wandb and importlib.util.find_spec("wandb") is None:  # say so before any training
         from .log.sinks import WANDB_MISSING
 

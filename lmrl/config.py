@@ -22,11 +22,12 @@ from typing import Any, Sequence
 import yaml
 
 from .config_schema import (  # noqa: F401  (re-exported: `from lmrl.config import TrainConfig`)
-    PRESET_DIR, PRESET_ALIASES, ALGORITHMS, TRAINERS, ConfigError, _f,
+    PRESET_DIR, PRESET_ALIASES, TRAINERS, ConfigError, arithmetic_seq_len, suggest,
     RunConfig, ModelConfig, TaskConfig, EnvConfig, LoraConfig, RewardConfig,
     SFTConfig, DataConfig, DPOConfig, AlgoConfig, OptimConfig, ScheduleConfig,
     TrainConfig, EvalConfig, RolloutConfig, DistributedConfig, Config,
 )
+from .tasks.arithmetic import OPS as ARITHMETIC_TASKS
 
 
 # -- loading -------------------------------------------------------------------------------------
@@ -50,14 +51,56 @@ def _preset_path(source: str | Path) -> Path:
     raise ConfigError(f"unknown preset {source!r}{hint} (available: {', '.join(list_presets())})")
 
 
+class _DuplicateKey(Exception):
+    def __init__(self, key, line: int, first: int):
+        super().__init__(key)
+        self.key, self.line, self.first = key, line, first
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """PyYAML's safe loader, except that a mapping holding a key twice is an error (PyYAML keeps
+    the last value without a word, so a repeated section or key would silently drop the first)."""
+
+    def construct_mapping(self, node, deep=False):
+        if isinstance(node, yaml.MappingNode):
+            first_line = {}
+            for key_node, _ in node.value:
+                if key_node.tag == "tag:yaml.org,2002:merge":  # `<<: *anchor` merges, it repeats nothing
+                    continue
+                key = self.construct_object(key_node, deep=True)
+                line = key_node.start_mark.line + 1
+                if key in first_line:
+                    raise _DuplicateKey(key, line, first_line[key])
+                first_line[key] = line
+        return super().construct_mapping(node, deep=deep)
+
+
 def _read_yaml(path: Path, seen: tuple = ()) -> list[tuple[dict, str]]:
     """The layers of a YAML config, base presets first, each with its file name for errors."""
     if path.resolve() in seen:
         raise ConfigError(f"{path}: 'base' presets form a cycle")
     try:
-        data = yaml.safe_load(path.read_text()) or {}
+        raw = path.read_bytes()
+    except OSError as e:
+        raise ConfigError(f"{path}: cannot read the config file: {e.strerror or e}") from None
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = raw[:e.start].count(b"\n") + 1
+        raise ConfigError(f"{path}:{line}: not UTF-8 text ({e.reason} at byte {e.start} of the file)") from None
+    try:
+        data = yaml.load(text, Loader=_UniqueKeyLoader) or {}
+    except _DuplicateKey as e:
+        raise ConfigError(f"{path}:{e.line}: key {e.key!r} appears twice in one mapping (first on line {e.first}); "
+                          f"YAML would keep only the last") from None
+    except yaml.MarkedYAMLError as e:
+        mark = e.problem_mark or e.context_mark
+        where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark else str(path)
+        raise ConfigError(f"{where}: not valid YAML: {e.problem or e.context}") from None
     except yaml.YAMLError as e:
-        raise ConfigError(f"{path}: not valid YAML: {e}") from None
+        raise ConfigError(f"{path}: not valid YAML: {' '.join(str(e).split())}") from None
+    except RecursionError:
+        raise ConfigError(f"{path}: not valid YAML: nested too deeply to read") from None
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: expected a mapping of sections, got {type(data).__name__}")
     layers = []
@@ -69,16 +112,58 @@ def _read_yaml(path: Path, seen: tuple = ()) -> list[tuple[dict, str]]:
 def load_config(source: str | Path | None = None, overrides: Sequence[str] = ()) -> Config:
     """A validated Config from a preset name / alias / YAML path (None = defaults) plus overrides."""
     cfg = Config()
-    if source is not None:
-        for data, where in _read_yaml(_preset_path(source)):
-            _apply_mapping(cfg, data, where)
+    set_in: dict[str, int] = {}  # dotted key -> the last layer (base presets first, overrides last) setting it
+    layers = _read_yaml(_preset_path(source)) if source is not None else []
+    for i, (data, where) in enumerate(layers):
+        set_in.update(dict.fromkeys(_apply_mapping(cfg, data, where), i))
     for item in overrides:
         key, sep, raw = item.partition("=")
         if not sep or not key:
             raise ConfigError(f"override {item!r} must look like section.key=value")
         _set(cfg, key.strip(), _override_value(raw), f"override {item}")
+        set_in[key.strip()] = len(layers)
+    # An offline config built on an RL preset (base: sql-agent-smollm2, run.trainer: sft) inherits its
+    # train.steps, RL updates that mean nothing to an offline trainer (and an RL config on an offline
+    # base its train.max_steps): back to the default, so that validation refuses only the other kind's
+    # step count set with or after the trainer.
+    other = "steps" if cfg.run.trainer != "rl" else "max_steps"
+    if set_in.get(f"train.{other}", -1) < set_in.get("run.trainer", -1):
+        setattr(cfg.train, other, getattr(TrainConfig, other))
     validate(cfg)
     return cfg
+
+
+def debug_overrides(cfg: Config) -> list[str]:
+    """Overrides that shrink `cfg` to a run of seconds after the model loads (`lmrl train --debug`):
+    fewer and smaller steps, a few held-out rows, short completions; every stage the config has,
+    and no stage it lacks. Data files are left as they are (a generated set is the real run's too)."""
+    t, out = cfg.train, ["train.log_every=1", "train.eval_every=2", "train.ckpt_every=2"]
+    if cfg.run.trainer != "rl":
+        per_step = t.ga_steps * max(1, 4 // t.ga_steps)  # rows per optimizer step, whole micro-batches
+        out += [f"train.max_steps={min(t.max_steps or 4, 4)}", f"data.batch_size={min(cfg.data.batch_size, per_step)}",
+                f"data.eval_size={min(cfg.data.eval_size or 4, 4)}"]
+        return out
+    if cfg.sft.steps:
+        out += [f"sft.steps={min(cfg.sft.steps, 4)}", f"sft.examples={min(cfg.sft.examples, 64)}",
+                f"sft.batch_size={min(cfg.sft.batch_size, 32)}"]
+    text = cfg.task.name not in ARITHMETIC_TASKS
+    group = cfg.algo.group_size * t.ga_steps  # a rollout holds whole groups, split into whole micro-batches
+    rollout = group * max(1, (4 if text else 32) // group)
+    eval_size = min(cfg.eval.size, 4 if text else 64)
+    out += [f"train.steps={min(t.steps, 4)}", f"train.rollout_size={min(t.rollout_size, rollout)}",
+            f"eval.size={eval_size}", f"eval.batch_size={min(cfg.eval.batch_size, eval_size)}"]
+    if text:
+        out.append(f"task.max_new_tokens={min(cfg.task.max_new_tokens, 32)}")
+    if cfg.task.name == "sql":
+        out.append(f"env.max_rounds={min(cfg.env.max_rounds, 2)}")
+    return out
+
+
+def validate(cfg: Config) -> None:
+    """Raises a ConfigError with the config's first problem (see `lmrl.config_schema`), or returns."""
+    problems = cfg.problems()
+    if problems:
+        raise ConfigError(problems[0])
 
 
 def _override_value(raw: str):
@@ -114,34 +199,33 @@ def save_config(cfg: Config, path: str | Path) -> None:
     os.replace(tmp, path)
 
 
-def _apply_mapping(cfg: Config, data: dict, where: str) -> None:
+def _apply_mapping(cfg: Config, data: dict, where: str) -> list[str]:
+    """Sets each section.key of `data`; returns the dotted keys set."""
+    done = []
     for section, values in data.items():
         if not isinstance(values, dict):
             _set(cfg, str(section), values, where)  # reports an unknown section or a bare key
             continue
         for key, value in values.items():
             _set(cfg, f"{section}.{key}", value, where)
+            done.append(f"{section}.{key}")
+    return done
 
 
 def _set(cfg: Config, dotted: str, value: Any, where: str) -> None:
     section, _, key = dotted.partition(".")
     sections = [f.name for f in dataclasses.fields(Config)]
     if section not in sections:
-        raise ConfigError(f"unknown section {section!r} in {where}{_suggest(section, sections)}")
+        raise ConfigError(f"unknown section {section!r} in {where}{suggest(section, sections)}")
     sub = getattr(cfg, section)
     keys = [f.name for f in dataclasses.fields(sub)]
     if not key:
         raise ConfigError(f"{where}: {section!r} is a section; set a key such as {section}.{keys[0]}")
     if key not in keys:
         full = [f"{s}.{f.name}" for s in sections for f in dataclasses.fields(getattr(cfg, s))]
-        raise ConfigError(f"unknown key {dotted!r} in {where}{_suggest(dotted, full)}")
+        raise ConfigError(f"unknown key {dotted!r} in {where}{suggest(dotted, full)}")
     ftype = typing.get_type_hints(type(sub))[key]
     setattr(sub, key, _coerce(value, ftype, dotted, where))
-
-
-def _suggest(name: str, options: list[str]) -> str:
-    near = difflib.get_close_matches(name, options, n=1, cutoff=0.5)
-    return f"; did you mean {near[0]!r}?" if near else ""
 
 
 def _coerce(value: Any, ftype, key: str, where: str):
@@ -194,5 +278,3 @@ def MultiplierRLConfig(*overrides: str) -> Config:
     """The `multiplier` preset: 6 layers, 8 heads, 256 dims, 2-digit multiplication."""
     return load_config("multiplier", overrides)
 
-
-from .config_checks import arithmetic_seq_len, validate  # noqa: E402  (the checks read the classes above)

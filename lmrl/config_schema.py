@@ -1,261 +1,407 @@
-"""The config's sections: one dataclass per YAML section, each field with its default and a help
-text. Loading, overrides and validation live in `lmrl.config`, which re-exports everything here."""
+"""The config's sections: one dataclass per YAML section, each field with its default, its help
+text and what values it takes, and each section's `check` beside its fields. Loading, overrides
+and validation live in `lmrl.config`, which re-exports everything here.
+
+A field's metadata says what it takes: `choices` (the registry of the module that implements them,
+read when the config is checked, so a registered algorithm is a valid `algo.name` at once; a literal
+tuple only where no module below the config declares the names), bounds `ge`/`gt`/`le`/`lt`, and
+every float must be finite. `Section.problems` checks those, then the section's own `check` (rules
+between its fields); `cross_section_problems` holds the rules that join sections."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import difflib
+import math
+import operator
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 
-from .errors import ConfigError  # noqa: F401  (re-exported)
+from .algos import ALGORITHMS
+from .algos.advantages import GROUP_MODES
+from .algos.losses import KL_ESTIMATORS, LOSS_LEVELS
+from .algos.preference_losses import DPO_LOSS_TYPES
+from .errors import ConfigError  # noqa: F401  (re-exported: `from lmrl.config import ConfigError`)
+from .models.heads import VALUE_MODELS
+from .rollout.engines import ENGINES
+from .rollout.vllm_engine import unsupported_reason as vllm_unsupported_reason
+from .schedules import SCHEDULES
+from .tasks import GENERATORS as TASK_GENERATORS, TASKS
+from .tasks.arithmetic import OPS as ARITHMETIC_TASKS, REWARDS as ARITHMETIC_REWARDS, answer_length
+from .tasks.sql.procedural import SKILLS as SQL_SKILLS
 
 PRESET_DIR = Path(__file__).parent / "configs"
 PRESET_ALIASES = {"AdderRLConfig": "adder", "MultiplierRLConfig": "multiplier"}
-ALGORITHMS = ["reinforce", "rloo", "grpo", "ppo"]
-TRAINERS = ["rl", "sft", "dpo", "reward"]
+# What `run.trainer` may be. The trainers live in the train layer, above the config, so their names
+# are declared here; `lmrl.train.trainers.build_trainer` builds the one named. "rl" runs RLTrainer,
+# the others are the offline trainers (their checks differ: see `cross_section_problems`).
+TRAINERS = ("rl", "sft", "dpo", "reward")
 
 
-def _f(default, help: str, **kw):
+def _f(default, help: str, *, choices=None, ge=None, gt=None, le=None, lt=None, **kw):
+    """A field with its default, help text and the values it takes: `choices` (a tuple, or a registry
+    dict whose keys are the names; for a list, what each item may be) and numeric bounds."""
+    meta = {"help": help, "choices": choices, "ge": ge, "gt": gt, "le": le, "lt": lt}
     if isinstance(default, (list, dict)):
-        return field(default_factory=lambda: type(default)(default), metadata={"help": help}, **kw)
-    return field(default=default, metadata={"help": help}, **kw)
+        return field(default_factory=lambda: type(default)(default), metadata=meta, **kw)
+    return field(default=default, metadata=meta, **kw)
+
+
+def suggest(name: str, options) -> str:
+    """The option nearest to `name` as "; did you mean 'x'?", or an empty string when none is near."""
+    near = difflib.get_close_matches(name, [str(o) for o in options], n=1, cutoff=0.5)
+    return f"; did you mean {near[0]!r}?" if near else ""
+
+
+def _bounds_text(meta) -> str:
+    low = f"[{meta['ge']}" if meta["ge"] is not None else f"({meta['gt']}" if meta["gt"] is not None else None
+    high = f"{meta['le']}]" if meta["le"] is not None else f"{meta['lt']})" if meta["lt"] is not None else None
+    if low and high:
+        return f"in {low}, {high}"
+    if low:
+        return f">= {low[1:]}" if low[0] == "[" else f"> {low[1:]}"
+    return f"<= {high[:-1]}" if high[-1] == "]" else f"< {high[:-1]}"
+
+
+_BOUNDS = {"ge": operator.ge, "gt": operator.gt, "le": operator.le, "lt": operator.lt}
+
+
+def _field_problem(key: str, value, meta) -> str | None:
+    """What is wrong with one field's value by its metadata, or None."""
+    choices = meta["choices"]
+    if choices is not None:
+        for item in value if isinstance(value, list) else [value]:
+            if item not in choices:
+                names = [str(c) if c else "'' (empty)" for c in choices]
+                return f"{key}={item!r} is not one of {', '.join(names)}{suggest(str(item), choices)}"
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    if isinstance(value, float) and not math.isfinite(value):
+        return f"{key} must be a finite number, got {value}"
+    if any(meta[k] is not None and not within(value, meta[k]) for k, within in _BOUNDS.items()):
+        return f"{key} must be {_bounds_text(meta)}, got {value}"
+    return None
+
+
+class Section:
+    """What every section shares: its problems are its fields' (by their metadata), then `check`'s."""
+
+    def problems(self, name: str) -> list[str]:
+        """One line per problem, each naming `name.key`; `check` runs only on fields that passed."""
+        found = [problem for f in fields(self)
+                 if (problem := _field_problem(f"{name}.{f.name}", getattr(self, f.name), f.metadata))]
+        return found or self.check()
+
+    def check(self) -> list[str]:
+        """Rules between this section's own fields (none by default)."""
+        return []
 
 
 @dataclass
-class RunConfig:
+class RunConfig(Section):
     name: str = _f("adder", "run name; the run dir defaults to runs/<name>")
     trainer: str = _f("rl", "what this config trains: rl (warm-up + RL on a task) | sft | dpo | reward "
-                            "(offline trainers over data.train_file)")
+                            "(offline trainers over data.train_file)", choices=TRAINERS)
     dir: str | None = _f(None, "run directory (default runs/<name>)")
     seed: int = _f(1337, "seed for weights, prompts and sampling")
     device: str = _f("auto", "auto | cpu | cuda | cuda:N")
-    resume: str = _f("never", "never | auto (continue from the latest checkpoint in the run dir)")
+    resume: str = _f("never", "never | auto (continue from the latest checkpoint in the run dir)",
+                     choices=("never", "auto"))
     wandb: bool = _f(False, "log to Weights & Biases (needs the wandb extra)")
     wandb_project: str = _f("lmrl", "Weights & Biases project")
-    wandb_mode: str = _f("offline", "online | offline")
+    wandb_mode: str = _f("offline", "online | offline", choices=("online", "offline"))
     tensorboard: bool = _f(True, "write TensorBoard events to <run dir>/tb")
     progress: bool = _f(True, "show a progress bar")
-    threads: int = _f(0, "torch CPU threads (0 = torch's default)")
+    threads: int = _f(0, "torch CPU threads (0 = torch's default)", ge=0)
 
 
 @dataclass
-class ModelConfig:
-    type: str = _f("gpt", "gpt (the built-in GPT) | hf (a transformers causal LM, see model.path)")
+class ModelConfig(Section):
+    type: str = _f("gpt", "gpt (the built-in GPT) | hf (a transformers causal LM, see model.path)",
+                   choices=("gpt", "hf"))
     path: str | None = _f(None, "hf: a local model directory, a directory holding model.gguf_file, or a "
                                 "packaged name (smollm2-135m-instruct)")
     gguf_file: str | None = _f(None, "hf: the GGUF file inside model.path to load (dequantized)")
-    dtype: str = _f("fp32", "hf: fp32 | bf16")
+    dtype: str = _f("fp32", "hf: fp32 | bf16", choices=("fp32", "bf16"))
     gradient_checkpointing: bool = _f(False, "hf: recompute activations in the backward pass (less memory)")
     init_from: str | None = _f(None, "start from these weights: a checkpoint dir (e.g. runs/x/checkpoints/step_200) "
                                      "or a .safetensors file")
-    n_layer: int = _f(4, "transformer blocks")
-    n_head: int = _f(8, "attention heads")
-    n_embd: int = _f(256, "embedding width")
-    n_position: int = _f(64, "longest sequence the model sees")
-    dropout: float = _f(0.0, "dropout probability")
+    n_layer: int = _f(4, "transformer blocks", ge=1)
+    n_head: int = _f(8, "attention heads", ge=1)
+    n_embd: int = _f(256, "embedding width", ge=1)
+    n_position: int = _f(64, "longest sequence the model sees", ge=1)
+    dropout: float = _f(0.0, "dropout probability", ge=0, lt=1)
+
+    def check(self) -> list[str]:
+        return [msg for ok, msg in [
+            (self.type != "hf" or bool(self.path),
+             "model.type=hf needs model.path (a local directory, or smollm2-135m-instruct)"),
+            (self.type != "gpt" or self.n_embd % self.n_head == 0,
+             f"model.n_embd={self.n_embd} must be divisible by model.n_head={self.n_head}"),
+        ] if not ok]
 
 
 @dataclass
-class TaskConfig:
+class TaskConfig(Section):
     name: str = _f("addition", "addition | multiplication | math | sql | prompts (open prompts scored by "
-                                 "reward.model)")
-    ndigit: int = _f(3, "digits per operand")
+                                 "reward.model)", choices=TASKS)
+    ndigit: int = _f(3, "digits per operand", ge=1)
     use_format: bool = _f(True, "prompt as 123+456= (False: bare digits 123456)")
     reverse_answer: bool = _f(True, "write the answer least-significant digit first")
     reward: str = _f("exact", "exact (1/0 per answer) | digits (fraction of digits right, per answer) | "
                               "per_digit (1/0 per digit, on that digit's token) | per_step (per_digit, the scratchpad's "
-                              "product checked against the partial products written)")
-    heldout_size: int = _f(1000, "problems reserved for evaluation, never trained on")
+                              "product checked against the partial products written)", choices=ARITHMETIC_REWARDS)
+    heldout_size: int = _f(1000, "problems reserved for evaluation, never trained on", ge=1)
     train_file: str | None = _f(None, "math: JSONL rows {prompt or messages, ground_truth} to train on; "
                                       "sql: DBBench-format JSONL (default: procedural tasks)")
     generate: str = _f("", "math: when train_file / test_file do not exist, write them first with "
-                           "`lmrl data <generate>`'s defaults: word-problems | addition-chat | preferences (empty: never)")
+                           "`lmrl data <generate>`'s defaults: word-problems | addition-chat | preferences (empty: never)",
+                       choices=("", *TASK_GENERATORS))
     test_file: str | None = _f(None, "math: JSONL rows held out for evaluation; sql: DBBench-format JSONL")
-    max_new_tokens: int = _f(256, "math: longest completion sampled; sql: longest agent turn")
+    max_new_tokens: int = _f(256, "math: longest completion sampled; sql: longest agent turn", ge=1)
     chat: bool = _f(True, "math: wrap plain-text prompts as a user message in the model's chat template")
     system_prompt: str = _f("", "math: system message put before each chat prompt (empty: none)")
     prompt_template: str = _f("{prompt}", "math: how a row's prompt becomes the question asked; must hold {prompt}")
     scratchpad: bool = _f(False, "multiplication: write the partial products before the product (12*34=840|630|8040)")
 
+    def check(self) -> list[str]:
+        return [msg for ok, msg in [
+            (not self.scratchpad or self.name == "multiplication", "task.scratchpad is for multiplication only"),
+            (self.reward != "per_step" or self.scratchpad,
+             "task.reward=per_step checks scratchpad steps: it needs task.scratchpad=true"),
+            ("{prompt}" in self.prompt_template,
+             f"task.prompt_template must contain {{prompt}}, got {self.prompt_template!r}"),
+        ] if not ok]
+
 
 @dataclass
-class EnvConfig:
+class EnvConfig(Section):
     """The SQL agent's environment (task.name=sql), DBBench-style."""
-    max_rounds: int = _f(15, "agent turns per episode, the answer turn included (DBBench: 15)")
-    max_rows: int = _f(100, "rows shown per query result")
-    max_chars: int = _f(800, "characters per observation; more are cut with [TRUNCATED] (DBBench: 800)")
-    query_timeout_s: float = _f(2.0, "wall-clock limit of one SQL statement")
+    max_rounds: int = _f(15, "agent turns per episode, the answer turn included (DBBench: 15)", ge=1)
+    max_rows: int = _f(100, "rows shown per query result", ge=1)
+    max_chars: int = _f(800, "characters per observation; more are cut with [TRUNCATED] (DBBench: 800)", ge=1)
+    query_timeout_s: float = _f(2.0, "wall-clock limit of one SQL statement", gt=0)
     reward_correct: float = _f(1.0, "reward of a correct final answer (or table state)")
     reward_wrong: float = _f(-0.1, "reward of a wrong final answer")
     reward_timeout: float = _f(-0.3, "reward of an episode that ends with no answer")
-    invalid_action_penalty: float = _f(0.0, "subtracted for each turn that breaks the protocol (>= 0)")
-    max_context: int = _f(2048, "tokens a conversation may reach; an episode that would outgrow it ends as a timeout")
-    train_tasks: int = _f(2000, "procedural training tasks (distinct)")
-    heldout_per_skill: int = _f(10, "procedural held-out tasks of each skill")
+    invalid_action_penalty: float = _f(0.0, "subtracted for each turn that breaks the protocol (>= 0)", ge=0)
+    max_context: int = _f(2048, "tokens a conversation may reach; an episode that would outgrow it ends as a timeout",
+                          ge=1)
+    train_tasks: int = _f(2000, "procedural training tasks (distinct)", ge=1)
+    heldout_per_skill: int = _f(10, "procedural held-out tasks of each skill", ge=1)
     skills: list = _f([], "procedural skills to draw from (empty: all of filter, count, sum, avg, max, min, "
-                          "ranking, group_by, comparison, insert, update, delete)")
+                          "ranking, group_by, comparison, insert, update, delete)", choices=SQL_SKILLS)
 
 
 @dataclass
-class LoraConfig:
-    r: int = _f(0, "LoRA rank on an hf model (0 = no adapter: train every weight)")
-    alpha: float = _f(32.0, "LoRA alpha (the update is scaled by alpha / r)")
-    dropout: float = _f(0.0, "LoRA dropout")
+class LoraConfig(Section):
+    r: int = _f(0, "LoRA rank on an hf model (0 = no adapter: train every weight)", ge=0)
+    alpha: float = _f(32.0, "LoRA alpha (the update is scaled by alpha / r)", gt=0)
+    dropout: float = _f(0.0, "LoRA dropout", ge=0, lt=1)
     target_modules: list = _f(["all-linear"], "modules that get an adapter: [all-linear] or names such as "
                                               "[q_proj, k_proj, v_proj, o_proj]")
 
+    def check(self) -> list[str]:
+        return [] if self.target_modules else ["lora.target_modules must name at least one module (or all-linear)"]
+
 
 @dataclass
-class RewardConfig:
+class RewardConfig(Section):
     cls: str = _f("", "a custom reward, pkg.module:Class; an instance is called as "
                       "reward(prompts, completions, ground_truth=[...]) -> list of floats")
     format_weight: float = _f(0.0, "math: reward for a well-formed <think>...</think> <answer>...</answer>")
     correct_weight: float = _f(1.0, "math: reward for a correct answer (checked with math-verify)")
     require_format: bool = _f(True, "math: a correct answer counts only when well-formed")
-    timeout_s: float = _f(5.0, "math: seconds one answer check may take before it scores 0")
+    timeout_s: float = _f(5.0, "math: seconds one answer check may take before it scores 0", gt=0)
     model: str = _f("", "a reward model dir (what run.trainer=reward writes to <run dir>/reward_model, or any "
                         "AutoModelForSequenceClassification); its score of prompt + completion is the reward")
-    model_batch_size: int = _f(16, "completions the reward model scores per forward pass")
+    model_batch_size: int = _f(16, "completions the reward model scores per forward pass", ge=1)
+
+    def check(self) -> list[str]:
+        return [msg for ok, msg in [
+            (not self.model or not self.cls, "set reward.model or reward.cls, not both"),
+            (not self.cls or ":" in self.cls, f"reward.cls={self.cls!r} must look like package.module:ClassName"),
+        ] if not ok]
 
 
 @dataclass
-class SFTConfig:
-    steps: int = _f(0, "warm-up steps (0 = no warm-up)")
-    examples: int = _f(0, "distinct labeled problems the warm-up may see")
-    batch_size: int = _f(256, "warm-up batch size (summed over ranks)")
-    lr: float = _f(1e-3, "warm-up peak learning rate (cosine decay to schedule.min_lr_ratio)")
-    weight_decay: float = _f(0.01, "warm-up AdamW weight decay")
-    warmup_steps: int = _f(0, "linear LR warm-up steps of the warm-up stage")
+class SFTConfig(Section):
+    steps: int = _f(0, "warm-up steps (0 = no warm-up)", ge=0)
+    examples: int = _f(0, "distinct labeled problems the warm-up may see", ge=0)
+    batch_size: int = _f(256, "warm-up batch size (summed over ranks)", ge=1)
+    lr: float = _f(1e-3, "warm-up peak learning rate (cosine decay to schedule.min_lr_ratio)", ge=0)
+    weight_decay: float = _f(0.01, "warm-up AdamW weight decay", ge=0)
+    warmup_steps: int = _f(0, "linear LR warm-up steps of the warm-up stage", ge=0)
+
+    def check(self) -> list[str]:
+        return [] if self.steps == 0 or self.examples > 0 else [
+            "sft.steps > 0 needs sft.examples > 0 (the label budget)"]
 
 
 @dataclass
-class DataConfig:
+class DataConfig(Section):
     """The offline trainers' data (run.trainer = sft | dpo | reward)."""
     train_file: str | None = _f(None, "JSONL rows to train on: sft {prompt, response|completion} or {messages}; "
                                       "dpo and reward {prompt|messages, chosen, rejected}")
     eval_file: str | None = _f(None, "held-out JSONL rows in the same format, evaluated every train.eval_every steps")
     generate: str = _f("", "when train_file / eval_file do not exist, write them first: preferences (synthetic "
                            "pairs) | preferences-sft (their chosen side as SFT rows) | sql-demos (the SQL agent's "
-                           "solved episodes, played in the env section) (empty: never)")
+                           "solved episodes, played in the env section) (empty: never)",
+                       choices=("", "preferences", "preferences-sft", "sql-demos"))
     generate_train: int = _f(600, "rows data.generate writes to train_file (the synthetic preference set has ~750 "
-                                  "items)")
-    generate_test: int = _f(100, "rows data.generate writes to eval_file")
-    max_length: int = _f(256, "tokens per prompt + response; longer rows are cut (the prompt's start first) and counted")
-    batch_size: int = _f(16, "rows (pairs) per optimizer step, summed over ranks and accumulation micro-batches")
-    epochs: float = _f(1.0, "passes over train_file when train.steps is 0")
+                                  "items)", ge=1)
+    generate_test: int = _f(100, "rows data.generate writes to eval_file", ge=1)
+    max_length: int = _f(256, "tokens per prompt + response; longer rows are cut (the prompt's start first) and counted",
+                         ge=2)
+    batch_size: int = _f(16, "rows (pairs) per optimizer step, summed over ranks and accumulation micro-batches", ge=1)
+    epochs: float = _f(1.0, "passes over train_file when train.max_steps is 0", gt=0)
     chat: bool = _f(True, "hf: put a plain-text prompt in the tokenizer's chat template as a user message")
-    eval_size: int = _f(0, "held-out rows evaluated (0 = all of eval_file)")
+    eval_size: int = _f(0, "held-out rows evaluated (0 = all of eval_file)", ge=0)
 
 
 @dataclass
-class DPOConfig:
-    beta: float = _f(0.1, "beta: how far the policy may move from the reference (implicit reward scale)")
-    loss_type: str = _f("sigmoid", "sigmoid (DPO) | ipo | hinge")
-    label_smoothing: float = _f(0.0, "sigmoid: the chance a pair's label is flipped (conservative DPO), in [0, 0.5)")
+class DPOConfig(Section):
+    beta: float = _f(0.1, "beta: how far the policy may move from the reference (implicit reward scale)", gt=0)
+    loss_type: str = _f("sigmoid", "sigmoid (DPO) | ipo | hinge", choices=DPO_LOSS_TYPES)
+    label_smoothing: float = _f(0.0, "sigmoid: the chance a pair's label is flipped (conservative DPO), in [0, 0.5)",
+                                ge=0, lt=0.5)
+
+    def check(self) -> list[str]:
+        return [] if self.label_smoothing == 0 or self.loss_type == "sigmoid" else [
+            f"dpo.label_smoothing is for loss_type=sigmoid, not {self.loss_type}"]
 
 
 @dataclass
-class AlgoConfig:
-    name: str = _f("reinforce", "RL algorithm: " + " | ".join(ALGORITHMS))
-    baseline_decay: float = _f(0.9, "reinforce: moving-average baseline b <- decay*b + (1-decay)*mean reward")
-    group_size: int = _f(1, "completions sampled per prompt (G); rloo and grpo need >= 2")
-    adv_mode: str = _f("grpo", "grpo group advantage: raw (A=r) | grpo ((r-mean)/(std+eps)) | grpo_no_std (r-mean)")
-    adv_eps: float = _f(1e-6, "eps in the grpo advantage's denominator")
+class AlgoConfig(Section):
+    name: str = _f("reinforce", "RL algorithm: reinforce | rloo | grpo | ppo, or one registered with "
+                                    "lmrl.algos.register_algorithm", choices=ALGORITHMS)
+    baseline_decay: float = _f(0.9, "reinforce: moving-average baseline b <- decay*b + (1-decay)*mean reward",
+                               ge=0, lt=1)
+    group_size: int = _f(1, "completions sampled per prompt (G); rloo and grpo need >= 2", ge=1)
+    adv_mode: str = _f("grpo", "grpo group advantage: raw (A=r) | grpo ((r-mean)/(std+eps)) | grpo_no_std (r-mean)",
+                       choices=GROUP_MODES)
+    adv_eps: float = _f(1e-6, "eps in the grpo advantage's denominator", gt=0)
     normalize_advantages: bool = _f(False, "whiten advantages over the batch (mean 0, std 1)")
-    clip_range_left: float = _f(0.2, "ratio clipped below at 1 - clip_range_left")
-    clip_range_right: float = _f(0.2, "ratio clipped above at 1 + clip_range_right (DAPO's clip-higher: 0.28)")
+    clip_range_left: float = _f(0.2, "ratio clipped below at 1 - clip_range_left", ge=0, lt=1)
+    clip_range_right: float = _f(0.2, "ratio clipped above at 1 + clip_range_right (DAPO's clip-higher: 0.28)", ge=0)
     loss_level: str = _f("token", "loss aggregation: token (mean over all valid tokens) | sequence (mean per "
-                                  "sequence, then over sequences) | constant (sum / (B * loss_constant), Dr. GRPO)")
-    loss_constant: float = _f(0.0, "normaliser for loss_level=constant (0 = the completion length budget)")
-    ppo_epochs: int = _f(1, "passes over each rollout batch")
-    minibatch_size: int = _f(0, "completions per optimizer step within a pass (0 = the whole rollout)")
-    kl_coef: float = _f(0.0, "beta: weight of KL(policy || reference); > 0 loads a frozen reference")
-    kl_estimator: str = _f("k3", "KL estimator: k1 | k2 | k3")
+                                  "sequence, then over sequences) | constant (sum / (B * loss_constant), Dr. GRPO)",
+                         choices=LOSS_LEVELS)
+    loss_constant: float = _f(0.0, "normaliser for loss_level=constant (0 = the completion length budget)", ge=0)
+    ppo_epochs: int = _f(1, "passes over each rollout batch", ge=1)
+    minibatch_size: int = _f(0, "completions per optimizer step within a pass (0 = the whole rollout)", ge=0)
+    kl_coef: float = _f(0.0, "beta: weight of KL(policy || reference); > 0 loads a frozen reference", ge=0)
+    kl_estimator: str = _f("k3", "KL estimator: k1 | k2 | k3", choices=KL_ESTIMATORS)
     kl_in_reward: bool = _f(False, "subtract beta*KL from the reward (PPO/RLHF style) instead of adding it to the loss")
-    kl_target: float = _f(0.0, "adaptive KL: per-completion KL the coefficient steers towards (0 = fixed beta)")
-    kl_horizon: int = _f(10000, "adaptive KL: horizon (in completions) of the coefficient's adjustment")
+    kl_target: float = _f(0.0, "adaptive KL: per-completion KL the coefficient steers towards (0 = fixed beta)", ge=0)
+    kl_horizon: int = _f(10000, "adaptive KL: horizon (in completions) of the coefficient's adjustment", ge=1)
     ent_coef: float = _f(0.0, "entropy bonus weight")
-    value_model: str = _f("none", "ppo value function: none | head (on the policy's trunk) | separate (own network)")
-    vf_coef: float = _f(0.5, "ppo value loss weight")
-    value_clip: float = _f(0.2, "ppo value clipping range (0 = off)")
-    gamma: float = _f(1.0, "ppo discount")
-    lam: float = _f(0.95, "ppo GAE lambda")
+    value_model: str = _f("none", "ppo value function: none | head (on the policy's trunk) | separate (own network)",
+                          choices=("none", *VALUE_MODELS))
+    vf_coef: float = _f(0.5, "ppo value loss weight", ge=0)
+    value_clip: float = _f(0.2, "ppo value clipping range (0 = off)", ge=0)
+    gamma: float = _f(1.0, "ppo discount", ge=0, le=1)
+    lam: float = _f(0.95, "ppo GAE lambda", ge=0, le=1)
+
+    def check(self) -> list[str]:
+        """The algorithm's own requirements (`Algorithm.check_config`), then the adaptive KL's."""
+        own = ALGORITHMS[self.name].check_config(self)
+        return own + ([] if self.kl_target == 0 or self.kl_coef > 0 else [
+            "algo.kl_target > 0 (adaptive KL) needs an initial algo.kl_coef > 0"])
 
 
 @dataclass
-class OptimConfig:
-    lr: float = _f(1e-4, "RL peak learning rate")
-    weight_decay: float = _f(0.01, "AdamW weight decay")
+class OptimConfig(Section):
+    lr: float = _f(1e-4, "peak learning rate (RL, and the offline trainers)", ge=0)
+    weight_decay: float = _f(0.01, "AdamW weight decay", ge=0)
     betas: list = _f([0.9, 0.99], "AdamW betas [beta1, beta2]")
-    eps: float = _f(1e-8, "AdamW epsilon")
+    eps: float = _f(1e-8, "AdamW epsilon", gt=0)
+
+    def check(self) -> list[str]:
+        ok = len(self.betas) == 2 and all(isinstance(b, (int, float)) and not isinstance(b, bool) and 0 <= b < 1
+                                          for b in self.betas)
+        return [] if ok else [f"optim.betas must be two numbers in [0, 1), got {self.betas}"]
 
 
 @dataclass
-class ScheduleConfig:
+class ScheduleConfig(Section):
     name: str = _f("constant", "LR schedule: constant | linear | cosine (warm-up, decay to the floor) | "
-                               "plateau (drop on a stalled eval metric, see train.best_metric)")
-    warmup_steps: int = _f(0, "linear LR warm-up steps")
-    min_lr_ratio: float = _f(0.1, "floor of cosine, linear and plateau as a fraction of the peak LR")
-    plateau_factor: float = _f(0.5, "plateau: the LR is multiplied by this when the eval metric stops improving")
-    plateau_patience: int = _f(2, "plateau: evaluations without improvement before the LR drops")
+                               "plateau (drop on a stalled eval metric, see train.best_metric)", choices=SCHEDULES)
+    warmup_steps: int = _f(0, "linear LR warm-up steps", ge=0)
+    min_lr_ratio: float = _f(0.1, "floor of cosine, linear and plateau as a fraction of the peak LR", ge=0, le=1)
+    plateau_factor: float = _f(0.5, "plateau: the LR is multiplied by this when the eval metric stops improving",
+                               gt=0, lt=1)
+    plateau_patience: int = _f(2, "plateau: evaluations without improvement before the LR drops", ge=1)
 
 
 @dataclass
-class TrainConfig:
-    steps: int = _f(200, "RL updates")
-    rollout_size: int = _f(256, "completions sampled per update (summed over ranks)")
-    temperature: float = _f(1.0, "sampling temperature")
-    top_k: int = _f(0, "sample from the k most likely tokens (0 = off)")
-    ga_steps: int = _f(1, "gradient-accumulation micro-batches per update")
-    grad_clip: float = _f(1.0, "max gradient norm (0 = off)")
-    log_every: int = _f(10, "log metrics every N steps")
-    eval_every: int = _f(50, "held-out evaluation every N RL steps")
-    ckpt_every: int = _f(50, "checkpoint every N steps")
-    keep_checkpoints: int = _f(2, "step checkpoints kept (0 = all)")
-    max_nonfinite: int = _f(5, "consecutive NaN/inf losses that stop the run")
+class TrainConfig(Section):
+    steps: int = _f(200, "RL updates (run.trainer=rl; the offline trainers count train.max_steps)", ge=0)
+    max_steps: int = _f(0, "offline trainers (sft, dpo, reward): optimizer steps (0 = data.epochs passes over "
+                           "data.train_file)", ge=0)
+    rollout_size: int = _f(256, "completions sampled per update (summed over ranks)", ge=1)
+    temperature: float = _f(1.0, "sampling temperature", gt=0)
+    top_k: int = _f(0, "sample from the k most likely tokens (0 = off)", ge=0)
+    ga_steps: int = _f(1, "gradient-accumulation micro-batches per update", ge=1)
+    grad_clip: float = _f(1.0, "max gradient norm (0 = off)", ge=0)
+    log_every: int = _f(10, "log metrics every N steps", ge=1)
+    eval_every: int = _f(50, "held-out evaluation every N RL steps", ge=1)
+    ckpt_every: int = _f(50, "checkpoint every N steps", ge=1)
+    keep_checkpoints: int = _f(2, "step checkpoints kept (0 = all)", ge=0)
+    max_nonfinite: int = _f(5, "consecutive NaN/inf losses that stop the run", ge=1)
     patience: int = _f(0, "early stopping: evaluations without improvement of train.best_metric before the run "
-                          "stops (0 = never)")
-    early_stop_threshold: float = _f(0.0, "early stopping: an evaluation improves when it beats the best by more than this")
+                          "stops (0 = never)", ge=0)
+    early_stop_threshold: float = _f(0.0, "early stopping: an evaluation improves when it beats the best by more than this",
+                                     ge=0)
     best_metric: str = _f("", "eval metric that picks checkpoints/best, early stopping and the plateau schedule "
                               "(empty: eval/accuracy; a name holding 'loss' is minimised, others maximised)")
     time_limit_min: float = _f(0.0, "stop RL once the run's wall time reaches this many minutes, then evaluate "
-                                    "and save as at the last step (0 = no limit)")
+                                    "and save as at the last step (0 = no limit)", ge=0)
+
+    def check(self) -> list[str]:
+        return [msg for ok, msg in [
+            (self.rollout_size % self.ga_steps == 0,
+             f"train.rollout_size={self.rollout_size} must be divisible by train.ga_steps={self.ga_steps}"),
+            (self.best_metric == "" or self.best_metric.startswith("eval/"),
+             f"train.best_metric must name an eval metric (eval/...), got {self.best_metric!r}"),
+        ] if not ok]
 
 
 @dataclass
-class EvalConfig:
-    size: int = _f(1000, "held-out problems evaluated")
-    batch_size: int = _f(500, "evaluation batch size")
+class EvalConfig(Section):
+    size: int = _f(1000, "held-out problems evaluated", ge=1)
+    batch_size: int = _f(500, "evaluation batch size", ge=1)
 
 
 @dataclass
-class RolloutConfig:
+class RolloutConfig(Section):
     engine: str = _f("local", "what samples completions: local (the policy's own KV-cache loop) | vllm (an HF "
-                              "policy served by vLLM; the learner recomputes log-probs; needs the vllm extra)")
+                              "policy served by vLLM; the learner recomputes log-probs; needs the vllm extra)",
+                     choices=ENGINES)
     workers: int = _f(0, "Ray rollout workers, each with its own copy of the policy (0 = sample in the "
-                         "learner's process; needs distributed.backend=ray)")
+                         "learner's process; needs distributed.backend=ray)", ge=0)
     overlap: bool = _f(False, "sample the next batch while the learner trains on this one (one step off-policy; "
                               "staleness in rollout/staleness)")
-    worker_gpus: float = _f(0.0, "GPUs per rollout worker (a fraction shares one: 0.5 + learner 0.5 = colocated)")
-    worker_cpus: float = _f(1.0, "CPUs per rollout worker")
-    timeout_s: float = _f(600.0, "a rollout not back in this many seconds counts as a failed worker")
+    worker_gpus: float = _f(0.0, "GPUs per rollout worker (a fraction shares one: 0.5 + learner 0.5 = colocated)", ge=0)
+    worker_cpus: float = _f(1.0, "CPUs per rollout worker", ge=0)
+    timeout_s: float = _f(600.0, "a rollout not back in this many seconds counts as a failed worker", gt=0)
     max_restarts: int = _f(1, "times a dead or stuck rollout worker is replaced and its batch retried before "
-                              "the run stops (its last checkpoint intact)")
+                              "the run stops (its last checkpoint intact)", ge=0)
     gpu_memory_utilization: float = _f(0.4, "vllm: fraction of the GPU the engine may take (the learner needs the rest "
-                                            "when colocated)")
-    max_model_len: int = _f(0, "vllm: longest prompt + completion (0 = the model's own limit)")
+                                            "when colocated)", gt=0, le=1)
+    max_model_len: int = _f(0, "vllm: longest prompt + completion (0 = the model's own limit)", ge=0)
 
 
 @dataclass
-class DistributedConfig:
+class DistributedConfig(Section):
     backend: str = _f("torch", "torch (one process, or torchrun's process group when launched by torchrun) | "
-                               "ray (rollout workers and the learner as Ray actors)")
+                               "ray (rollout workers and the learner as Ray actors)", choices=("torch", "ray"))
     strategy: str = _f("ddp", "how torchrun ranks share the model: ddp (a full copy each) | fsdp (parameters, "
-                              "gradients and optimizer state sharded; HF policies)")
+                              "gradients and optimizer state sharded; HF policies)", choices=("ddp", "fsdp"))
     address: str = _f("", "ray: cluster address (empty = start a local Ray; 'auto' = the cluster this node is in)")
-    connect_timeout_s: float = _f(60.0, "ray: give up connecting to distributed.address after this many seconds")
+    connect_timeout_s: float = _f(60.0, "ray: give up connecting to distributed.address after this many seconds", gt=0)
     learner_gpus: float = _f(0.0, "ray: GPUs for the learner actor (0 on a CPU machine; 0.5 with rollout.worker_gpus=0.5 "
-                                  "shares one GPU)")
-    learner_cpus: float = _f(1.0, "ray: CPUs for the learner actor")
+                                  "shares one GPU)", ge=0)
+    learner_cpus: float = _f(1.0, "ray: CPUs for the learner actor", ge=0)
 
 
 @dataclass
@@ -280,3 +426,125 @@ class Config:
     @property
     def run_dir(self) -> Path:
         return Path(self.run.dir or f"runs/{self.run.name}")
+
+    def problems(self) -> list[str]:
+        """The first section's problems that has any, else the rules that join sections (which
+        may then divide by any size and look up any choice)."""
+        for f in fields(self):
+            found = getattr(self, f.name).problems(f.name)
+            if found:
+                return found
+        return cross_section_problems(self)
+
+
+# -- rules that join sections ------------------------------------------------------------------------
+def arithmetic_seq_len(task: TaskConfig) -> int:
+    """Positions an arithmetic problem needs: prompt + answer."""
+    prompt = 2 * task.ndigit + (2 if task.use_format else 0)
+    return prompt + answer_length(task.name, task.ndigit, task.scratchpad)
+
+
+def cross_section_problems(cfg: Config) -> list[str]:
+    """What `run.trainer` needs of the other sections: an RL run its task's model, data and budget,
+    its algorithm's batch shape and its rollout engine; an offline run its data and model."""
+    common = [(cfg.lora.r == 0 or cfg.model.type == "hf", "lora.r > 0 needs an hf model (model.type=hf)")]
+    if cfg.run.trainer != "rl":
+        rules = common + _offline_rules(cfg)
+    else:
+        task = _arithmetic_rules(cfg) if cfg.task.name in ARITHMETIC_TASKS else _text_task_rules(cfg)
+        steps = cfg.train.max_steps
+        common.append((steps == TrainConfig.max_steps, f"train.max_steps={steps} counts the offline trainers' "
+                                                       f"optimizer steps; run.trainer=rl counts RL updates in train.steps"))
+        rules = task + common + _sql_env_rules(cfg, cfg.task.name == "sql") + _rl_batch_rules(cfg) + _scale_rules(cfg)
+    return [msg for ok, msg in rules if not ok]
+
+
+def _arithmetic_rules(cfg: Config) -> list[tuple[bool, str]]:
+    """The built-in GPT on an arithmetic task: the problem must fit the model, the budget the task."""
+    m, t = cfg.model, cfg.task
+    space = 10 ** (2 * t.ndigit)  # distinct problems
+    need = arithmetic_seq_len(t)
+    return [
+        (m.type == "gpt", f"task.name={t.name} is written for the built-in GPT's character tokenizer: "
+                          f"model.type must be gpt, got {m.type!r} (an hf model takes task.name=math)"),
+        (cfg.eval.size <= t.heldout_size,
+         f"eval.size={cfg.eval.size} must be between 1 and task.heldout_size={t.heldout_size}"),
+        (t.heldout_size < space, f"task.heldout_size={t.heldout_size} leaves no training problems for "
+                                 f"ndigit={t.ndigit}"),
+        (cfg.sft.examples <= space - t.heldout_size,
+         f"sft.examples={cfg.sft.examples} is more than the {max(space - t.heldout_size, 0)} training "
+         f"problems of ndigit={t.ndigit} with task.heldout_size={t.heldout_size}"),
+        (need <= m.n_position, f"task.ndigit={t.ndigit} needs {need} positions but model.n_position is {m.n_position}"),
+    ]
+
+
+def _text_task_rules(cfg: Config) -> list[tuple[bool, str]]:
+    """A Hugging Face model on text prompts from JSONL files (or the SQL agent's episodes)."""
+    t = cfg.task
+    return [
+        (cfg.model.type == "hf", f"task.name={t.name} needs a Hugging Face model: set model.type=hf and model.path"),
+        (t.name == "sql" or (bool(t.train_file) and bool(t.test_file)),
+         f"task.name={t.name} reads its problems from JSONL: set task.train_file and task.test_file "
+         f"(`lmrl data word-problems OUT_DIR` writes a pair offline)"),
+        (cfg.sft.steps == 0, "sft.steps > 0: the supervised warm-up is for the arithmetic tasks; a text task "
+                             "starts from the pretrained model (set sft.steps=0)"),
+        (t.name != "prompts" or bool(cfg.reward.model or cfg.reward.cls),
+         "task.name=prompts is scored by a learned reward: set reward.model (a reward model dir) or reward.cls"),
+    ]
+
+
+def _sql_env_rules(cfg: Config, plays_episodes: bool) -> list[tuple[bool, str]]:
+    """The SQL environment, when this run plays episodes in it (the agent task, or its demonstrations)."""
+    e = cfg.env
+    return [] if not plays_episodes else [
+        (e.max_context > cfg.task.max_new_tokens, f"env.max_context={e.max_context} leaves no room for one "
+                                                  f"turn of task.max_new_tokens={cfg.task.max_new_tokens}")]
+
+
+def _rl_batch_rules(cfg: Config) -> list[tuple[bool, str]]:
+    t, a = cfg.train, cfg.algo
+    return [(t.rollout_size % a.group_size == 0,
+             f"train.rollout_size={t.rollout_size} must be divisible by algo.group_size={a.group_size}")]
+
+
+def _offline_rules(cfg: Config) -> list[tuple[bool, str]]:
+    """run.trainer = sft | dpo | reward: a model, data files, and the trainer's own options."""
+    d, m, trainer = cfg.data, cfg.model, cfg.run.trainer
+    demos = d.generate == "sql-demos"  # solved episodes played in the env section
+    steps = cfg.train.steps
+    return [
+        (steps == TrainConfig.steps, f"train.steps={steps} counts RL updates; run.trainer={trainer} counts optimizer "
+                                     f"steps in train.max_steps (0 = data.epochs passes): set train.max_steps={steps}"),
+        (bool(d.train_file), f"run.trainer={trainer} reads data.train_file (JSONL); set it (data.generate="
+                             f"preferences writes synthetic pairs offline)"),
+        (trainer != "reward" or m.type == "hf", "run.trainer=reward trains a Hugging Face model: set model.type=hf "
+                                                "and model.path"),
+        (d.batch_size % cfg.train.ga_steps == 0,
+         f"data.batch_size={d.batch_size} must be divisible by train.ga_steps={cfg.train.ga_steps}"),
+        (not demos or cfg.env.max_rounds >= 2, f"data.generate=sql-demos plays 2 turns (a query, then the answer): "
+                                               f"env.max_rounds must be >= 2, got {cfg.env.max_rounds}"),
+    ] + _sql_env_rules(cfg, demos)
+
+
+def _scale_rules(cfg: Config) -> list[tuple[bool, str]]:
+    """Rollout engine, Ray workers, overlap and the torchrun strategy (see lmrl.rollout.engine)."""
+    r, d = cfg.rollout, cfg.distributed
+    vllm_refusal = None
+    if r.engine == "vllm":
+        vllm_refusal = vllm_unsupported_reason(cfg.task.name, cfg.model.type, workers=r.workers)
+    groups = cfg.train.rollout_size // cfg.algo.group_size
+    return [
+        (r.workers == 0 or d.backend == "ray",
+         f"rollout.workers={r.workers} runs rollout workers as Ray actors: set distributed.backend=ray"),
+        (d.backend != "ray" or r.workers >= 1, "distributed.backend=ray needs rollout.workers >= 1"),
+        (r.workers == 0 or groups >= r.workers,
+         f"train.rollout_size={cfg.train.rollout_size} makes {groups} prompt groups, fewer than "
+         f"rollout.workers={r.workers}"),
+        (vllm_refusal is None, vllm_refusal),
+        (d.strategy != "fsdp" or cfg.model.type == "hf",
+         "distributed.strategy=fsdp shards Hugging Face policies (model.type=hf); the built-in GPT uses ddp"),
+        # a sampler other than the learner's own policy copies its weights, which FSDP holds in shards
+        (d.strategy != "fsdp" or (r.engine == "local" and not r.overlap and d.backend == "torch"),
+         "distributed.strategy=fsdp samples with the sharded policy itself: it needs rollout.engine=local, "
+         "rollout.overlap=false and distributed.backend=torch"),
+    ]

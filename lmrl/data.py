@@ -30,28 +30,42 @@ def read_jsonl(path: str | os.PathLike, required: Sequence[str] = (), *,
     A row must hold every key in `required` and, when `alternatives` is given, every key of at
     least one of its sets: alternatives=[["prompt"], ["messages"]] means "prompt or messages"."""
     rows = []
-    with open(path, "rb") as f:
-        for lineno, raw in enumerate(f, 1):
-            where = f"{path}:{lineno}"
-            try:
-                line = raw.decode("utf-8")
-            except UnicodeDecodeError as e:
-                raise DataError(f"{where}: not UTF-8 text ({e.reason} at byte {e.start})") from None
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise DataError(f"{where}: invalid JSON: {e.msg} (column {e.colno})") from None
-            if not isinstance(row, dict):
-                raise DataError(f"{where}: expected a JSON object {{...}}, got a {_json_type(row)}")
-            problem = _missing(row, required, alternatives) or _wrong_type(row)
-            if problem:
-                raise DataError(f"{where}: {problem}")
-            rows.append(row)
+    for lineno, raw in enumerate(_read_lines(path), 1):
+        where = f"{path}:{lineno}"
+        try:
+            # utf-8-sig on the first line: a byte-order mark some editors write is not part of the row
+            line = raw.decode("utf-8-sig" if lineno == 1 else "utf-8")
+        except UnicodeDecodeError as e:
+            raise DataError(f"{where}: not UTF-8 text ({e.reason} at byte {e.start} of the line)") from None
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise DataError(f"{where}: invalid JSON: {e.msg} (column {e.colno})") from None
+        except RecursionError:
+            raise DataError(f"{where}: invalid JSON: nested too deeply to read") from None
+        if not isinstance(row, dict):
+            raise DataError(f"{where}: expected a JSON object {{...}}, got a {_json_type(row)}")
+        problem = _missing(row, required, alternatives) or _wrong_type(row)
+        if problem:
+            raise DataError(f"{where}: {problem}")
+        rows.append(row)
     if not rows:
         raise DataError(f"{path}: the file has no rows (it is empty)")
     return rows
+
+
+def _read_lines(path: str | os.PathLike) -> list[bytes]:
+    """The file's lines as bytes; an unreadable path (a directory, no permission) is a DataError.
+    A missing file stays a FileNotFoundError, whose message names it."""
+    try:
+        with open(path, "rb") as f:
+            return f.readlines()
+    except FileNotFoundError:
+        raise
+    except OSError as e:
+        raise DataError(f"{path}: cannot read the data file: {e.strerror or e}") from None
 
 
 def write_jsonl(path: str | os.PathLike, rows: Iterable[dict]) -> Path:

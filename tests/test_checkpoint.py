@@ -6,7 +6,7 @@ import pytest
 import torch
 from safetensors import safe_open
 
-from lmrl.train.checkpoint import (
+from lmrl.checkpoint import (
     CheckpointError,
     capture_rng_state,
     latest_checkpoint,

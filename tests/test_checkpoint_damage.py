@@ -9,7 +9,7 @@ import random
 import pytest
 import torch
 
-from lmrl.train.checkpoint import (
+from lmrl.checkpoint import (
     MANIFEST_FILE,
     CheckpointError,
     check_checkpoint,

@@ -95,7 +95,7 @@ def test_offline_commands_write_data_train_and_plot(tmp_path, capsys):
     run = tmp_path / "run"
     assert main(["train", "run.trainer=sft", f"run.dir={run}", f"data.train_file={tmp_path / 'data' / 'train.jsonl'}",
                  f"data.eval_file={tmp_path / 'data' / 'test.jsonl'}", "model.n_position=256", "model.n_layer=1",
-                 "model.n_embd=32", "model.n_head=2", "data.batch_size=8", "train.steps=4", "train.eval_every=2",
+                 "model.n_embd=32", "model.n_head=2", "data.batch_size=8", "train.max_steps=4", "train.eval_every=2",
                  "run.progress=false", "run.tensorboard=false"]) == 0
     summary = json.loads((run / "summary.json").read_text())
     assert summary["trainer"] == "sft" and summary["steps_done"] == 4 and summary["best"]["step"] in (2, 4)

@@ -59,7 +59,7 @@ def test_base_inheritance_and_yaml_round_trip(tmp_path):
     (["task.use_format=maybe"], "task.use_format must be true or false, got 'maybe'"),
     (["train.steps"], "override 'train.steps' must look like section.key=value"),
     (["task.ndigit=40"], "task.ndigit=40 needs 123 positions but model.n_position is 64"),
-    (["algo.name=reinforc"], "algo.name='reinforc' is not one of reinforce, rloo, grpo, ppo; did you mean 'reinforce'?"),
+    (["algo.name=reinforc"], "algo.name='reinforc' is not one of reinforce, grpo, rloo, ppo; did you mean 'reinforce'?"),
     (["train.rollout_size=10", "train.ga_steps=3"], "must be divisible by train.ga_steps=3"),
     (["sft.examples=0"], "sft.steps > 0 needs sft.examples > 0"),
     (["task.reward=per_step"], "task.reward=per_step checks scratchpad steps: it needs task.scratchpad=true"),
@@ -83,7 +83,7 @@ def test_errors_in_a_yaml_file_name_the_file(tmp_path):
                                           r"'train.rollout_size'\?"):
         load_config(path)
     path.write_text("train: [1, 2\n")
-    with pytest.raises(ConfigError, match=rf"{path}: not valid YAML"):
+    with pytest.raises(ConfigError, match=rf"^{path}:2:1: not valid YAML: expected ',' or '\]', but got '<stream end>'$"):
         load_config(path)
     with pytest.raises(ConfigError, match="does not exist"):
         load_config(tmp_path / "missing.yaml")
@@ -92,3 +92,144 @@ def test_errors_in_a_yaml_file_name_the_file(tmp_path):
 def test_a_label_budget_larger_than_the_training_split_is_refused():
     with pytest.raises(ConfigError, match="sft.examples=9500 is more than the 9000 training problems of ndigit=2"):
         load_config("multiplier", ["sft.examples=9500"])
+
+
+@pytest.mark.parametrize("key, registry", [
+    ("algo.name", "lmrl.algos:ALGORITHMS"),
+    ("algo.adv_mode", "lmrl.algos.advantages:GROUP_MODES"),
+    ("algo.loss_level", "lmrl.algos.losses:LOSS_LEVELS"),
+    ("algo.kl_estimator", "lmrl.algos.losses:KL_ESTIMATORS"),
+    ("dpo.loss_type", "lmrl.algos.preference_losses:DPO_LOSS_TYPES"),
+    ("task.name", "lmrl.tasks:TASKS"),
+    ("task.reward", "lmrl.tasks.arithmetic:REWARDS"),
+    ("schedule.name", "lmrl.schedules:SCHEDULES"),
+    ("rollout.engine", "lmrl.rollout.engine:ENGINES"),
+])
+def test_a_choice_key_takes_its_choices_from_the_implementing_modules_registry(key, registry):
+    import importlib
+
+    module, name = registry.split(":")
+    names = list(getattr(importlib.import_module(module), name))
+    with pytest.raises(ConfigError) as e:
+        load_config(None, [f"{key}={names[-1]}x"])
+    assert str(e.value) == f"{key}='{names[-1]}x' is not one of {', '.join(names)}; did you mean '{names[-1]}'?"
+
+
+def test_every_schedule_in_the_registry_is_a_valid_schedule_name():
+    from lmrl.schedules import SCHEDULES
+
+    for name in SCHEDULES:
+        assert load_config("adder", [f"schedule.name={name}"]).schedule.name == name
+
+
+def test_an_algorithm_states_its_own_requirements():
+    with pytest.raises(ConfigError, match="algo.name=reinforce makes one on-policy update per rollout"):
+        load_config("adder", ["algo.minibatch_size=64"])
+    with pytest.raises(ConfigError, match="algo.name=ppo needs a value model"):
+        load_config("adder", ["algo.name=ppo"])
+    assert load_config("adder", ["algo.name=grpo", "algo.adv_mode=raw"]).algo.group_size == 1  # A = r needs no group
+
+
+def test_the_config_layer_imports_no_trainer_and_light_modules_no_torch():
+    import subprocess
+    import sys
+
+    probe = ("import sys, lmrl.tasks.math_reward; light = 'torch' not in sys.modules; import lmrl.config; "
+             "print(light, any(m.startswith('lmrl.train') for m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout.split()
+    assert out == ["True", "False"]
+
+
+def test_offline_trainers_count_optimizer_steps_in_max_steps_and_refuse_train_steps():
+    dpo = load_config("dpo-smollm2")
+    assert dpo.train.max_steps == 40 and dpo.train.steps == 200  # train.steps (RL updates) left at its default
+    with pytest.raises(ConfigError) as e:
+        load_config("dpo-smollm2", ["train.steps=10"])
+    assert str(e.value) == ("train.steps=10 counts RL updates; run.trainer=dpo counts optimizer steps in "
+                            "train.max_steps (0 = data.epochs passes): set train.max_steps=10")
+    with pytest.raises(ConfigError, match="train.max_steps=3 counts the offline trainers' optimizer steps; "
+                                          "run.trainer=rl counts RL updates in train.steps"):
+        load_config("adder", ["train.max_steps=3"])
+
+
+def test_an_offline_preset_on_an_rl_base_drops_the_bases_rl_updates(tmp_path):
+    # sql-sft-smollm2 is `base: sql-agent-smollm2` (train.steps: 20) with run.trainer: sft
+    assert load_config("sql-sft-smollm2").train.steps == 200
+    with pytest.raises(ConfigError, match="train.steps=5 counts RL updates; run.trainer=sft"):
+        load_config("sql-sft-smollm2", ["train.steps=5"])
+    path = tmp_path / "mine.yaml"
+    path.write_text("base: dpo-smollm2\ntrain:\n  steps: 7\n")  # set in the offline config itself
+    with pytest.raises(ConfigError, match="train.steps=7 counts RL updates"):
+        load_config(path)
+    path.write_text("base: sql-sft-smollm2\nrun:\n  trainer: rl\n")  # and back: RL on the offline preset
+    cfg = load_config(path)
+    assert (cfg.train.steps, cfg.train.max_steps) == (20, 0)  # sql-agent's RL updates count again
+    path.write_text("base: dpo-smollm2\nrun:\n  trainer: rl\n")
+    rl = load_config(path, ["model.path=x", "task.name=math", "task.train_file=a", "task.test_file=b"])
+    assert rl.train.max_steps == 0  # dpo-smollm2's max_steps: 40 dropped
+
+
+@pytest.mark.parametrize("override, message", [
+    ("algo.group_size=0", "algo.group_size must be >= 1, got 0"),  # divided by in the checks before
+    ("train.ga_steps=0", "train.ga_steps must be >= 1, got 0"),
+    ("model.n_head=0", "model.n_head must be >= 1, got 0"),
+    ("model.n_embd=-8", "model.n_embd must be >= 1, got -8"),
+    ("eval.batch_size=0", "eval.batch_size must be >= 1, got 0"),
+    ("sft.batch_size=0", "sft.batch_size must be >= 1, got 0"),  # trained on empty batches, every loss NaN
+    ("data.batch_size=0", "data.batch_size must be >= 1, got 0"),
+    ("optim.lr=nan", "optim.lr must be a finite number, got nan"),
+    ("optim.lr=.inf", "optim.lr must be a finite number, got inf"),
+    ("optim.lr=-1e-4", "optim.lr must be >= 0, got -0.0001"),
+    ("algo.kl_coef=-.inf", "algo.kl_coef must be a finite number, got -inf"),
+    ("optim.betas=[.nan, 0.9]", "optim.betas must be two numbers in [0, 1), got [nan, 0.9]"),
+    ("model.dropout=1.5", "model.dropout must be in [0, 1), got 1.5"),
+    ("lora.dropout=-0.1", "lora.dropout must be in [0, 1), got -0.1"),
+    ("algo.gamma=1.5", "algo.gamma must be in [0, 1], got 1.5"),
+    ("rollout.gpu_memory_utilization=0", "rollout.gpu_memory_utilization must be in (0, 1], got 0.0"),
+    ("run.threads=-2", "run.threads must be >= 0, got -2"),
+    ("train.temperature=0", "train.temperature must be > 0, got 0.0"),
+])
+def test_bad_values_are_refused_up_front_in_one_line_naming_the_key(override, message):
+    with pytest.raises(ConfigError) as e:
+        load_config("adder", [override])
+    assert str(e.value) == message
+
+
+def test_a_config_built_in_python_is_checked_the_same_way():
+    from lmrl.config import Config, validate
+
+    cfg = Config()
+    cfg.algo.group_size = 0  # the rollout_size % group_size rule would divide by it
+    with pytest.raises(ConfigError, match="algo.group_size must be >= 1, got 0"):
+        validate(cfg)
+
+
+@pytest.mark.parametrize("text, line, key", [
+    ("train:\n  steps: 3\n  steps: 4\n", 3, "steps"),
+    ("train:\n  steps: 3\nmodel:\n  n_layer: 2\ntrain:\n  ga_steps: 2\n", 5, "train"),
+])
+def test_a_key_or_section_written_twice_in_yaml_is_refused(tmp_path, text, line, key):
+    path = tmp_path / "twice.yaml"
+    path.write_text(text)
+    with pytest.raises(ConfigError) as e:
+        load_config(path)
+    assert str(e.value).startswith(f"{path}:{line}: key {key!r} appears twice in one mapping (first on line ")
+
+
+
+def test_a_yaml_file_that_cannot_be_read_is_one_line_naming_it(tmp_path):
+    folder = tmp_path / "dir.yaml"
+    folder.mkdir()
+    with pytest.raises(ConfigError) as e:
+        load_config(folder)
+    assert str(e.value) == f"{folder}: cannot read the config file: Is a directory"
+    latin1 = tmp_path / "latin1.yaml"
+    latin1.write_bytes(b"run:\n  name: caf\xe9\n")
+    with pytest.raises(ConfigError) as e:
+        load_config(latin1)
+    assert str(e.value) == f"{latin1}:2: not UTF-8 text (invalid continuation byte at byte 16 of the file)"
+    deep = tmp_path / "deep.yaml"
+    deep.write_text("run: " + "[" * 100_000 + "\n")
+    with pytest.raises(ConfigError) as e:
+        load_config(deep)
+    assert str(e.value) == f"{deep}: not valid YAML: nested too deeply to read"

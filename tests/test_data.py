@@ -112,3 +112,28 @@ def test_write_is_atomic_and_leaves_no_temp_file_on_error(tmp_path):
         write_jsonl(path, [{"prompt": "new"}, ["not", "a", "dict"]])
     assert read_jsonl(path) == [{"prompt": "old"}]  # the old file is untouched
     assert os.listdir(tmp_path) == ["out.jsonl"]
+
+
+def test_a_directory_given_as_the_data_file_is_one_line_naming_it(tmp_path):
+    folder = tmp_path / "train.jsonl"
+    folder.mkdir()
+    assert error_of(folder) == f"{folder}: cannot read the data file: Is a directory"
+
+
+def test_a_row_that_is_not_utf8_names_its_line(tmp_path):
+    path = tmp_path / "data.jsonl"
+    path.write_bytes(b'{"prompt": "a"}\n{"prompt": "caf\xe9"}\n')
+    assert error_of(path) == f"{path}:2: not UTF-8 text (invalid continuation byte at byte 15 of the line)"
+
+
+def test_a_row_nested_too_deeply_is_one_line_naming_it(tmp_path):
+    path = write(tmp_path, '{"prompt": "a"}\n{"prompt": ' + "[" * 100_000 + "]" * 100_000 + "}\n")
+    assert error_of(path) == f"{path}:2: invalid JSON: nested too deeply to read"
+
+
+def test_a_byte_order_mark_is_not_part_of_the_first_row(tmp_path):
+    path = tmp_path / "data.jsonl"
+    path.write_bytes(b'\xef\xbb\xbf{"prompt": "a"}\n')
+    assert read_jsonl(path) == [{"prompt": "a"}]
+    path.write_bytes(b'\xef\xbb\xbf{"prompt": "a",}\n')  # the column counts from the row's first character
+    assert error_of(path) == f"{path}:1: invalid JSON: Expecting property name enclosed in double quotes (column 16)"

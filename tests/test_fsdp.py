@@ -18,7 +18,7 @@ from safetensors.torch import load_file
 
 from lmrl.config import ConfigError, load_config
 from lmrl.tasks.word_problems import write_addition_chat
-from lmrl.train import checkpoint as ckpt
+from lmrl import checkpoint as ckpt
 from lmrl.train.inspect import load_run
 from tests.test_hf import save_tiny_llama
 

@@ -55,7 +55,7 @@ if kind == "row":
             die()
     sinks.JsonlSink.log = log_then_die
 elif kind == "save":
-    from lmrl.train import checkpoint as ckpt
+    from lmrl import checkpoint as ckpt
     def write_model_then_die(tmp, model, state_json):
         if tmp.name.startswith(f".tmp-step_{n}-"):
             ckpt.save_weights_file(model, tmp / ckpt.MODEL_FILE)
@@ -63,7 +63,7 @@ elif kind == "save":
         write(tmp, model, state_json)
     write, ckpt._write_model_and_state = ckpt._write_model_and_state, write_model_then_die
 elif kind == "saved":
-    from lmrl.train import checkpoint as ckpt
+    from lmrl import checkpoint as ckpt
     def write_then_die(final, write_files):
         path = write_atomically(final, write_files)
         if final.name == f"step_{n}":

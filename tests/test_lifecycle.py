@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from lmrl.train import checkpoint as ckpt
+from lmrl import checkpoint as ckpt
 from lmrl.train.rl_trainer import RLTrainer
 
 
@@ -68,3 +68,10 @@ def test_an_early_stopped_rl_run_resumed_stays_stopped(tiny_config, monkeypatch)
     scripted_evaluations(resumed, monkeypatch, [0.9] * 10)
     summary = resumed.train()
     assert summary["steps_done"] == 1 and summary["stopped_early"]
+
+
+def test_run_trainer_choices_are_the_trainers_build_trainer_knows():
+    from lmrl.config_schema import TRAINERS as CONFIG_TRAINERS
+    from lmrl.train.trainers import TRAINERS
+
+    assert set(CONFIG_TRAINERS) == set(TRAINERS)

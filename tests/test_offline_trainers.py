@@ -45,7 +45,7 @@ def _cfg(data, run_dir, trainer, *overrides, hf=True):
              "reward": ("pairs.jsonl", "pairs_eval.jsonl")}[trainer]
     return load_config(None, [f"run.trainer={trainer}", f"run.dir={run_dir}", *model, *QUIET,
                               f"data.train_file={data / files[0]}", f"data.eval_file={data / files[1]}",
-                              "data.batch_size=4", *(["data.max_length=64"] if hf else []), "train.steps=6", "train.eval_every=3",
+                              "data.batch_size=4", *(["data.max_length=64"] if hf else []), "train.max_steps=6", "train.eval_every=3",
                               "train.ckpt_every=2", "train.log_every=1", "optim.lr=1e-2", *overrides])
 
 
@@ -70,9 +70,9 @@ def test_sft_loss_is_the_cross_entropy_of_response_tokens_only(data, tmp_path):
 
 def test_sft_on_the_gpt_learns_and_resumes_exactly(data, tmp_path):
     over = ["data.train_file=" + str(data / "chars.jsonl"), "data.eval_file=" + str(data / "chars.jsonl"),
-            "data.batch_size=16", "optim.lr=3e-3", "train.steps=8", "train.eval_every=4"]
+            "data.batch_size=16", "optim.lr=3e-3", "train.max_steps=8", "train.eval_every=4"]
     full = SFTTrainer(_cfg(data, tmp_path / "full", "sft", *over, hf=False)).train()
-    SFTTrainer(_cfg(data, tmp_path / "part", "sft", *over, "train.steps=4", hf=False)).train()
+    SFTTrainer(_cfg(data, tmp_path / "part", "sft", *over, "train.max_steps=4", hf=False)).train()
     resumed = SFTTrainer(_cfg(data, tmp_path / "part", "sft", *over, "run.resume=auto", hf=False)).train()
     a, b = _metrics(tmp_path / "full"), _metrics(tmp_path / "part")
     losses = [r["sft/loss"] for r in a if "sft/loss" in r]
@@ -97,7 +97,7 @@ def test_sft_on_an_hf_model_with_lora_exports_a_merged_model(data, tmp_path):
 
 
 def test_dpo_starts_at_log2_with_a_reference_view_and_learns_the_preference(data, tmp_path):
-    trainer = DPOTrainer(_cfg(data, tmp_path / "run", "dpo", "lora.r=8", "dpo.beta=0.5", "train.steps=12",
+    trainer = DPOTrainer(_cfg(data, tmp_path / "run", "dpo", "lora.r=8", "dpo.beta=0.5", "train.max_steps=12",
                               "train.eval_every=12"))
     assert is_reference_view(trainer.reference)  # LoRA: the adapter switched off, no copy
     summary = trainer.train()
@@ -110,7 +110,7 @@ def test_dpo_starts_at_log2_with_a_reference_view_and_learns_the_preference(data
 
 
 def test_dpo_without_lora_uses_a_frozen_copy(data, tmp_path):
-    trainer = DPOTrainer(_cfg(data, tmp_path / "run", "dpo", "train.steps=2", "dpo.loss_type=ipo"))
+    trainer = DPOTrainer(_cfg(data, tmp_path / "run", "dpo", "train.max_steps=2", "dpo.loss_type=ipo"))
     assert not is_reference_view(trainer.reference) and trainer.reference is not trainer.model
     before = [p.clone() for p in trainer.reference.parameters()]
     trainer.train()
@@ -118,7 +118,7 @@ def test_dpo_without_lora_uses_a_frozen_copy(data, tmp_path):
 
 
 def test_reward_model_learns_pairs_and_exports_a_model_transformers_loads(data, tmp_path):
-    trainer = RewardTrainer(_cfg(data, tmp_path / "run", "reward", "train.steps=10", "train.eval_every=5"))
+    trainer = RewardTrainer(_cfg(data, tmp_path / "run", "reward", "train.max_steps=10", "train.eval_every=5"))
     summary = trainer.train()
     rows = _metrics(tmp_path / "run")
     assert rows[-1]["eval/accuracy"] == 1.0 and "rm/margin_mean" in rows[0]
@@ -135,7 +135,7 @@ def test_reward_model_learns_pairs_and_exports_a_model_transformers_loads(data, 
 
 def test_early_stopping_keeps_the_best_model(data, tmp_path):
     # lr 0: the eval metric never improves after the first evaluation, so patience 2 stops at the third
-    cfg = _cfg(data, tmp_path / "run", "reward", "optim.lr=0", "train.steps=20", "train.eval_every=2",
+    cfg = _cfg(data, tmp_path / "run", "reward", "optim.lr=0", "train.max_steps=20", "train.eval_every=2",
                "train.patience=2")
     summary = RewardTrainer(cfg).train()
     assert summary["stopped_early"] and summary["steps_done"] == 6
@@ -144,7 +144,7 @@ def test_early_stopping_keeps_the_best_model(data, tmp_path):
 
 
 def test_build_trainer_dispatches_on_run_trainer_and_config_errors_name_keys(data, tmp_path):
-    assert isinstance(build_trainer(_cfg(data, tmp_path / "a", "dpo", "train.steps=1")), DPOTrainer)
+    assert isinstance(build_trainer(_cfg(data, tmp_path / "a", "dpo", "train.max_steps=1")), DPOTrainer)
     with pytest.raises(ConfigError, match="dpo.loss_type"):
         _cfg(data, tmp_path / "b", "dpo", "dpo.loss_type=sigmoidd")
     with pytest.raises(ConfigError, match="data.train_file"):
@@ -154,7 +154,7 @@ def test_build_trainer_dispatches_on_run_trainer_and_config_errors_name_keys(dat
 
 
 def test_over_long_pairs_are_cut_and_counted(data, tmp_path):
-    trainer = DPOTrainer(_cfg(data, tmp_path / "run", "dpo", "data.max_length=12", "train.steps=1"))
+    trainer = DPOTrainer(_cfg(data, tmp_path / "run", "dpo", "data.max_length=12", "train.max_steps=1"))
     assert all(len(p.prompt) + max(len(p.chosen), len(p.rejected)) <= 12 for p in trainer.train_rows)
     assert any(f"of {len(PAIRS)} rows truncated" in note and not note.startswith("0 ") for note in trainer.data_notes)
 
@@ -171,3 +171,15 @@ def test_offline_trainers_take_a_datasets_dataset_instead_of_files(data, tmp_pat
     summary = trainer.train()
     assert summary["steps_done"] == 6 and summary["train_rows"] == 8
     assert "rows handed in" in (tmp_path / "run" / "train.log").read_text()
+
+
+def test_a_malformed_row_is_reported_before_any_model_loads(data, tmp_path, monkeypatch):
+    bad = tmp_path / "bad.jsonl"
+    write_jsonl(bad, PAIRS[:3] + [{"prompt": "What is 1+1?", "chosen": "2", "rejected": 2}])
+
+    def no_model(self):
+        raise AssertionError("the model was built before the data was checked")
+
+    monkeypatch.setattr(RewardTrainer, "build_model", no_model)
+    with pytest.raises(Exception, match=r"bad.jsonl:4"):
+        RewardTrainer(_cfg(data, tmp_path / "run", "reward", f"data.train_file={bad}"))

@@ -22,7 +22,7 @@ from lmrl.distributed.ray_cluster import RayMissing, require_ray
 from lmrl.rollout.agent import AgentRollout
 from lmrl.rollout.engine import trainable_state
 from lmrl.rollout.local import Rollout
-from lmrl.train import checkpoint as ckpt
+from lmrl import checkpoint as ckpt
 from lmrl.train.rl_trainer import RLTrainer, TrainingError
 from tests.test_hf_training import _config as hf_config, tiny_hf  # noqa: F401  (tiny_hf: a fixture)
 

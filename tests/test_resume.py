@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from lmrl.train import checkpoint as ckpt
+from lmrl import checkpoint as ckpt
 from lmrl.train.rl_trainer import RLTrainer
 
 from .conftest import TINY

@@ -30,7 +30,7 @@ def rm(tmp_path_factory):
     write_jsonl(root / "prompts" / "test.jsonl", [{"prompt": p["prompt"]} for p in pairs[12:]])
     summary = RewardTrainer(load_config(None, [
         "run.trainer=reward", f"run.dir={root / 'rm-run'}", "model.type=hf", f"model.path={root / 'model'}",
-        f"data.train_file={root / 'pairs.jsonl'}", "data.batch_size=8", "train.steps=8", "optim.lr=1e-2",
+        f"data.train_file={root / 'pairs.jsonl'}", "data.batch_size=8", "train.max_steps=8", "optim.lr=1e-2",
         *QUIET])).train()
     return root, summary["exported"]
 

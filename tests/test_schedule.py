@@ -4,7 +4,7 @@ import math
 import pytest
 import torch
 
-from lmrl.train.schedule import SCHEDULES, PlateauScheduler, StepScheduler, lr_at, make_scheduler
+from lmrl.schedules import SCHEDULES, PlateauScheduler, StepScheduler, lr_at, make_scheduler
 
 
 def test_warmup_rises_linearly_from_one_step_to_base_lr():

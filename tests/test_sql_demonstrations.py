@@ -155,7 +155,7 @@ def test_sft_on_demonstrations_then_rl_from_its_exported_model(tiny_dir, tmp_pat
     sft_cfg = load_config("sql-sft-smollm2", [
         *common, f"model.path={tiny_dir}", f"run.dir={tmp_path / 'sft'}", f"data.train_file={tmp_path}/demos/train.jsonl",
         f"data.eval_file={tmp_path}/demos/test.jsonl", "data.generate_train=6", "data.generate_test=3",
-        "data.max_length=1600", "data.batch_size=3", "train.steps=2", "train.eval_every=1", "optim.lr=1e-2"])
+        "data.max_length=1600", "data.batch_size=3", "train.max_steps=2", "train.eval_every=1", "optim.lr=1e-2"])
     summary = SFTTrainer(sft_cfg).train()
     assert summary["steps_done"] == 2 and len(read_sft(tmp_path / "demos" / "train.jsonl")) == 6
     exported = tmp_path / "sft" / "model"

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from lmrl.config import ConfigError
-from lmrl.train import checkpoint as ckpt
+from lmrl import checkpoint as ckpt
 from lmrl.algos import reinforce as reinforce_algo
 from lmrl.train.rl_trainer import RLTrainer, TrainingError
 from lmrl.tasks.rewards import RewardError

@@ -53,7 +53,7 @@ def test_config_check_refuses_vllm_for_gpt_and_agent_tasks(preset, overrides, wo
 
 
 def test_missing_vllm_says_which_extra_to_install(monkeypatch):
-    from lmrl.rollout.engine import make_engine
+    from lmrl.rollout.engines import make_engine
 
     monkeypatch.setitem(sys.modules, "vllm", None)  # `import vllm` now raises ImportError
     with pytest.raises(ImportError) as e:

@@ -12,6 +12,11 @@ accumulated gradient equals the gradient of the whole minibatch's loss.
 
 The trainer is the `learner`: it owns the model(s), the optimizer and the process group, and gives
 the algorithm a small surface (see `Learner`), so an algorithm never touches the loop.
+
+An algorithm is a subclass registered by name; `algo.name` takes its choices from `ALGORITHMS`:
+
+    @register_algorithm("my_pg")
+    class MyPG(Algorithm): ...
 """
 
 from __future__ import annotations
@@ -94,11 +99,34 @@ def score_sequences(model: nn.Module, sequences: torch.Tensor, n: int, temperatu
     return torch.cat(logps), None if values[0] is None else torch.cat(values)
 
 
+# name -> Algorithm subclass: what `algo.name` may be (the config check reads this dict).
+ALGORITHMS: dict[str, type[Algorithm]] = {}
+
+
+def register_algorithm(name: str):
+    """Class decorator: `algo.name: <name>` runs this Algorithm subclass (and sets its `name`)."""
+    def register(cls: type[Algorithm]) -> type[Algorithm]:
+        if ALGORITHMS.get(name, cls) is not cls:
+            raise ValueError(f"algorithm {name!r} is already registered (by {ALGORITHMS[name].__qualname__})")
+        cls.name = name
+        ALGORITHMS[name] = cls
+        return cls
+    return register
+
+
 class Algorithm:
-    """Base class. Subclasses set `name` and implement `prepare` and `policy_loss`."""
+    """Base class. Subclasses implement `prepare` and `policy_loss` and are registered with
+    `@register_algorithm(name)`; `check_config` adds what they need of the `algo` section."""
 
     name = "base"
     uses_values = False  # True: the learner's model is an ActorCritic returning values
+
+    @classmethod
+    def check_config(cls, cfg) -> list[str]:
+        """What is wrong with the `algo` section `cfg` for this algorithm, one line per problem."""
+        if cls.uses_values and cfg.value_model == "none":
+            return [f"algo.name={cfg.name} needs a value model: set algo.value_model to head or separate"]
+        return []
 
     def __init__(self, cfg, *, temperature: float = 1.0, ga_steps: int = 1, max_new_tokens: int = 1):
         self.cfg = cfg

@@ -16,12 +16,19 @@ from __future__ import annotations
 import torch
 
 from .advantages import group_advantages, leave_one_out_advantages, normalize_advantages
-from .base import Algorithm, PreparedBatch, score_sequences
+from .base import Algorithm, PreparedBatch, register_algorithm, score_sequences
 from .losses import clipped_surrogate_loss
 
 
+@register_algorithm("grpo")
 class GRPO(Algorithm):
-    name = "grpo"
+    @classmethod
+    def check_config(cls, cfg) -> list[str]:
+        # A group of one has no mean to compare with; only the raw advantage (A = r) works without one.
+        alone = cfg.group_size < 2 and not (cls is GRPO and cfg.adv_mode == "raw")
+        return super().check_config(cfg) + ([] if not alone else [
+            f"algo.name={cfg.name} compares each completion with its group: algo.group_size must be >= 2, "
+            f"got {cfg.group_size}"])
 
     def group_advantages(self, rewards: torch.Tensor) -> torch.Tensor:
         return group_advantages(rewards, self.group_size, self.cfg.adv_mode, self.cfg.adv_eps)
@@ -50,8 +57,8 @@ class GRPO(Algorithm):
                                       self.cfg.clip_range_right, self.cfg.loss_level, self.loss_constant)
 
 
+@register_algorithm("rloo")
 class RLOO(GRPO):
-    name = "rloo"
 
     def group_advantages(self, rewards: torch.Tensor) -> torch.Tensor:
         return leave_one_out_advantages(rewards, self.group_size)

@@ -17,12 +17,12 @@ import math
 import torch
 
 from .advantages import gae, normalize_advantages, token_level_rewards
-from .base import Algorithm, PreparedBatch, score_sequences
+from .base import Algorithm, PreparedBatch, register_algorithm, score_sequences
 from .losses import clipped_surrogate_loss, explained_variance, value_loss
 
 
+@register_algorithm("ppo")
 class PPO(Algorithm):
-    name = "ppo"
     uses_values = True
 
     def prepare(self, learner, rollout, rewards: torch.Tensor) -> tuple[PreparedBatch, dict]:

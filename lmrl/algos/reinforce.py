@@ -6,12 +6,18 @@ from __future__ import annotations
 import torch
 
 from .advantages import baseline_advantages, update_moving_baseline
-from .base import Algorithm, PreparedBatch
+from .base import Algorithm, PreparedBatch, register_algorithm
 from .losses import reinforce_loss
 
 
+@register_algorithm("reinforce")
 class Reinforce(Algorithm):
-    name = "reinforce"
+    @classmethod
+    def check_config(cls, cfg) -> list[str]:
+        one_pass = cfg.ppo_epochs == 1 and cfg.minibatch_size == 0
+        return super().check_config(cfg) + ([] if one_pass else [
+            f"algo.name={cfg.name} makes one on-policy update per rollout: algo.ppo_epochs must be 1 and "
+            "algo.minibatch_size 0 (use rloo, grpo or ppo for several updates per rollout)"])
 
     def __init__(self, cfg, **kw):
         super().__init__(cfg, **kw)

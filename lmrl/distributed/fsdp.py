@@ -17,7 +17,7 @@ gathers a policy once (one all-gather per unit, the same on every rank) and keep
 block ends, so generation makes no collectives; `HFPolicy.generate_ids` and multi-turn episodes
 enter it themselves, the trainer around a whole evaluation.
 
-Checkpoints stay in the single-process format (`lmrl.train.checkpoint`): every rank joins the
+Checkpoints stay in the single-process format (`lmrl.checkpoint`): every rank joins the
 gathers, rank 0 writes whole tensors; the optimizer state is id-keyed as `optimizer.state_dict()`
 gives it, so a checkpoint resumes under FSDP, DDP or in one process alike."""
 

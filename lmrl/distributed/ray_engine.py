@@ -34,6 +34,7 @@ import time
 import torch
 import torch.nn.functional as F
 
+from ..checkpoint import load_initial_weights
 from ..errors import TrainingError
 from ..models import build_model
 from ..rollout.engine import Sampled, draw_seed, load_state_into, rollout_to, trainable_state
@@ -94,7 +95,6 @@ class NoScore:
 def build_policy(cfg, device) -> tuple:
     """(task, model) as `RLTrainer.__init__` builds them: the same seed first, so random
     initialisations (a LoRA adapter's, the GPT's) are the same; `model.init_from` applied."""
-    from ..train.checkpoint import load_initial_weights
 
     torch.manual_seed(cfg.run.seed)
     model = build_model(cfg.model, lora=cfg.lora) if cfg.model.type == "hf" else None

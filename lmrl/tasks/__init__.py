@@ -1,41 +1,26 @@
 """Tasks: where prompts come from and how completions are scored.
 
 Imports are lazy, so a light module (e.g. `math_reward`, which reward worker processes import)
-does not pull in torch through this package."""
+does not pull in torch through this package: each task's module is imported by its builder."""
+
+from pathlib import Path
+
+from ..errors import ConfigError
+from .synthetic_preferences import write_preference_splits
+from .word_problems import write_addition_chat, write_splits
 
 
 def build_task(cfg, *, tokenizer=None, reward=None, env=None, device="cpu"):
-    """The task described by the `task` config section. A math task needs the policy's tokenizer
-    (for its chat template) and takes its reward weights from the `reward` section; the SQL agent
-    takes its environment from the `env` section; open prompts take their reward model from
-    `reward.model` (loaded on `device`) or a custom `reward.cls`."""
-    if cfg.name == "prompts":
-        return _prompt_task(cfg, tokenizer, reward, device)
-    if cfg.name == "sql":
-        from ..config import EnvConfig
-        from .sql.agent_task import SQLAgentTask
-        from .sql.env import SQLEnvConfig
-        from .sql.procedural import SKILLS
+    """The task described by the `task` config section (`cfg.name` is a key of `TASKS`). A math
+    task needs the policy's tokenizer (for its chat template) and takes its reward weights from the
+    `reward` section; the SQL agent takes its environment from the `env` section; open prompts take
+    their reward model from `reward.model` (loaded on `device`) or a custom `reward.cls`."""
+    if cfg.name not in TASKS:
+        raise ConfigError(f"task.name={cfg.name!r} is not one of {', '.join(TASKS)}")
+    return TASKS[cfg.name](cfg, tokenizer=tokenizer, reward=reward, env=env, device=device)
 
-        if tokenizer is None:
-            raise ValueError("task.name=sql needs a Hugging Face policy's tokenizer (model.type=hf)")
-        env = env if env is not None else EnvConfig()
-        env_config = SQLEnvConfig.from_section(env)
-        return SQLAgentTask(tokenizer, env_config, n_train=env.train_tasks, heldout_per_skill=env.heldout_per_skill,
-                            skills=tuple(env.skills) or SKILLS, train_file=cfg.train_file, test_file=cfg.test_file,
-                            max_new_tokens=cfg.max_new_tokens, max_context=env.max_context)
-    if cfg.name == "math":
-        from .math_reward import MathReward
-        from .math_task import MathTask
 
-        if tokenizer is None:
-            raise ValueError("task.name=math needs a Hugging Face policy's tokenizer (model.type=hf)")
-        _ensure_data(cfg)
-        scorer = MathReward() if reward is None else MathReward(
-            format_weight=reward.format_weight, correct_weight=reward.correct_weight,
-            require_format=reward.require_format, timeout_s=reward.timeout_s)
-        return MathTask(cfg.train_file, cfg.test_file, tokenizer, max_new_tokens=cfg.max_new_tokens, chat=cfg.chat,
-                        system_prompt=cfg.system_prompt, prompt_template=cfg.prompt_template, reward=scorer)
+def _arithmetic_task(cfg, **_):
     from .arithmetic import ArithmeticTask
 
     return ArithmeticTask(name=cfg.name, ndigit=cfg.ndigit, use_format=cfg.use_format,
@@ -43,8 +28,36 @@ def build_task(cfg, *, tokenizer=None, reward=None, env=None, device="cpu"):
                           scratchpad=cfg.scratchpad)
 
 
-def _prompt_task(cfg, tokenizer, reward, device):
-    from ..config import ConfigError
+def _math_task(cfg, *, tokenizer, reward, **_):
+    from .math_reward import MathReward
+    from .math_task import MathTask
+
+    if tokenizer is None:
+        raise ValueError("task.name=math needs a Hugging Face policy's tokenizer (model.type=hf)")
+    _ensure_data(cfg)
+    scorer = MathReward() if reward is None else MathReward(
+        format_weight=reward.format_weight, correct_weight=reward.correct_weight,
+        require_format=reward.require_format, timeout_s=reward.timeout_s)
+    return MathTask(cfg.train_file, cfg.test_file, tokenizer, max_new_tokens=cfg.max_new_tokens, chat=cfg.chat,
+                    system_prompt=cfg.system_prompt, prompt_template=cfg.prompt_template, reward=scorer)
+
+
+def _sql_task(cfg, *, tokenizer, env, **_):
+    from .sql.agent_task import SQLAgentTask
+    from .sql.env import SQLEnvConfig
+    from .sql.procedural import SKILLS
+
+    if tokenizer is None:
+        raise ValueError("task.name=sql needs a Hugging Face policy's tokenizer (model.type=hf)")
+    if env is None:
+        raise ValueError("task.name=sql needs the `env` config section (build_task(..., env=config.env))")
+    env_config = SQLEnvConfig.from_section(env)
+    return SQLAgentTask(tokenizer, env_config, n_train=env.train_tasks, heldout_per_skill=env.heldout_per_skill,
+                        skills=tuple(env.skills) or SKILLS, train_file=cfg.train_file, test_file=cfg.test_file,
+                        max_new_tokens=cfg.max_new_tokens, max_context=env.max_context)
+
+
+def _prompt_task(cfg, *, tokenizer, reward, device, **_):
     from .prompt_task import PromptTask
 
     if tokenizer is None:
@@ -69,10 +82,18 @@ def _prompt_task(cfg, tokenizer, reward, device):
                       chat=cfg.chat, system_prompt=cfg.system_prompt, prompt_template=cfg.prompt_template)
 
 
+# `task.name` -> the function that builds the task; the config check reads this dict.
+TASKS = {"addition": _arithmetic_task, "multiplication": _arithmetic_task, "math": _math_task, "sql": _sql_task,
+         "prompts": _prompt_task}
+
+# `task.generate` -> the writer of DIR/train.jsonl and DIR/test.jsonl and its (train, test) sizes, as
+# `lmrl data <name>` writes them by default.
+GENERATORS = {"word-problems": (write_splits, (2000, 200)), "addition-chat": (write_addition_chat, (2000, 200)),
+              "preferences": (write_preference_splits, (600, 100))}
+
+
 def _ensure_data(cfg) -> None:
     """Writes the task's JSONL files with `task.generate`'s generator when they are missing."""
-    from pathlib import Path
-
     train, test = Path(cfg.train_file), Path(cfg.test_file)
     if train.exists() and test.exists():
         return
@@ -83,11 +104,7 @@ def _ensure_data(cfg) -> None:
     if train.parent != test.parent or (train.name, test.name) != ("train.jsonl", "test.jsonl"):
         raise FileNotFoundError(f"task.generate writes DIR/train.jsonl and DIR/test.jsonl; task.train_file="
                                 f"{train} and task.test_file={test} are not such a pair")
-    from .synthetic_preferences import write_preference_splits
-    from .word_problems import write_addition_chat, write_splits
-
-    writer = {"addition-chat": write_addition_chat, "preferences": write_preference_splits}.get(cfg.generate, write_splits)
-    sizes = (600, 100) if cfg.generate == "preferences" else (2000, 200)  # as `lmrl data <generate>` writes
+    writer, sizes = GENERATORS[cfg.generate]
     writer(train.parent, *sizes, seed=0)
 
 
@@ -99,4 +116,4 @@ def __getattr__(name):
     raise AttributeError(f"module 'lmrl.tasks' has no attribute {name!r}")
 
 
-__all__ = ["ArithmeticTask", "build_task"]
+__all__ = ["ArithmeticTask", "GENERATORS", "TASKS", "build_task"]

@@ -11,7 +11,7 @@ from ..config import Config, load_config
 from ..models import build_model
 from ..rollout.local import sample
 from ..tasks import build_task
-from . import checkpoint as ckpt
+from .. import checkpoint as ckpt
 from .evaluate import evaluate
 
 

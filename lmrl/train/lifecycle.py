@@ -52,10 +52,10 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from ..config import Config, save_config, validate
 from ..distributed.ddp import all_reduce_sum, barrier, broadcast_object, init_distributed
 from ..errors import TrainingError
-from . import checkpoint as ckpt
+from ..schedules import make_scheduler
+from .. import checkpoint as ckpt
 from .callbacks import CallbackList
 from .run_dir import RunLog, prepare_run_dir
-from .schedule import make_scheduler
 
 
 @dataclass

@@ -8,7 +8,8 @@ model, early stopping, checkpoints, exact resume, export, summary.json).
 Rows come from `data.train_file` / `data.eval_file`, or from `train_dataset=` / `eval_dataset=`
 handed to the constructor (a `datasets.Dataset`, a list of dicts), in TRL's formats (see
 `lmrl.tasks.preference_data`). A subclass says what its model is and what a row and its loss
-are: `build_model() -> (model, tokenizer)`, `encode(source) -> rows`, `collate(rows) -> batch`
+are: `build_model() -> (model, tokenizer)`, `read(source) -> rows` (checked before any model
+loads), `encode(rows, name) -> examples`, `collate(examples) -> batch`
 and `compute_loss(batch) -> (loss, metrics)`; evaluation averages `compute_loss`'s metrics over
 the held-out rows.
 
@@ -27,15 +28,15 @@ import torch
 from ..config import Config
 from ..errors import ConfigError
 from ..tasks.preference_data import TruncationCounter, read_preference
+from ..tasks.text_batches import TextCodec, encode_preferences, pair_batch
 from .lifecycle import Stage, Trainer
 from .offline_setup import ensure_data
-from ..tasks.text_batches import TextCodec, encode_preferences, pair_batch
 
 
 class OfflineTrainer(Trainer):
     """Subclasses set `name` (the metrics' prefix: sft, dpo, rm), `trainer_key` (its run.trainer
     value), `accuracy_key` (the training metric that evaluation also reports as eval/accuracy),
-    and implement `build_model`, `encode`, `collate` and `compute_loss`."""
+    and implement `build_model`, `read`, `encode`, `collate` and `compute_loss`."""
 
     trainer_key = "sft"
     accuracy_key: str | None = None
@@ -50,6 +51,14 @@ class OfflineTrainer(Trainer):
         if cfg.data.batch_size % (self.dist.world_size * cfg.train.ga_steps):
             raise ValueError(f"data.batch_size={cfg.data.batch_size} must split evenly over {self.dist.world_size} "
                              f"processes x train.ga_steps={cfg.train.ga_steps} micro-batches")
+        train = train_dataset if train_dataset is not None else cfg.data.train_file
+        if train is None:
+            raise ConfigError(f"{type(self).__name__} needs rows: set data.train_file or pass train_dataset=")
+        held_out = eval_dataset if eval_dataset is not None else cfg.data.eval_file
+        # every row is read and checked before a model loads: a bad row costs no model load
+        train_rows, eval_rows = self.read(train), self.read(held_out) if held_out is not None else []
+        if not train_rows:
+            raise ValueError(f"{source_name(train)} holds no rows")
         if model is None:
             model, tokenizer = self.build_model()
         tokenizer = tokenizer if tokenizer is not None else getattr(model, "tokenizer", None)
@@ -59,14 +68,8 @@ class OfflineTrainer(Trainer):
         self.codec = TextCodec(tokenizer, chat=cfg.data.chat)
         self.pad_id = getattr(tokenizer, "pad_token_id", None) or 0
         self.data_notes: list[str] = []
-        train = train_dataset if train_dataset is not None else cfg.data.train_file
-        if train is None:
-            raise ConfigError(f"{type(self).__name__} needs rows: set data.train_file or pass train_dataset=")
-        self.train_rows = self.encode(train)
-        if not self.train_rows:
-            raise ValueError(f"{source_name(train)} holds no rows")
-        held_out = eval_dataset if eval_dataset is not None else cfg.data.eval_file
-        self.eval_rows = self.encode(held_out) if held_out is not None else []
+        self.train_rows = self.encode(train_rows, source_name(train))
+        self.eval_rows = self.encode(eval_rows, source_name(held_out)) if eval_rows else []
         if cfg.data.eval_size:
             self.eval_rows = self.eval_rows[: cfg.data.eval_size]
         self.init_state()
@@ -75,9 +78,13 @@ class OfflineTrainer(Trainer):
     def build_model(self) -> tuple[torch.nn.Module, object]:
         raise NotImplementedError
 
-    def encode(self, source) -> list:
-        """Rows from `source`: a JSONL path (.jsonl / .jsonl.gz) or rows handed in (a datasets.Dataset,
-        a list of dicts), in any of the formats `lmrl.tasks.preference_data` reads."""
+    def read(self, source) -> list:
+        """The rows of `source` (a JSONL path, .jsonl / .jsonl.gz, or rows handed in: a datasets.Dataset,
+        a list of dicts), each checked, in any of the formats `lmrl.tasks.preference_data` reads."""
+        raise NotImplementedError
+
+    def encode(self, rows: list, name: str) -> list:
+        """`read`'s rows as token ids and loss masks (truncation counted in `self.data_notes` under `name`)."""
         raise NotImplementedError
 
     def collate(self, rows: list):
@@ -96,7 +103,7 @@ class OfflineTrainer(Trainer):
     # -- the loop ----------------------------------------------------------------------------------
     def stages(self) -> list[Stage]:
         cfg = self.config
-        steps = cfg.train.steps or max(1, math.ceil(cfg.data.epochs * len(self.train_rows) / cfg.data.batch_size))
+        steps = cfg.train.max_steps or max(1, math.ceil(cfg.data.epochs * len(self.train_rows) / cfg.data.batch_size))
         return [Stage(self.name, steps, eval_every=cfg.train.eval_every, clock="train")]
 
     def run_stage(self, stage: Stage) -> None:
@@ -189,11 +196,13 @@ class PairTrainer(OfflineTrainer):
     """An offline trainer over preference pairs {prompt|messages, chosen, rejected} (DPO, reward
     models): rows encoded once with `self.codec`, each batch chosen rows first, then rejected."""
 
-    def encode(self, source) -> list:
+    def read(self, source) -> list:
+        return read_preference(source, dialogue="auto" if self.config.data.chat else "text")
+
+    def encode(self, rows: list, name: str) -> list:
         counter = TruncationCounter()
-        rows = read_preference(source, dialogue="auto" if self.codec.chat else "text")
         pairs = encode_preferences(rows, self.codec, self.config.data.max_length, counter)
-        self.data_notes.append(f"{source_name(source)}: {counter}")
+        self.data_notes.append(f"{name}: {counter}")
         return pairs
 
     def collate(self, rows):

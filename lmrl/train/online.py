@@ -33,7 +33,7 @@ from ..algos.base import policy_forward
 from ..algos.losses import aggregate
 from ..rollout.agent import left_pad
 from ..tasks.text_batches import assistant_token_mask
-from . import checkpoint as ckpt
+from .. import checkpoint as ckpt
 from .callbacks import Callback, Episode
 from .lifecycle import guarded_step
 

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import copy
 import time
-from typing import Callable
 from contextlib import nullcontext
 
 import torch
@@ -34,13 +33,12 @@ from ..distributed.ddp import all_reduce_sum
 from ..models import build_model
 from ..models.heads import ActorCritic
 from ..models.reference import is_reference_view, reference_view
-from ..distributed.ray_engine import RayRolloutEngine
-from ..rollout.engine import LocalEngine, RolloutEngine, ThreadEngine, rollout_to
-from ..rollout.vllm_engine import VLLMEngine
+from ..rollout.engine import rollout_to
+from ..rollout.engines import make_engine
 from ..rollout.local import Rollout
 from ..tasks import build_task
 from ..tasks.protocol import LabeledTask, ScoredByModel, Task
-from . import checkpoint as ckpt
+from .. import checkpoint as ckpt
 from .evaluate import evaluate
 from .lifecycle import Stage, Trainer, TrainingError  # noqa: F401  (TrainingError: re-exported)
 from ..tasks.rewards import RewardFn, load_reward_class, score_rollout
@@ -283,18 +281,3 @@ def rollout_metrics(ro: Rollout, rewards: torch.Tensor, exact: torch.Tensor, ext
     return {"train/accuracy": stats[0].item() / count, "train/avg_reward": reward,
             "rollout/reward_mean": reward, "rollout/length_mean": stats[3].item() / count,
             **{f"rollout/{k}": stats[4 + i].item() / count for i, k in enumerate(names)}}
-
-
-def make_engine(config, task, policy: torch.nn.Module, *, group_size: int = 1, world_size: int = 1,
-                info: Callable[[str], None] = print, ckpt_dir=None) -> RolloutEngine:
-    """The engine `config` (the whole config) asks for to sample `task`'s completions from `policy`:
-    Ray workers (`rollout.workers` > 0, whole groups of `group_size` rows per worker), vLLM
-    (`rollout.engine: vllm`), a background copy (`rollout.overlap`), else the learner's own policy.
-    `info` logs a line; `ckpt_dir` is named when a failure stops the run."""
-    if config.rollout.workers > 0:
-        return RayRolloutEngine(config, task, group_size=group_size, info=info, ckpt_dir=ckpt_dir)
-    if config.rollout.engine == "vllm":
-        return VLLMEngine(config, task, policy, world_size=world_size)
-    if config.rollout.overlap:
-        return ThreadEngine(task, policy)
-    return LocalEngine(task, policy)

@@ -20,7 +20,7 @@ import torch.nn.functional as F
 
 from ..tasks.preference_data import TruncationCounter, read_sft
 from ..tasks.text_batches import encode_sft, pad_sequences, response_logps
-from .offline import OfflineTrainer, source_name
+from .offline import OfflineTrainer
 from .offline_setup import build_policy, export_policy
 
 
@@ -33,11 +33,14 @@ class SFTTrainer(OfflineTrainer):
     def build_model(self):
         return build_policy(self.config)
 
-    def encode(self, source) -> list:
+    def read(self, source) -> list:
+        return read_sft(source)
+
+    def encode(self, rows: list, name: str) -> list:
         counter = TruncationCounter()
-        rows = encode_sft(read_sft(source), self.codec, self.config.data.max_length, counter)
-        self.data_notes.append(f"{source_name(source)}: {counter}")
-        return rows
+        examples = encode_sft(rows, self.codec, self.config.data.max_length, counter)
+        self.data_notes.append(f"{name}: {counter}")
+        return examples
 
     def collate(self, rows):
         return pad_sequences([r.ids for r in rows], [r.mask for r in rows], self.pad_id, self.device)

@@ -14,7 +14,22 @@ from typing import Any
 
 import torch
 
-STEP_SCHEDULES = ("constant", "linear", "cosine")  # the lr is a function of the step alone
+
+def _constant(base_lr: float, min_lr: float, progress: float) -> float:
+    return base_lr
+
+
+def _linear(base_lr: float, min_lr: float, progress: float) -> float:
+    return base_lr - (base_lr - min_lr) * progress
+
+
+def _cosine(base_lr: float, min_lr: float, progress: float) -> float:
+    return min_lr + (base_lr - min_lr) * 0.5 * (1.0 + math.cos(math.pi * progress))
+
+
+# The schedules whose lr is a function of the step alone: name -> lr after warm-up, from the peak
+# lr, the floor and the decay's progress p in [0, 1]. `schedule.name` takes its choices from here.
+STEP_SCHEDULES = {"constant": _constant, "linear": _linear, "cosine": _cosine}
 SCHEDULES = (*STEP_SCHEDULES, "plateau")
 PLATEAU_MODES = ("max", "min")
 
@@ -47,14 +62,9 @@ def lr_at(step: int, *, base_lr: float, total_steps: int, name: str = "constant"
                          "use make_scheduler(...) and call .observe(metric) after each evaluation")
     if step < warmup_steps:
         return base_lr * (step + 1) / warmup_steps
-    if name == "constant":
-        return base_lr
     decay_steps = total_steps - warmup_steps
     progress = 1.0 if decay_steps <= 0 else min(1.0, (step - warmup_steps) / decay_steps)
-    min_lr = base_lr * min_lr_ratio
-    if name == "linear":
-        return base_lr - (base_lr - min_lr) * progress
-    return min_lr + (base_lr - min_lr) * 0.5 * (1.0 + math.cos(math.pi * progress))
+    return STEP_SCHEDULES[name](base_lr, base_lr * min_lr_ratio, progress)
 
 
 class StepScheduler(torch.optim.lr_scheduler.LambdaLR):

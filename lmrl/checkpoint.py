@@ -404,7 +404,7 @@ def _torch_load(file: Path, map_location) -> Any:
 
 def _adapter_only(model: torch.nn.Module) -> bool:
     """A LoRA policy: only its adapter trains, so only the adapter is saved."""
-    from ..models.reference import has_lora_adapter
+    from .models.reference import has_lora_adapter
 
     return has_lora_adapter(model)
 
@@ -413,7 +413,7 @@ def _sharded(model: torch.nn.Module) -> bool:
     """Sharded by FSDP (checked without importing FSDP, a second's work, when nothing has)."""
     if "lmrl.distributed.fsdp" not in sys.modules:
         return False
-    from ..distributed.fsdp import is_sharded
+    from .distributed.fsdp import is_sharded
 
     return is_sharded(model)
 
@@ -421,7 +421,7 @@ def _sharded(model: torch.nn.Module) -> bool:
 def _sharded_optimizer(optimizer) -> bool:
     if "lmrl.distributed.fsdp" not in sys.modules:
         return False
-    from ..distributed.fsdp import is_sharded_optimizer
+    from .distributed.fsdp import is_sharded_optimizer
 
     return is_sharded_optimizer(optimizer)
 
@@ -474,7 +474,7 @@ def _load_weights(model: torch.nn.Module, file: Path, map_location) -> None:
         missing, unexpected = expected - set(state), set(state) - expected
         if not (missing or unexpected):
             if sharded:
-                from ..distributed.fsdp import load_full_state_dict
+                from .distributed.fsdp import load_full_state_dict
 
                 load_full_state_dict(model, state)
             else:
@@ -527,7 +527,7 @@ def load_checkpoint(path: Path, *, model: torch.nn.Module, optimizer=None, sched
     if optimizer is not None:
         saved = _torch_load(_require(path / OPTIMIZER_FILE, "optimizer"), map_location)
         if _sharded_optimizer(optimizer):
-            from ..distributed.fsdp import load_optimizer_state
+            from .distributed.fsdp import load_optimizer_state
 
             load_optimizer_state(optimizer, saved)  # each rank keeps its shard of Adam's moments
         else:
