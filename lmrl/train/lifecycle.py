@@ -146,6 +146,7 @@ class Trainer:
         self._stop_requested = False
         self._resume_path: Path | None = None
         self._resume_warnings: list[str] = []  # one per damaged checkpoint that resume passed over
+        self.data_notes: list[str] = []  # lines about the data (e.g. truncation counts) logged as training starts
 
     def init_state(self, **extra) -> None:
         """The run dir, generators and the resumable state; call once the model (and data) exist."""
@@ -229,7 +230,7 @@ class Trainer:
             if resumed_from:
                 self.log.info(f"resumed from {resumed_from} (step {self.state['step']})")
             self.log.info(self.describe())
-            for note in getattr(self, "data_notes", []):
+            for note in self.data_notes:
                 self.log.info(note)
         previous = signal.signal(signal.SIGINT, self._on_sigint) \
             if threading.current_thread() is threading.main_thread() else None

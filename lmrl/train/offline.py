@@ -67,7 +67,6 @@ class OfflineTrainer(Trainer):
         self.model, self.tokenizer = model.to(self.device), tokenizer
         self.codec = TextCodec(tokenizer, chat=cfg.data.chat)
         self.pad_id = getattr(tokenizer, "pad_token_id", None) or 0
-        self.data_notes: list[str] = []
         self.train_rows = self.encode(train_rows, source_name(train))
         self.eval_rows = self.encode(eval_rows, source_name(held_out)) if eval_rows else []
         if cfg.data.eval_size:
