@@ -191,7 +191,81 @@ def test_console_stage_tag_and_stage_count():
 
 def test_console_prefers_policy_loss_and_shows_eval_last():
     line = console(None).format(8, {"train/loss": 9.0, "train/policy_loss": 0.5, "eval/accuracy": 0.875})
-    assert line == "Step 8 | Loss: 0.500 | Eval: 0.875"
+    assert line == "Step 8 | Loss: 0.500 | Eval: acc 0.875"
+
+
+# The keys each trainer logs at a training step and at an evaluation, as a short real run of each
+# wrote them to metrics.jsonl (tests/test_console_lines.py checks the lines of such runs end to end).
+STEP_KEYS = {
+    "rl": ["perf/tokens_per_s", "rollout/length_mean", "rollout/reward_mean", "rollout/staleness",
+           "time/rollout_s", "time/step_s", "time/update_s", "train/accuracy", "train/advantage_mean",
+           "train/approx_kl", "train/avg_reward", "train/clip_frac", "train/entropy", "train/grad_norm",
+           "train/loss", "train/lr", "train/nonfinite_skipped", "train/policy_loss", "train/ratio_mean"],
+    "warm-up": ["perf/tokens_per_s", "sft/accuracy", "sft/grad_norm", "sft/loss", "sft/lr", "sft/nonfinite_skipped",
+                "time/step_s"],
+    "sft": ["sft/grad_norm", "sft/loss", "sft/lr", "sft/nonfinite_skipped", "sft/token_accuracy", "time/step_s"],
+    "dpo": ["dpo/grad_norm", "dpo/loss", "dpo/lr", "dpo/nonfinite_skipped", "logps/chosen", "logps/rejected",
+            "rewards/accuracy", "rewards/chosen", "rewards/margins", "rewards/rejected", "time/step_s"],
+    "rm": ["rm/accuracy", "rm/chosen_mean", "rm/grad_norm", "rm/loss", "rm/lr", "rm/margin_mean",
+           "rm/nonfinite_skipped", "rm/rejected_mean", "time/step_s"],
+}
+EVAL_KEYS = {
+    "rl": ["eval/accuracy", "eval/length_mean", "eval/reward"],
+    "warm-up": ["eval/accuracy", "eval/length_mean", "eval/reward", "eval/warmup_accuracy"],
+    "sft": ["eval/accuracy", "eval/loss", "eval/token_accuracy"],
+    "dpo": ["eval/accuracy", "eval/logps/chosen", "eval/logps/rejected", "eval/loss", "eval/rewards/accuracy",
+            "eval/rewards/chosen", "eval/rewards/margins", "eval/rewards/rejected"],
+    "rm": ["eval/accuracy", "eval/chosen_mean", "eval/loss", "eval/margin_mean", "eval/rejected_mean"],
+}
+
+
+def numbered(keys):
+    """Each key valued by its place in the sorted list, /10: a line shows which key it read."""
+    return {key: (i + 1) / 10 for i, key in enumerate(sorted(keys))}
+
+
+def test_console_step_line_of_every_trainer_shows_loss_acc_reward_or_margin_and_lr():
+    lines = {name: console(None).format(1, numbered(keys)) for name, keys in STEP_KEYS.items()}
+    rl = numbered(STEP_KEYS["rl"])
+    assert lines["rl"] == (f"Step 1 | Loss: {rl['train/policy_loss']:.3f} | Acc: {rl['train/accuracy']:.3f} | "
+                           f"Reward: {rl['train/avg_reward']:.3f} | LR: {rl['train/lr']:.2e}")
+    warm = numbered(STEP_KEYS["warm-up"])
+    assert lines["warm-up"] == (f"Step 1 | Loss: {warm['sft/loss']:.3f} | Acc: {warm['sft/accuracy']:.3f} | "
+                                f"LR: {warm['sft/lr']:.2e}")
+    sft = numbered(STEP_KEYS["sft"])
+    assert lines["sft"] == (f"Step 1 | Loss: {sft['sft/loss']:.3f} | Acc: {sft['sft/token_accuracy']:.3f} | "
+                            f"LR: {sft['sft/lr']:.2e}")
+    dpo = numbered(STEP_KEYS["dpo"])
+    assert lines["dpo"] == (f"Step 1 | Loss: {dpo['dpo/loss']:.3f} | Acc: {dpo['rewards/accuracy']:.3f} | "
+                            f"Margin: {dpo['rewards/margins']:.3f} | LR: {dpo['dpo/lr']:.2e}")
+    rm = numbered(STEP_KEYS["rm"])
+    assert lines["rm"] == (f"Step 1 | Loss: {rm['rm/loss']:.3f} | Acc: {rm['rm/accuracy']:.3f} | "
+                           f"Margin: {rm['rm/margin_mean']:.3f} | LR: {rm['rm/lr']:.2e}")
+
+
+def test_console_reads_trls_rewards_accuracies_as_the_dpo_accuracy():
+    metrics = {"dpo/loss": 0.69, "rewards/accuracies": 0.25, "rewards/margins": 0.0, "dpo/lr": 1e-6}
+    line = console(None).format(1, metrics)
+    assert line == "Step 1 | Loss: 0.690 | Acc: 0.250 | Margin: 0.000 | LR: 1.00e-06"
+
+
+def test_console_eval_field_of_every_trainer_shows_its_held_out_loss_acc_and_reward_or_margin():
+    fields = {name: console(None).format(4, numbered(keys)).split(" | ") for name, keys in EVAL_KEYS.items()}
+    assert all(f[0] == "Step 4" and len(f) == 2 for f in fields.values())  # an evaluation alone: one Eval field
+    rl, sft, dpo, rm = (numbered(EVAL_KEYS[n]) for n in ("rl", "sft", "dpo", "rm"))
+    assert fields["rl"][1] == f"Eval: acc {rl['eval/accuracy']:.3f}, reward {rl['eval/reward']:.3f}"
+    assert fields["warm-up"][1] == fields["rl"][1]  # eval/warmup_accuracy stays off the console
+    assert fields["sft"][1] == f"Eval: loss {sft['eval/loss']:.3f}, acc {sft['eval/accuracy']:.3f}"
+    assert fields["dpo"][1] == (f"Eval: loss {dpo['eval/loss']:.3f}, acc {dpo['eval/accuracy']:.3f}, "
+                                f"margin {dpo['eval/rewards/margins']:.3f}")
+    assert fields["rm"][1] == (f"Eval: loss {rm['eval/loss']:.3f}, acc {rm['eval/accuracy']:.3f}, "
+                               f"margin {rm['eval/margin_mean']:.3f}")
+
+
+def test_console_line_has_at_most_five_fields_whatever_is_logged():
+    everything = numbered({k for keys in [*STEP_KEYS.values(), *EVAL_KEYS.values()] for k in keys})
+    fields = console().format(9, everything).split(" | ")
+    assert [f.split(":")[0] for f in fields] == ["Step 9/200", "Loss", "Acc", "Reward", "LR", "Eval"]
 
 
 def test_console_prints_nothing_for_metrics_it_does_not_show(caplog):

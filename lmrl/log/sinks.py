@@ -137,21 +137,42 @@ class WandbSink:
         self.run.finish()
 
 
-# (label, format, keys in order of preference): the first key present is shown.
-CONSOLE_FIELDS = (
-    ("Loss", ".3f", ("train/policy_loss", "train/loss", "sft/loss")),
-    ("Acc", ".3f", ("train/accuracy", "sft/accuracy")),
-    ("Reward", ".3f", ("train/avg_reward",)),
-    ("LR", ".2e", ("train/lr", "sft/lr")),
-    ("Eval", ".3f", ("eval/accuracy",)),
+# The console line: one field per family of metric, whatever the trainer. A family is (format,
+# {key: label}), the keys in order of preference: the first key present is shown, with its label.
+# Every trainer's loss, accuracy-like value, reward-like value and learning rate fit these four.
+CONSOLE_FIELDS: tuple[tuple[str, dict[str, str]], ...] = (
+    (".3f", dict.fromkeys(("train/policy_loss", "train/loss", "sft/loss", "dpo/loss", "rm/loss"), "Loss")),
+    (".3f", dict.fromkeys(("train/accuracy", "sft/accuracy", "sft/token_accuracy", "rewards/accuracy",
+                           "rewards/accuracies", "rm/accuracy"), "Acc")),
+    (".3f", {"train/avg_reward": "Reward", "rewards/margins": "Margin", "rm/margin_mean": "Margin"}),
+    (".2e", dict.fromkeys(("train/lr", "sft/lr", "dpo/lr", "rm/lr"), "LR")),
 )
+# The held-out families, shown together as the last field: `Eval: loss 0.512, acc 0.750, margin 0.210`.
+# DPO's held-out margin is eval/rewards/margins, the reward model's eval/margin_mean (evaluation
+# drops the trainer's prefix from its training keys).
+EVAL_FIELDS: tuple[tuple[str, dict[str, str]], ...] = (
+    (".3f", {"eval/loss": "loss"}),
+    (".3f", {"eval/accuracy": "acc"}),
+    (".3f", {"eval/reward": "reward", "eval/rewards/margins": "margin", "eval/margin_mean": "margin"}),
+)
+
+
+def _pick(metrics: Mapping[str, float], families) -> list[tuple[str, str]]:
+    """(label, formatted value) of the first key present in each family, in family order."""
+    shown = []
+    for fmt, labels in families:
+        key = next((k for k in labels if k in metrics), None)
+        if key is not None:
+            shown.append((labels[key], f"{to_number(key, metrics[key]):{fmt}}"))
+    return shown
 
 
 class ConsoleSink:
     """One line per call, e.g. `[rl] Step 50/200 | Loss: 0.234 | Acc: 0.750 | Reward: 0.750 | LR: 1.00e-04`,
-    from the keys in CONSOLE_FIELDS; other keys go to the other sinks only, and a call with none of
-    them prints nothing. Context `stage` adds the tag; `stage_step`/`stage_total` replace the
-    global step and `total_steps` in the count."""
+    from the keys in CONSOLE_FIELDS, then `| Eval: acc 0.800, reward 0.800` when the call carries
+    EVAL_FIELDS keys: at most five fields, whichever trainer logs. Other keys go to the other sinks
+    only, and a call with none of them prints nothing. Context `stage` adds the tag;
+    `stage_step`/`stage_total` replace the global step and `total_steps` in the count."""
 
     def __init__(self, logger: logging.Logger, total_steps: int | None = None):
         self.logger = logger
@@ -159,11 +180,10 @@ class ConsoleSink:
 
     def format(self, step: int, metrics: Mapping[str, float], *, stage: str | None = None,
                stage_step: int | None = None, stage_total: int | None = None, **context: Any) -> str | None:
-        fields = []
-        for label, fmt, keys in CONSOLE_FIELDS:
-            key = next((k for k in keys if k in metrics), None)
-            if key is not None:
-                fields.append(f"{label}: {to_number(key, metrics[key]):{fmt}}")
+        fields = [f"{label}: {value}" for label, value in _pick(metrics, CONSOLE_FIELDS)]
+        held_out = _pick(metrics, EVAL_FIELDS)
+        if held_out:
+            fields.append("Eval: " + ", ".join(f"{label} {value}" for label, value in held_out))
         if not fields:
             return None
         shown, total = (step, self.total_steps) if stage_step is None else (stage_step, stage_total)
