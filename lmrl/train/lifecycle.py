@@ -355,7 +355,7 @@ class Trainer:
         if self.can_evaluate and (last or (stage.eval_every and stage_step % stage.eval_every == 0)):
             metrics.update(self.run_evaluation())
             self.stage_evaluated(stage, metrics)
-        if stage_step % cfg.train.log_every == 0 or last or any(k.startswith("eval/") for k in metrics):
+        if stage_step % cfg.train.log_every == 0 or stage_step == 1 or last or any(k.startswith("eval/") for k in metrics):
             self.log_metrics(step, metrics, stage=stage.name, stage_step=stage_step, stage_total=stage.steps)
         if self.log is not None:
             self.log.advance(step)
