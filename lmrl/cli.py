@@ -1,6 +1,9 @@
 """`lmrl` command line: a thin layer over the Python API.
 
-    lmrl train adder [key=value ...] [--resume] [--debug] [--no-wandb]
+    lmrl train adder [key=value ...] [--resume] [--debug] [--no-wandb] [--device D] [--algorithm NAME]
+               [--config PATH | --config_name NAME] [--resume_from_checkpoint CKPT_DIR]
+    lmrl train --help                                    the flags, then every config key with its default
+    lmrl config [PRESET] [key=value ...]                 every key with the preset's value and help text (YAML)
     lmrl eval RUN_DIR [--checkpoint best|latest|step_N] [--size N]
     lmrl generate RUN_DIR "123+456=" [...] [--checkpoint ...] [--temperature T]
     lmrl export RUN_DIR [--out DIR] [--checkpoint ...]   a merged model transformers loads
@@ -20,17 +23,36 @@ import json
 import sys
 from pathlib import Path
 
-def _parser() -> argparse.ArgumentParser:
+def _parser(key_reference: bool = False) -> argparse.ArgumentParser:
+    """The command line's parser; with `key_reference`, `train --help` ends with every config key."""
     p = argparse.ArgumentParser(prog="lmrl", description="RL post-training of language models")
     sub = p.add_subparsers(dest="command", required=True)
 
-    t = sub.add_parser("train", help="train from a preset or YAML file, with key=value overrides")
-    t.add_argument("config", nargs="?", default="adder", help="preset name (adder, multiplier, ...) or YAML path")
+    reference = None
+    if key_reference:  # read only for `train --help`: the schema imports torch
+        from .config import describe_config
+
+        reference = ("config keys (override any as section.key=value; TRL's names are accepted too), with their "
+                     "defaults:\n\n" + describe_config())
+    t = sub.add_parser("train", help="train from a preset or YAML file, with key=value overrides", epilog=reference,
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    t.add_argument("config", nargs="?", default=None, help="preset name (adder, multiplier, AdderRLConfig, ...) or "
+                                                           "YAML path (default adder)")
     t.add_argument("overrides", nargs="*", help="config overrides such as train.steps=50 optim.lr=3e-4")
+    t.add_argument("--config", "--config_name", dest="config_option", metavar="PRESET_OR_PATH",
+                   help="the preset or YAML file, as a flag (the seed system's spelling)")
     t.add_argument("--resume", action="store_true", help="continue from the latest checkpoint in the run dir")
+    t.add_argument("--resume_from_checkpoint", "--resume-from-checkpoint", metavar="CKPT_DIR",
+                   help="continue from exactly this checkpoint dir (run.resume=auto run.resume_from=CKPT_DIR)")
     t.add_argument("--debug", action="store_true", help="the preset shrunk to a run of seconds after the model loads: "
                    "every stage it has, few steps, a few held-out rows (see lmrl.config.debug_overrides)")
-    t.add_argument("--no-wandb", action="store_true", help="turn Weights & Biases logging off")
+    t.add_argument("--no-wandb", "--no_wandb", action="store_true", help="turn Weights & Biases logging off")
+    t.add_argument("--algorithm", metavar="NAME", help="the RL algorithm (algo.name=NAME)")
+    t.add_argument("--device", metavar="DEVICE", help="auto | cpu | cuda | cuda:N (run.device=DEVICE)")
+
+    c = sub.add_parser("config", help="print every config key with a preset's value and help text, as YAML")
+    c.add_argument("config", nargs="?", default=None, help="preset name or YAML path (default: the defaults)")
+    c.add_argument("overrides", nargs="*", help="config overrides such as train.steps=50")
 
     e = sub.add_parser("eval", help="held-out accuracy of a run's model")
     e.add_argument("run_dir", type=Path)
@@ -76,15 +98,20 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = _parser()
+def _parse(argv: list[str]) -> argparse.Namespace:
+    parser = _parser(key_reference=argv[:1] == ["train"] and bool({"-h", "--help"} & set(argv)))
     # Overrides may come before or after flags (`train adder --debug train.steps=5`).
     args, extra = parser.parse_known_args(argv)
-    unknown = [e for e in extra if args.command != "train" or e.startswith("-") or "=" not in e]
+    unknown = [e for e in extra if args.command not in ("train", "config") or e.startswith("-") or "=" not in e]
     if unknown:
         parser.error(f"unrecognized arguments: {' '.join(unknown)}")
     if extra:
         args.overrides = list(args.overrides) + extra
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parse(sys.argv[1:] if argv is None else list(argv))
     from .config import ConfigError
     from .data import DataError
     from .checkpoint import CheckpointError
@@ -93,8 +120,8 @@ def main(argv: list[str] | None = None) -> int:
     from .tasks.rewards import RewardError
 
     try:
-        commands = {"train": _train, "eval": _eval, "generate": _generate, "export": _export, "data": _data,
-                    "presets": _presets, "plot": _plot, "prepare-data": _prepare_data}
+        commands = {"train": _train, "config": _config, "eval": _eval, "generate": _generate, "export": _export,
+                    "data": _data, "presets": _presets, "plot": _plot, "prepare-data": _prepare_data}
         return commands[args.command](args)
     except (ConfigError, PromptError, TrainingError, RewardError, DataError, CheckpointError, FileNotFoundError,
             NotADirectoryError, PermissionError) as e:
@@ -102,27 +129,62 @@ def main(argv: list[str] | None = None) -> int:
         return 2 if isinstance(e, ConfigError) else 1
 
 
+def _source_and_overrides(args) -> tuple[str | None, list[str]]:
+    """The preset or YAML path (positional or --config / --config_name) and the key=value overrides."""
+    from .config import ConfigError
+
+    source, overrides = args.config, list(args.overrides)
+    if source is not None and "=" in source:  # `lmrl train key=value ...`: overrides on the default preset
+        source, overrides = None, [source, *overrides]
+    option = getattr(args, "config_option", None)
+    if option is not None:
+        if source is not None:
+            raise ConfigError(f"the config is named twice: {source!r} and --config {option!r}; give one")
+        source = option
+    return source, overrides
+
+
+def train_config(argv: list[str]):
+    """The Config `lmrl train ARGV...` would train, flags and TRL's names applied."""
+    return _train_config(_parse(["train", *argv]))
+
+
+def _train_config(args):
+    from .config import debug_overrides, load_config
+
+    source, overrides = _source_and_overrides(args)
+    source = source or "adder"
+    # each flag is the override it stands for, after the key=value ones
+    if args.resume:
+        overrides.append("run.resume=auto")
+    if args.resume_from_checkpoint is not None:
+        overrides += ["run.resume=auto", f"run.resume_from={args.resume_from_checkpoint}"]
+    if args.no_wandb:
+        overrides.append("run.wandb=false")
+    if args.algorithm is not None:
+        overrides.append(f"algo.name={args.algorithm}")
+    if args.device is not None:
+        overrides.append(f"run.device={args.device}")
+    cfg = load_config(source, overrides)
+    if args.debug:  # the preset shrunk; what the command line set explicitly still wins
+        cfg = load_config(source, debug_overrides(cfg) + overrides)
+    if args.debug and not any(o.startswith(("run.name=", "run.dir=")) for o in args.overrides):
+        cfg.run.name += "-debug"
+    return cfg
+
+
 def _train(args) -> int:
-    from .config import ConfigError, debug_overrides, load_config
+    from .config import ConfigError
     from .distributed.ddp import shutdown
     from .train.trainers import build_trainer
 
-    overrides = list(args.overrides)
-    if "=" in args.config:  # `lmrl train key=value ...`: overrides on the default preset
-        overrides, args.config = [args.config, *overrides], "adder"
-    if args.resume:
-        overrides.append("run.resume=auto")
-    if args.no_wandb:
-        overrides.append("run.wandb=false")
-    cfg = load_config(args.config, overrides)
-    if args.debug:  # the preset shrunk; what the command line set explicitly still wins
-        cfg = load_config(args.config, debug_overrides(cfg) + overrides)
+    cfg = _train_config(args)
+    for note in cfg.aliases:
+        print(f"lmrl train: {note}", file=sys.stderr)
     if cfg.run.wandb and importlib.util.find_spec("wandb") is None:  # say so before any training
         from .log.sinks import WANDB_MISSING
 
         raise ConfigError(WANDB_MISSING)
-    if args.debug and not any(o.startswith(("run.name=", "run.dir=")) for o in args.overrides):
-        cfg.run.name += "-debug"
     try:
         if cfg.distributed.backend == "ray":  # the learner in a Ray actor, rollout workers beside it
             from .distributed.ray_launch import train_with_ray
@@ -133,6 +195,17 @@ def _train(args) -> int:
     finally:
         shutdown()  # leaves the torchrun process group, if there is one
     return 130 if summary.get("interrupted") else 0
+
+
+def _config(args) -> int:
+    from .config import describe_config, load_config
+
+    source, overrides = _source_and_overrides(args)
+    cfg = load_config(source, overrides)
+    for note in cfg.aliases:
+        print(f"lmrl config: {note}", file=sys.stderr)
+    print(describe_config(cfg), end="")
+    return 0
 
 
 def _eval(args) -> int:

@@ -6,6 +6,10 @@
 A preset is `lmrl/configs/<name>.yaml` (the repo's `configs/` links there). A YAML file may start
 from another preset with `base: <name>`. Every error names the key and where it came from, and
 suggests the nearest valid key.
+
+TRL's config names are accepted too (`num_generations=8` sets algo.group_size; the table is
+TRL_ALIASES); `load_config` leaves one line per name it translated on `cfg.aliases` and prints
+nothing. `describe_config` lists every key with its value and help text (`lmrl config PRESET`).
 """
 
 from __future__ import annotations
@@ -22,12 +26,118 @@ from typing import Any, Sequence
 import yaml
 
 from .config_schema import (  # noqa: F401  (re-exported: `from lmrl.config import TrainConfig`)
-    PRESET_DIR, PRESET_ALIASES, TRAINERS, ConfigError, arithmetic_seq_len, suggest,
+    PRESET_DIR, PRESET_ALIASES, TRAINERS, ConfigError, arithmetic_seq_len, suggest, _bounds_text,
     RunConfig, ModelConfig, TaskConfig, EnvConfig, LoraConfig, RewardConfig,
     SFTConfig, DataConfig, DPOConfig, AlgoConfig, OptimConfig, ScheduleConfig,
     TrainConfig, EvalConfig, RolloutConfig, DistributedConfig, Config,
 )
 from .tasks.arithmetic import OPS as ARITHMETIC_TASKS
+
+
+# -- TRL's names ---------------------------------------------------------------------------------
+@dataclasses.dataclass(frozen=True)
+class Alias:
+    """A name of TRL's GRPOConfig / DPOConfig / TrainingArguments and the lmrl key it sets."""
+    key: str | None               # the lmrl key it sets (None: no single key; `note` says what to set)
+    source: str                   # the TRL class it comes from
+    values: dict | None = None    # TRL's value -> lmrl's, when they differ (the only values taken)
+    also: str | None = None       # a second key set to the same value...
+    unless: str | None = None     # ...unless this TRL name is also written in the same file or command line
+    bare: bool = True             # False: the bare name means a different key in another TRL config
+    note: str = ""
+
+
+# TRL's names, each with the lmrl key it sets. A name is written bare (`num_generations: 8`, as in
+# TRL), under the section of the key it sets (`task.max_completion_length`), or under the section that
+# stands for its TRL config: algo for GRPOConfig, dpo for DPOConfig, either for TrainingArguments
+# (`algo.learning_rate`). A spelling that is itself an lmrl key (`train.top_p`, `dpo.beta`) is that key.
+TRL_ALIASES: dict[str, Alias] = {
+    "num_generations": Alias("algo.group_size", "GRPOConfig"),
+    "beta": Alias("algo.kl_coef", "GRPOConfig", bare=False, note="DPOConfig's beta is dpo.beta"),
+    "epsilon": Alias("algo.clip_range_left", "GRPOConfig", also="algo.clip_range_right", unless="epsilon_high"),
+    "epsilon_high": Alias("algo.clip_range_right", "GRPOConfig"),
+    # TRL's normalisers: grpo divides each sequence by its length, then averages; bnpo and dapo divide
+    # by the batch's token count (bnpo the local batch's, dapo the accumulated one's); dr_grpo by a
+    # constant (max_completion_length; algo.loss_constant=0 means the completion budget)
+    "loss_type": Alias("algo.loss_level", "GRPOConfig", bare=False, note="DPOConfig's loss_type is dpo.loss_type",
+                       values={"grpo": "sequence", "bnpo": "token", "dr_grpo": "constant", "dapo": "token"}),
+    "max_completion_length": Alias("task.max_new_tokens", "GRPOConfig"),
+    "num_iterations": Alias("algo.ppo_epochs", "GRPOConfig"),
+    "scale_rewards": Alias("algo.scale_rewards", "GRPOConfig",
+                           values={"group": "group", "batch": "batch", "none": "none", True: "group", False: "none"}),
+    "mask_truncated_completions": Alias("algo.mask_truncated_completions", "GRPOConfig"),
+    "temperature": Alias("train.temperature", "GRPOConfig"),
+    "top_p": Alias("train.top_p", "GRPOConfig"),
+    "top_k": Alias("train.top_k", "GRPOConfig"),
+    "max_length": Alias("data.max_length", "DPOConfig"),
+    "learning_rate": Alias("optim.lr", "TrainingArguments"),
+    "weight_decay": Alias("optim.weight_decay", "TrainingArguments"),
+    "adam_epsilon": Alias("optim.eps", "TrainingArguments"),
+    "max_grad_norm": Alias("train.grad_clip", "TrainingArguments"),
+    "warmup_steps": Alias("schedule.warmup_steps", "TrainingArguments"),
+    "gradient_accumulation_steps": Alias("train.ga_steps", "TrainingArguments"),
+    "num_train_epochs": Alias("data.epochs", "TrainingArguments"),
+    "seed": Alias("run.seed", "TrainingArguments"),
+    "output_dir": Alias("run.dir", "TrainingArguments"),
+    "logging_steps": Alias("train.log_every", "TrainingArguments"),
+    "eval_steps": Alias("train.eval_every", "TrainingArguments"),
+    "save_steps": Alias("train.ckpt_every", "TrainingArguments"),
+    "save_total_limit": Alias("train.keep_checkpoints", "TrainingArguments"),
+    "per_device_train_batch_size": Alias(None, "TrainingArguments", note=(
+        "lmrl sizes a whole update: an RL step samples train.rollout_size completions (TRL's "
+        "per_device_train_batch_size x gradient_accumulation_steps x processes), in train.ga_steps micro-batches; "
+        "an offline trainer takes data.batch_size rows per optimizer step")),
+}
+_TRL_SECTIONS = {"GRPOConfig": ("algo",), "DPOConfig": ("dpo",), "TrainingArguments": ("algo", "dpo")}
+
+
+def _all_keys() -> list[str]:
+    cfg = Config()
+    return [f"{s.name}.{f.name}" for s in dataclasses.fields(cfg) for f in dataclasses.fields(getattr(cfg, s.name))]
+
+
+def _alias_spellings() -> dict[str, str]:
+    """Each way a TRL name may be written -> the name; spellings that are lmrl keys are left out."""
+    keys = set(_all_keys())
+    out = {}
+    for name, alias in TRL_ALIASES.items():
+        sections = list(_TRL_SECTIONS[alias.source]) + ([alias.key.partition(".")[0]] if alias.key else [])
+        for spelling in ([name] if alias.bare else []) + [f"{s}.{name}" for s in sections]:
+            if spelling not in keys:
+                out[spelling] = name
+    return out
+
+
+def _translate(written: str, value: Any, where: str, names_here: set[str]) -> tuple[list[str], Any]:
+    """The lmrl keys a TRL name sets and the value they take."""
+    name = _ALIAS_SPELLINGS[written]
+    alias = TRL_ALIASES[name]
+    if alias.key is None:
+        raise ConfigError(f"{written} (TRL's {alias.source}) has no single lmrl key in {where}: {alias.note}")
+    if alias.values is not None:
+        if not isinstance(value, (str, bool)) or value not in alias.values:  # 1 == True: a number is no bool
+            taken = ", ".join(yaml.safe_dump(v).split("\n")[0] for v in alias.values)
+            raise ConfigError(f"{written}={value!r} is not one of {taken} (TRL's {name}, which sets {alias.key}; "
+                              f"from {where}){suggest(str(value), alias.values)}")
+        value = alias.values[value]
+    # epsilon sets both clip ranges, as TRL's epsilon_high defaults to epsilon, unless the same file or
+    # command line sets the upper one (by either name)
+    keys = [alias.key] + ([alias.also] if alias.also and not {alias.unless, alias.also} & names_here else [])
+    return keys, value
+
+
+def _suggest(written: str, options: list[str]) -> str:
+    """The nearest of `options` (lmrl's names and TRL's) to an unknown name, as "; did you mean 'x'?",
+    naming the key a TRL name sets."""
+    near = difflib.get_close_matches(written, options, n=1, cutoff=0.5)
+    if not near:
+        return ""
+    alias = TRL_ALIASES.get(_ALIAS_SPELLINGS.get(near[0], ""))
+    what = f" (TRL's name for {alias.key})" if alias and alias.key else ""
+    return f"; did you mean {near[0]!r}{what}?"
+
+
+_ALIAS_SPELLINGS = _alias_spellings()
 
 
 # -- loading -------------------------------------------------------------------------------------
@@ -113,15 +223,17 @@ def load_config(source: str | Path | None = None, overrides: Sequence[str] = ())
     """A validated Config from a preset name / alias / YAML path (None = defaults) plus overrides."""
     cfg = Config()
     set_in: dict[str, int] = {}  # dotted key -> the last layer (base presets first, overrides last) setting it
+    notes: list[str] = []  # one per TRL name translated
     layers = _read_yaml(_preset_path(source)) if source is not None else []
     for i, (data, where) in enumerate(layers):
-        set_in.update(dict.fromkeys(_apply_mapping(cfg, data, where), i))
+        set_in.update(dict.fromkeys(_apply_items(cfg, _items_of(data, where), notes), i))
+    items = []
     for item in overrides:
         key, sep, raw = item.partition("=")
         if not sep or not key:
             raise ConfigError(f"override {item!r} must look like section.key=value")
-        _set(cfg, key.strip(), _override_value(raw), f"override {item}")
-        set_in[key.strip()] = len(layers)
+        items.append((key.strip(), _override_value(raw), f"override {item}"))
+    set_in.update(dict.fromkeys(_apply_items(cfg, items, notes), len(layers)))
     # An offline config built on an RL preset (base: sql-agent-smollm2, run.trainer: sft) inherits its
     # train.steps, RL updates that mean nothing to an offline trainer (and an RL config on an offline
     # base its train.max_steps): back to the default, so that validation refuses only the other kind's
@@ -130,6 +242,7 @@ def load_config(source: str | Path | None = None, overrides: Sequence[str] = ())
     if set_in.get(f"train.{other}", -1) < set_in.get("run.trainer", -1):
         setattr(cfg.train, other, getattr(TrainConfig, other))
     validate(cfg)
+    cfg.aliases = tuple(notes)
     return cfg
 
 
@@ -179,10 +292,40 @@ def _override_value(raw: str):
 
 
 def config_from_dict(data: dict, where: str = "<dict>") -> Config:
-    cfg = Config()
-    _apply_mapping(cfg, data, where)
+    cfg, notes = Config(), []
+    _apply_items(cfg, _items_of(data, where), notes)
     validate(cfg)
+    cfg.aliases = tuple(notes)
     return cfg
+
+
+def describe_config(cfg: Config | None = None) -> str:
+    """Every key of `cfg` (default: the defaults) as YAML, each with its value, then its help text and
+    bounds as a comment; TRL's names follow as comments. The text loads back as the same config."""
+    cfg = cfg or Config()
+    lines = []
+    for section in dataclasses.fields(cfg):
+        lines.append(f"{section.name}:")
+        sub = getattr(cfg, section.name)
+        for f in dataclasses.fields(sub):
+            value = yaml.safe_dump([getattr(sub, f.name)], default_flow_style=True, width=10**9).strip()[1:-1]
+            meta = f.metadata
+            bounds = _bounds_text(meta) if any(meta[k] is not None for k in ("ge", "gt", "le", "lt")) else ""
+            bounds = f" ({bounds})" if bounds and bounds not in meta["help"] else ""
+            lines.append(f"  {f'{f.name}: {value}':<34} # {meta['help']}{bounds}")
+    lines.append("# TRL's names, accepted for the key each sets: written bare, under that key's section, or under")
+    lines.append("# algo (GRPOConfig) / dpo (DPOConfig) / either (TrainingArguments):")
+    for name, alias in TRL_ALIASES.items():
+        target = f"-> {alias.key}" + (f" (and {alias.also} unless {alias.unless} is set)" if alias.also else "")
+        if alias.values is not None:
+            target += " with " + ", ".join(f"{yaml.safe_dump(k).split(chr(10))[0]}={v}"
+                                           for k, v in alias.values.items() if k != v)
+        if alias.key is None:
+            target = f"-> no single key: {alias.note}"
+        elif alias.note:
+            target += f"; {alias.note}"
+        lines.append(f"#   {name:<29} {alias.source:<18} {target}")
+    return "\n".join(lines) + "\n"
 
 
 def config_to_dict(cfg: Config) -> dict:
@@ -199,31 +342,64 @@ def save_config(cfg: Config, path: str | Path) -> None:
     os.replace(tmp, path)
 
 
-def _apply_mapping(cfg: Config, data: dict, where: str) -> list[str]:
-    """Sets each section.key of `data`; returns the dotted keys set."""
-    done = []
+def _items_of(data: dict, where: str) -> list[tuple[str, Any, str]]:
+    """A YAML mapping of sections as (dotted key, value, where) items; a top-level entry that is not
+    a mapping stays bare (a TRL name such as `num_generations: 8`, or an error for `_set`)."""
+    items = []
     for section, values in data.items():
-        if not isinstance(values, dict):
-            _set(cfg, str(section), values, where)  # reports an unknown section or a bare key
-            continue
-        for key, value in values.items():
-            _set(cfg, f"{section}.{key}", value, where)
-            done.append(f"{section}.{key}")
+        if isinstance(values, dict):
+            items += [(f"{section}.{key}", value, where) for key, value in values.items()]
+        else:
+            items.append((str(section), values, where))
+    return items
+
+
+def _apply_items(cfg: Config, items: list[tuple[str, Any, str]], notes: list[str]) -> list[str]:
+    """Sets the items of one source (a YAML file, or the command line's overrides), TRL's names
+    translated (a note each in `notes`); returns the lmrl keys set."""
+    names_here = {_ALIAS_SPELLINGS.get(key, key) for key, _, _ in items}
+    done = []
+    for key, value, where in items:
+        if key in _ALIAS_SPELLINGS:
+            targets, translated = _translate(key, value, where, names_here)
+            for target in targets:
+                _set(cfg, target, translated, f"{where}, as TRL's {_ALIAS_SPELLINGS[key]}")
+                done.append(target)
+            values = ", ".join(f"{t}={_get(cfg, t)}" for t in targets)  # as set: '1e-3' reads as 0.001
+            notes.append(f"{key} is TRL's name for {' and '.join(targets)}: set {values}")
+        else:
+            _set(cfg, key, value, where)
+            done.append(key)
     return done
+
+
+def _get(cfg: Config, dotted: str) -> Any:
+    section, _, key = dotted.partition(".")
+    return getattr(getattr(cfg, section), key)
 
 
 def _set(cfg: Config, dotted: str, value: Any, where: str) -> None:
     section, _, key = dotted.partition(".")
     sections = [f.name for f in dataclasses.fields(Config)]
     if section not in sections:
-        raise ConfigError(f"unknown section {section!r} in {where}{suggest(section, sections)}")
+        if key:
+            raise ConfigError(f"unknown section {section!r} in {where}{suggest(section, sections)}")
+        alias = TRL_ALIASES.get(section)
+        if alias is not None:  # `beta=0.1`: GRPOConfig's or DPOConfig's?
+            raise ConfigError(f"{section!r} in {where} is ambiguous: write algo.{section} for GRPOConfig's (it sets "
+                              f"{alias.key}); {alias.note}")
+        owners = [k for k in _all_keys() if k.endswith(f".{section}")]
+        if owners:  # `steps=5`: a key without its section
+            raise ConfigError(f"unknown key {section!r} in {where}; did you mean "
+                              f"{' or '.join(repr(k) for k in owners)}?")
+        bare_aliases = [s for s in _ALIAS_SPELLINGS if "." not in s]
+        raise ConfigError(f"unknown section or key {section!r} in {where}{_suggest(section, sections + bare_aliases)}")
     sub = getattr(cfg, section)
     keys = [f.name for f in dataclasses.fields(sub)]
     if not key:
         raise ConfigError(f"{where}: {section!r} is a section; set a key such as {section}.{keys[0]}")
     if key not in keys:
-        full = [f"{s}.{f.name}" for s in sections for f in dataclasses.fields(getattr(cfg, s))]
-        raise ConfigError(f"unknown key {dotted!r} in {where}{suggest(dotted, full)}")
+        raise ConfigError(f"unknown key {dotted!r} in {where}{_suggest(dotted, _all_keys() + list(_ALIAS_SPELLINGS))}")
     ftype = typing.get_type_hints(type(sub))[key]
     setattr(sub, key, _coerce(value, ftype, dotted, where))
 

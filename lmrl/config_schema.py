@@ -15,6 +15,7 @@ import math
 import operator
 from dataclasses import dataclass, field, fields
 from pathlib import Path
+from typing import ClassVar
 
 from .algos import ALGORITHMS
 from .algos.advantages import GROUP_MODES
@@ -112,6 +113,8 @@ class RunConfig(Section):
     tensorboard: bool = _f(True, "write TensorBoard events to <run dir>/tb")
     progress: bool = _f(True, "show a progress bar")
     threads: int = _f(0, "torch CPU threads (0 = torch's default)", ge=0)
+    resume_from: str | None = _f(None, "with run.resume=auto: resume from exactly this checkpoint dir "
+                                       "(e.g. runs/x/checkpoints/step_200) instead of the run dir's newest")
 
 
 @dataclass
@@ -301,6 +304,11 @@ class AlgoConfig(Section):
     value_clip: float = _f(0.2, "ppo value clipping range (0 = off)", ge=0)
     gamma: float = _f(1.0, "ppo discount", ge=0, le=1)
     lam: float = _f(0.95, "ppo GAE lambda", ge=0, le=1)
+    scale_rewards: str = _f("group", "what a grpo advantage r - mean is divided by: group (the std of its prompt's "
+                                     "group) | batch (the std over the rollout) | none (Dr. GRPO)",
+                            choices=("group", "batch", "none"))
+    mask_truncated_completions: bool = _f(False, "leave completions cut off at the length limit (no end of sequence) "
+                                                 "out of the loss (DAPO)")
 
     def check(self) -> list[str]:
         """The algorithm's own requirements (`Algorithm.check_config`), then the adaptive KL's."""
@@ -341,6 +349,8 @@ class TrainConfig(Section):
     rollout_size: int = _f(256, "completions sampled per update (summed over ranks)", ge=1)
     temperature: float = _f(1.0, "sampling temperature", gt=0)
     top_k: int = _f(0, "sample from the k most likely tokens (0 = off)", ge=0)
+    top_p: float = _f(1.0, "nucleus sampling: sample from the most likely tokens whose probabilities sum to top_p "
+                           "(1 = off)", gt=0, le=1)
     ga_steps: int = _f(1, "gradient-accumulation micro-batches per update", ge=1)
     grad_clip: float = _f(1.0, "max gradient norm (0 = off)", ge=0)
     log_every: int = _f(10, "log metrics every N steps", ge=1)
@@ -422,6 +432,8 @@ class Config:
     eval: EvalConfig = field(default_factory=EvalConfig)
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     distributed: DistributedConfig = field(default_factory=DistributedConfig)
+    # One line per TRL name `lmrl.config.load_config` translated (not a field: never saved or compared)
+    aliases: ClassVar[tuple[str, ...]] = ()
 
     @property
     def run_dir(self) -> Path:
@@ -447,7 +459,10 @@ def arithmetic_seq_len(task: TaskConfig) -> int:
 def cross_section_problems(cfg: Config) -> list[str]:
     """What `run.trainer` needs of the other sections: an RL run its task's model, data and budget,
     its algorithm's batch shape and its rollout engine; an offline run its data and model."""
-    common = [(cfg.lora.r == 0 or cfg.model.type == "hf", "lora.r > 0 needs an hf model (model.type=hf)")]
+    common = [(cfg.lora.r == 0 or cfg.model.type == "hf", "lora.r > 0 needs an hf model (model.type=hf)"),
+              (not cfg.run.resume_from or cfg.run.resume == "auto",
+               f"run.resume_from={cfg.run.resume_from} resumes a run: set run.resume=auto too "
+               f"(--resume_from_checkpoint PATH sets both)")]
     if cfg.run.trainer != "rl":
         rules = common + _offline_rules(cfg)
     else:

@@ -105,3 +105,61 @@ def test_offline_commands_write_data_train_and_plot(tmp_path, capsys):
     assert main(["prepare-data", "--datasets", "hh-rlhf", "--from", str(tmp_path / "missing"),
                  "--output-dir", str(tmp_path / "out")]) == 1
     assert "missing" in capsys.readouterr().err
+
+
+# -- the seed system's flags and TRL's names --------------------------------------------------------
+def test_seed_system_flags_train_with_the_preset_they_name(tmp_path, capsys):
+    run = tmp_path / "run"
+    assert main(["train", "--config_name", "AdderRLConfig", "--no_wandb", "--device", "cpu", *TINY,
+                 "learning_rate=1e-3", f"run.dir={run}"]) == 0
+    saved = yaml.safe_load((run / "config.yaml").read_text())
+    assert (saved["run"]["name"], saved["run"]["wandb"], saved["run"]["device"]) == ("adder", False, "cpu")
+    assert saved["optim"]["lr"] == 1e-3
+    assert "lmrl train: learning_rate is TRL's name for optim.lr: set optim.lr=0.001" in capsys.readouterr().err
+
+
+def test_config_path_algorithm_device_and_resume_from_checkpoint_are_overrides(tmp_path):
+    from lmrl.cli import train_config
+
+    path = tmp_path / "config.yaml"
+    path.write_text("base: adder-grpo\ntrain:\n  steps: 3\n")
+    ckpt = str(tmp_path / "runs" / "x" / "checkpoints" / "step_2")
+    cfg = train_config(["--config", str(path), "--algorithm", "rloo", "--device", "cuda:0",
+                        "--resume_from_checkpoint", ckpt, "num_generations=8"])
+    assert (cfg.run.name, cfg.train.steps, cfg.algo.name, cfg.run.device) == ("adder-grpo", 3, "rloo", "cuda:0")
+    assert (cfg.run.resume, cfg.run.resume_from, cfg.algo.group_size) == ("auto", ckpt, 8)
+    assert train_config(["--config_name", "multiplier"]).task.name == "multiplication"
+    assert train_config(["--no-wandb", "--resume"]).run.resume == "auto"  # lmrl's own spellings still work
+
+
+def test_a_config_named_twice_is_a_one_line_error(tmp_path, capsys):
+    assert main(["train", "adder", "--config_name", "multiplier", f"run.dir={tmp_path / 'r'}"]) == 2
+    assert capsys.readouterr().err == ("lmrl train: error: the config is named twice: 'adder' and --config "
+                                       "'multiplier'; give one\n")
+    assert not (tmp_path / "r").exists()
+
+
+def test_train_help_lists_every_config_key_with_its_default(capsys):
+    from lmrl.config import Config, config_to_dict
+
+    with pytest.raises(SystemExit) as e:
+        main(["train", "--help"])
+    assert e.value.code == 0
+    out = capsys.readouterr().out
+    assert "--config_name" in out and "--resume_from_checkpoint" in out and "--algorithm" in out
+    reference = out.split("with their defaults:\n\n", 1)[1]
+    assert yaml.safe_load(reference) == config_to_dict(Config())
+    assert "  top_p: 1.0 " in reference and "#   num_generations " in reference
+
+
+def test_config_command_prints_a_presets_values_as_yaml_that_loads_back(tmp_path, capsys):
+    from lmrl.config import config_to_dict, load_config
+
+    assert main(["config", "adder-grpo", "num_generations=8"]) == 0
+    captured = capsys.readouterr()
+    printed = yaml.safe_load(captured.out)
+    assert printed == config_to_dict(load_config("adder-grpo", ["algo.group_size=8"]))
+    assert printed["algo"]["group_size"] == 8 and printed["algo"]["clip_range_right"] == 0.28
+    assert captured.err == "lmrl config: num_generations is TRL's name for algo.group_size: set algo.group_size=8\n"
+    (tmp_path / "mine.yaml").write_text(captured.out)
+    assert config_to_dict(load_config(tmp_path / "mine.yaml")) == printed

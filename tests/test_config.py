@@ -103,7 +103,7 @@ def test_a_label_budget_larger_than_the_training_split_is_refused():
     ("task.name", "lmrl.tasks:TASKS"),
     ("task.reward", "lmrl.tasks.arithmetic:REWARDS"),
     ("schedule.name", "lmrl.schedules:SCHEDULES"),
-    ("rollout.engine", "lmrl.rollout.engine:ENGINES"),
+    ("rollout.engine", "lmrl.rollout.engines:ENGINES"),
 ])
 def test_a_choice_key_takes_its_choices_from_the_implementing_modules_registry(key, registry):
     import importlib
