@@ -75,3 +75,15 @@ def test_run_trainer_choices_are_the_trainers_build_trainer_knows():
     from lmrl.train.trainers import TRAINERS
 
     assert set(CONFIG_TRAINERS) == set(TRAINERS)
+
+
+def test_resume_from_names_the_checkpoint_another_run_continues_from(tiny_config, tmp_path):
+    first = tiny_config("train.ckpt_every=1", "train.keep_checkpoints=0", dir=tmp_path / "a")
+    RLTrainer(first).train()
+    again = tiny_config("run.resume=auto", f"run.resume_from={tmp_path / 'a' / 'checkpoints' / 'step_6'}",
+                        dir=tmp_path / "b")
+    RLTrainer(again).train()
+    volatile = ("perf/", "time/")
+    rows = {d: [{k: v for k, v in r.items() if not k.startswith(volatile)} for r in read_metrics(tmp_path / d)]
+            for d in ("a", "b")}
+    assert rows["b"][0]["step"] == 7 and rows["b"] == [r for r in rows["a"] if r["step"] > 6]

@@ -437,7 +437,10 @@ class Trainer:
         if self.config.run.resume != "auto":
             return None
         # the newest checkpoint whose files all load; rank 0 moves newer damaged ones aside
-        latest, self._resume_warnings = ckpt.resume_checkpoint(self.ckpt_dir, set_aside=self.dist.is_main)
+        if self.config.run.resume_from:  # exactly this checkpoint (--resume_from_checkpoint), not the run dir's newest
+            latest, self._resume_warnings = Path(self.config.run.resume_from), []
+        else:
+            latest, self._resume_warnings = ckpt.resume_checkpoint(self.ckpt_dir, set_aside=self.dist.is_main)
         if latest is None:
             return None
         self.state = ckpt.load_checkpoint(latest, model=self.model, map_location=self.device, restore_rng=False)
