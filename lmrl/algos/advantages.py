@@ -106,7 +106,8 @@ def leave_one_out_advantages(rewards: torch.Tensor, group_size: int) -> torch.Te
 
 def normalize_advantages(advantages: torch.Tensor, mask: torch.Tensor | None = None, eps: float = 1e-8) -> torch.Tensor:
     """Batch whitening: (A − mean) / (std + eps) over valid entries (population std); masked
-    entries come out 0. Works for (B,) and (B, T)."""
+    entries come out 0. Works for (B,) and (B, T). Not TRL's RLOO `normalize_advantages`, which
+    divides by the sample std (Bessel) + 1e-4: the two differ by the factor sqrt((B − 1)/B) and eps."""
     mean, std = masked_mean(advantages, mask), masked_var(advantages, mask).sqrt()
     out = (advantages - mean) / (std + eps)
     return out if mask is None else out * mask

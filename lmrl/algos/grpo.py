@@ -64,6 +64,11 @@ class GRPO(Algorithm):
 
 @register_algorithm("rloo")
 class RLOO(GRPO):
+    """GRPO's per-token clipped surrogate with leave-one-out advantages. TRL's RLOOTrainer clips a
+    ratio of whole-sequence probabilities instead (one ratio per completion), so the two clip
+    differently once the policy has moved (ppo_epochs > 1 or minibatches). On-policy (ratio 1) TRL's
+    gradient is −mean_i A_i·∇log π(y_i), which is this one's with loss_level=constant times
+    loss_constant."""
 
     def group_advantages(self, rewards: torch.Tensor) -> torch.Tensor:
         return leave_one_out_advantages(rewards, self.group_size)
