@@ -18,9 +18,9 @@ from pathlib import Path
 from typing import ClassVar
 
 from .algos import ALGORITHMS
-from .algos.advantages import GROUP_MODES
+from .algos.advantages import GROUP_MODES, SCALE_REWARDS
 from .algos.losses import KL_ESTIMATORS, LOSS_LEVELS
-from .algos.preference_losses import DPO_LOSS_TYPES
+from .algos.preference_losses import DPO_LOSS_TYPES, SMOOTHED_DPO_LOSSES
 from .errors import ConfigError  # noqa: F401  (re-exported: `from lmrl.config import ConfigError`)
 from .models.heads import VALUE_MODELS
 from .rollout.engines import ENGINES
@@ -264,13 +264,15 @@ class DataConfig(Section):
 @dataclass
 class DPOConfig(Section):
     beta: float = _f(0.1, "beta: how far the policy may move from the reference (implicit reward scale)", gt=0)
-    loss_type: str = _f("sigmoid", "sigmoid (DPO) | ipo | hinge", choices=DPO_LOSS_TYPES)
-    label_smoothing: float = _f(0.0, "sigmoid: the chance a pair's label is flipped (conservative DPO), in [0, 0.5)",
-                                ge=0, lt=0.5)
+    loss_type: str = _f("sigmoid", "sigmoid (DPO) | ipo | hinge | robust (rDPO)", choices=DPO_LOSS_TYPES)
+    label_smoothing: float = _f(0.0, "sigmoid (conservative DPO; TRL's sigmoid ignores it) and robust: the chance a "
+                                     "pair's label is flipped, in [0, 0.5)", ge=0, lt=0.5)
+    ipo_length_normalize: bool = _f(True, "ipo: each response's log-ratio averaged over its tokens, as TRL and the IPO "
+                                          "authors (false: summed, as the IPO paper's formula reads)")
 
     def check(self) -> list[str]:
-        return [] if self.label_smoothing == 0 or self.loss_type == "sigmoid" else [
-            f"dpo.label_smoothing is for loss_type=sigmoid, not {self.loss_type}"]
+        return [] if self.label_smoothing == 0 or self.loss_type in SMOOTHED_DPO_LOSSES else [
+            f"dpo.label_smoothing is for loss_type {' or '.join(SMOOTHED_DPO_LOSSES)}, not {self.loss_type}"]
 
 
 @dataclass
@@ -282,7 +284,9 @@ class AlgoConfig(Section):
     group_size: int = _f(1, "completions sampled per prompt (G); rloo and grpo need >= 2", ge=1)
     adv_mode: str = _f("grpo", "grpo group advantage: raw (A=r) | grpo ((r-mean)/(std+eps)) | grpo_no_std (r-mean)",
                        choices=GROUP_MODES)
-    adv_eps: float = _f(1e-6, "eps in the grpo advantage's denominator", gt=0)
+    adv_eps: float = _f(1e-4, "eps in the grpo advantage's denominator (TRL's 1e-4)", gt=0)
+    scale_rewards: str = _f("group", "grpo advantage's divisor, as TRL: group (each prompt's reward std) | batch (the "
+                                     "whole batch's std) | none (no division, Dr. GRPO)", choices=SCALE_REWARDS)
     normalize_advantages: bool = _f(False, "whiten advantages over the batch (mean 0, std 1)")
     clip_range_left: float = _f(0.2, "ratio clipped below at 1 - clip_range_left", ge=0, lt=1)
     clip_range_right: float = _f(0.2, "ratio clipped above at 1 + clip_range_right (DAPO's clip-higher: 0.28)", ge=0)

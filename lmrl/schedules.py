@@ -47,21 +47,26 @@ def lr_at(step: int, *, base_lr: float, total_steps: int, name: str = "constant"
           min_lr_ratio: float = 0.1) -> float:
     """The learning rate for 0-based optimizer step `step` (W = warmup_steps, T = total_steps):
 
-        warm-up   s < W:  lr = base_lr · (s + 1) / W
+        warm-up   s < W:  lr = base_lr · s / W
         constant  s ≥ W:  lr = base_lr
         linear    s ≥ W:  lr = base_lr − (base_lr − lr_min) · p
         cosine    s ≥ W:  lr = lr_min + (base_lr − lr_min) · ½ · (1 + cos(π · p)),
                           p = min(1, (s − W) / (T − W)),  lr_min = base_lr · min_lr_ratio
 
-    so linear and cosine start at base_lr right after warm-up, are (1 + min_lr_ratio)/2 · base_lr
-    halfway, and reach lr_min at s = T and stay there. "plateau" has no closed form (it depends on
-    evaluation results): use `make_scheduler`."""
+    so the warm-up starts at 0 and reaches base_lr at s = W, and linear and cosine are
+    (1 + min_lr_ratio)/2 · base_lr halfway and reach lr_min at s = T and stay there. These are
+    `transformers.get_scheduler`'s numbers, step for step (tests/test_schedule.py): "constant" is its
+    constant_with_warmup, "cosine" its cosine_with_min_lr (min_lr_rate = min_lr_ratio), and with
+    min_lr_ratio = 0 "linear" and "cosine" are its linear and cosine. Two deliberate differences:
+    min_lr_ratio defaults to 0.1 (transformers decays to 0), and past T the lr stays at lr_min where
+    transformers' cosine climbs back up. "plateau" has no closed form (it depends on evaluation
+    results): use `make_scheduler`."""
     _check(name, warmup_steps, min_lr_ratio)
     if name not in STEP_SCHEDULES:
         raise ValueError(f"the {name!r} schedule depends on evaluation results, not only the step: "
                          "use make_scheduler(...) and call .observe(metric) after each evaluation")
     if step < warmup_steps:
-        return base_lr * (step + 1) / warmup_steps
+        return base_lr * step / warmup_steps
     decay_steps = total_steps - warmup_steps
     progress = 1.0 if decay_steps <= 0 else min(1.0, (step - warmup_steps) / decay_steps)
     return STEP_SCHEDULES[name](base_lr, base_lr * min_lr_ratio, progress)
@@ -168,7 +173,9 @@ def make_scheduler(optimizer: torch.optim.Optimizer, *, total_steps: int, name: 
     have `get_last_lr()`, `state_dict()` and `load_state_dict()`.
 
     constant, linear, cosine: a LambdaLR that sets each param group's lr to
-    `lr_at(k, base_lr=group's lr, ...)` after k `step()` calls. The multiplier is a plain function
+    `lr_at(k, base_lr=group's lr, ...)` after k `step()` calls: the schedule transformers' get_scheduler
+    builds (also a LambdaLR), written here because transformers is an optional dependency and has no
+    linear decay to a floor. The multiplier is a plain function
     (not a callable object), so `state_dict()` holds only the step count and resumes exactly;
     restore the optimizer's state too, which carries the current lr.
     plateau: a `PlateauScheduler` with the `plateau_*` settings (`total_steps` is not used)."""

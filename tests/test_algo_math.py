@@ -37,16 +37,55 @@ def test_grpo_divides_by_the_groups_sample_std_plus_eps():
 
 
 def test_grpo_on_a_group_that_agrees_gives_zero_not_nan():
-    # group 0 (1, 1): std 0, so 0 / eps = 0; group 1 (0, 1): mean 1/2, sample std sqrt(1/2)
-    assert_close(group_advantages(T([1.0, 1.0, 0.0, 1.0]), 2, "grpo"), T([0.0, 0.0, -0.5 / (0.5**0.5 + 1e-6),
-                                                                          0.5 / (0.5**0.5 + 1e-6)]))
+    # group 0 (1, 1): std 0, so 0 / eps = 0; group 1 (0, 1): mean 1/2, sample std sqrt(1/2); eps is TRL's 1e-4
+    assert_close(group_advantages(T([1.0, 1.0, 0.0, 1.0]), 2, "grpo"), T([0.0, 0.0, -0.5 / (0.5**0.5 + 1e-4),
+                                                                          0.5 / (0.5**0.5 + 1e-4)]))
+
+
+def test_grpo_eps_default_is_trls_and_matters_on_a_near_tied_group():
+    # a pair 1.6e-4 apart: centred ±8e-5, sample std 1.13e-4; eps 1e-4 gives ±0.375, eps 1e-6 ±0.701
+    rewards = T([0.0, 1.6e-4], dtype=torch.float64)
+    std = 1.6e-4 / 2**0.5
+    assert_close(group_advantages(rewards, 2), T([-8e-5, 8e-5], dtype=torch.float64) / (std + 1e-4))
+    assert group_advantages(rewards, 2)[1].item() == pytest.approx(0.375345, abs=1e-6)
+    assert group_advantages(rewards, 2, eps=1e-6)[1].item() == pytest.approx(0.700912, abs=1e-6)
+
+
+def test_grpo_batch_scale_divides_every_group_by_the_batchs_std():
+    # centred as by group: (2/3, −1/3, −1/3, −4/3, −1/3, 5/3); the batch's sample std of all six rewards
+    batch_std = REWARDS.std().item()
+    centred = group_advantages(REWARDS, 3, "grpo_no_std")
+    assert_close(group_advantages(REWARDS, 3, "grpo", eps=0.0, scale="batch"), centred / batch_std)
+    assert_close(group_advantages(REWARDS, 3, "grpo", scale="batch"), centred / (batch_std + 1e-4))
+
+
+def test_grpo_scale_none_is_grpo_no_std():
+    assert_close(group_advantages(REWARDS, 3, "grpo", scale="none"), group_advantages(REWARDS, 3, "grpo_no_std"))
+
+
+def test_batch_scale_of_token_rewards_is_per_position():
+    rewards = T([[1.0, 0.0], [0.0, 0.0], [1.0, 2.0], [1.0, 0.0]])
+    stds = rewards.std(0)  # (2,): one per position over all four rows
+    centred = group_advantages(rewards, 2, "grpo_no_std")
+    assert_close(group_advantages(rewards, 2, "grpo", eps=0.0, scale="batch"), centred / stds)
+
+
+@pytest.mark.parametrize("mode", ["raw", "grpo_no_std"])
+def test_batch_scale_is_refused_where_there_is_no_division(mode):
+    with pytest.raises(ValueError, match="scale_rewards 'batch'"):
+        group_advantages(REWARDS, 3, mode, scale="batch")
+
+
+def test_unknown_scale_is_refused():
+    with pytest.raises(ValueError, match="group, batch, none"):
+        group_advantages(REWARDS, 3, "grpo", scale="std")
 
 
 def test_token_rewards_get_group_statistics_per_position():
     rewards = T([[1.0, 0.0], [0.0, 0.0], [1.0, 1.0], [1.0, 0.0]])  # two groups of two, two positions
     assert_close(group_advantages(rewards, 2, "grpo_no_std"), T([[0.5, 0.0], [-0.5, 0.0], [0.0, 0.5], [0.0, -0.5]]))
     # a pair (a, b) has sample std |a − b|/sqrt(2), so ±0.5 / (sqrt(1/2) + eps); agreeing pairs give 0
-    h = 0.5 / (0.5**0.5 + 1e-6)
+    h = 0.5 / (0.5**0.5 + 1e-4)
     assert_close(group_advantages(rewards, 2, "grpo"), T([[h, 0.0], [-h, 0.0], [0.0, h], [0.0, -h]]))
 
 
@@ -293,3 +332,22 @@ def test_explained_variance_is_one_for_perfect_values_and_zero_for_the_mean():
     mask = T([[1.0, 1.0, 0.0]])  # padding values do not count
     assert explained_variance(T([[1.0, 2.0, 50.0]]), T([[1.0, 2.0, 0.0]]), mask) == pytest.approx(1.0)
     assert math.isnan(explained_variance(T([1.0, 2.0]), T([4.0, 4.0])))  # the returns do not vary
+
+
+@pytest.mark.parametrize("overrides", [["algo.name=rloo"], ["algo.name=grpo", "algo.adv_mode=grpo_no_std"],
+                                       ["algo.name=grpo", "algo.adv_mode=raw"]])
+def test_config_refuses_batch_scale_where_nothing_is_divided(overrides):
+    from lmrl.config import ConfigError, load_config
+
+    with pytest.raises(ConfigError, match="algo.scale_rewards=batch divides grpo's advantages"):
+        load_config(None, [*overrides, "algo.group_size=4", "algo.scale_rewards=batch"])
+    load_config(None, ["algo.name=grpo", "algo.group_size=4", "algo.scale_rewards=batch"])  # grpo's own: accepted
+
+
+def test_grpo_algorithm_passes_scale_rewards_to_its_advantages():
+    from lmrl.algos import build_algorithm
+    from lmrl.config import AlgoConfig
+
+    algo = build_algorithm(AlgoConfig(name="grpo", group_size=3, scale_rewards="batch"))
+    assert_close(algo.group_advantages(REWARDS), group_advantages(REWARDS, 3, "grpo", scale="batch"))
+    assert not torch.allclose(algo.group_advantages(REWARDS), group_advantages(REWARDS, 3, "grpo"))

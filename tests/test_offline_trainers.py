@@ -103,7 +103,7 @@ def test_dpo_starts_at_log2_with_a_reference_view_and_learns_the_preference(data
     summary = trainer.train()
     rows = _metrics(tmp_path / "run")
     assert rows[0]["dpo/loss"] == pytest.approx(math.log(2), abs=1e-6)  # policy = reference: h = 0
-    for key in ("rewards/chosen", "rewards/rejected", "rewards/margins", "rewards/accuracy", "dpo/lr"):
+    for key in ("rewards/chosen", "rewards/rejected", "rewards/margins", "rewards/accuracies", "dpo/lr"):
         assert key in rows[0]
     assert rows[-1]["eval/accuracy"] == 1.0 and rows[-1]["eval/rewards/margins"] > 0
     assert summary["best"]["value"] == 1.0

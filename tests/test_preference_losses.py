@@ -25,7 +25,7 @@ EXAMPLE = dict(policy_chosen_logps=logps(-10.0), policy_rejected_logps=logps(-15
 def test_sigmoid_at_zero_margin_is_log_2():
     loss, stats = dpo_loss(logps(-3.0, -7.0), logps(-5.0, -2.0), logps(-3.0, -7.0), logps(-5.0, -2.0))
     assert loss.item() == pytest.approx(math.log(2))
-    assert stats["rewards/margins"] == 0 and stats["rewards/accuracy"] == 0  # a tie is not a win
+    assert stats["rewards/margins"] == 0 and stats["rewards/accuracies"] == 0  # a tie is not a win
 
 
 def test_sigmoid_worked_example():
@@ -34,7 +34,7 @@ def test_sigmoid_worked_example():
     assert stats["rewards/chosen"] == pytest.approx(0.2)
     assert stats["rewards/rejected"] == pytest.approx(-0.1)
     assert stats["rewards/margins"] == pytest.approx(0.3)
-    assert stats["rewards/accuracy"] == 1.0
+    assert stats["rewards/accuracies"] == 1.0
 
 
 def test_label_smoothing_adds_epsilon_times_beta_h():
@@ -42,9 +42,33 @@ def test_label_smoothing_adds_epsilon_times_beta_h():
     assert loss.item() == pytest.approx(0.5543552 + 0.1 * 0.3, abs=1e-7)
 
 
-def test_ipo_worked_example():
-    loss, _ = dpo_loss(**EXAMPLE, loss_type="ipo")
+def test_ipo_worked_example_summed():
+    loss, _ = dpo_loss(**EXAMPLE, loss_type="ipo", ipo_length_normalize=False)
     assert loss.item() == pytest.approx(4.0)
+
+
+def test_ipo_averages_each_log_ratio_over_its_response_by_default():
+    # chosen 4 tokens, rejected 2: h̄ = 2/4 − (−1)/2 = 1, so (1 − 5)² = 16 (summed: 4)
+    lengths = dict(chosen_lengths=torch.tensor([4]), rejected_lengths=torch.tensor([2]))
+    loss, stats = dpo_loss(**EXAMPLE, loss_type="ipo", **lengths)
+    assert loss.item() == pytest.approx(16.0)
+    assert stats["rewards/margins"] == pytest.approx(0.3)  # the rewards stay those of the summed log-ratios
+    # an empty response counts as one token, not a division by 0
+    empty, _ = dpo_loss(**EXAMPLE, loss_type="ipo", chosen_lengths=torch.tensor([0]),
+                        rejected_lengths=torch.tensor([1]))
+    assert empty.item() == pytest.approx((2 + 1 - 5) ** 2)
+
+
+def test_ipo_without_lengths_says_what_to_pass():
+    with pytest.raises(ValueError, match="chosen_lengths and rejected_lengths.*ipo_length_normalize=False"):
+        dpo_loss(**EXAMPLE, loss_type="ipo")
+
+
+def test_robust_worked_example_and_epsilon_zero_is_plain_dpo():
+    # (−0.9·log σ(0.3) + 0.1·log σ(−0.3)) / 0.8 = (0.9·0.5543552 − 0.1·0.8543552) / 0.8 = 0.5168552
+    loss, _ = dpo_loss(**EXAMPLE, loss_type="robust", label_smoothing=0.1)
+    assert loss.item() == pytest.approx(0.5168552, abs=1e-7)
+    assert dpo_loss(**EXAMPLE, loss_type="robust")[0].item() == pytest.approx(0.5543552, abs=1e-7)
 
 
 def test_hinge_worked_example_and_zero_past_the_margin():
@@ -63,14 +87,15 @@ def test_stats_average_over_the_batch():
     assert stats["rewards/chosen"] == pytest.approx(0.0)
     assert stats["rewards/rejected"] == pytest.approx(0.25)
     assert stats["rewards/margins"] == pytest.approx(-0.25)
-    assert stats["rewards/accuracy"] == 0.5
+    assert stats["rewards/accuracies"] == 0.5
 
 
-@pytest.mark.parametrize("loss_type", ["sigmoid", "ipo", "hinge"])
+@pytest.mark.parametrize("loss_type", ["sigmoid", "ipo", "hinge", "robust"])
 def test_gradient_raises_chosen_and_lowers_rejected(loss_type):
     chosen, rejected = logps(-10.0, grad=True), logps(-15.0, grad=True)
     ref_chosen, ref_rejected = logps(-12.0, grad=True), logps(-14.0, grad=True)
-    loss, _ = dpo_loss(chosen, rejected, ref_chosen, ref_rejected, beta=0.1, loss_type=loss_type)
+    loss, _ = dpo_loss(chosen, rejected, ref_chosen, ref_rejected, beta=0.1, loss_type=loss_type,
+                       chosen_lengths=torch.tensor([3]), rejected_lengths=torch.tensor([2]))
     loss.backward()
     # gradient descent moves against the gradient: chosen up (grad < 0), rejected down (grad > 0)
     assert chosen.grad.item() < 0 < rejected.grad.item()
@@ -86,7 +111,7 @@ def test_sigmoid_gradient_is_minus_beta_sigmoid_of_minus_beta_h():
 
 
 def test_dpo_refuses_bad_settings():
-    with pytest.raises(ValueError, match="must be one of sigmoid, ipo, hinge, got 'kto'"):
+    with pytest.raises(ValueError, match="must be one of sigmoid, ipo, hinge, robust, got 'kto'"):
         dpo_loss(**EXAMPLE, loss_type="kto")
     for beta in (0.0, -0.1):
         with pytest.raises(ValueError, match=f"beta must be > 0.*got {beta}"):
@@ -95,8 +120,8 @@ def test_dpo_refuses_bad_settings():
         with pytest.raises(ValueError, match=r"label_smoothing must be in \[0, 0.5\).*got " + str(eps)):
             dpo_loss(**EXAMPLE, label_smoothing=eps)
     for loss_type in ("ipo", "hinge"):
-        with pytest.raises(ValueError, match=f"'sigmoid' \\(cDPO\\) only, not '{loss_type}'"):
-            dpo_loss(**EXAMPLE, loss_type=loss_type, label_smoothing=0.1)
+        with pytest.raises(ValueError, match=f"'sigmoid' or 'robust' only, not '{loss_type}'"):
+            dpo_loss(**EXAMPLE, loss_type=loss_type, label_smoothing=0.1, ipo_length_normalize=False)
     with pytest.raises(ValueError, match=r"one shape.*ref_rejected_logps \(2,\)"):
         dpo_loss(logps(-1.0), logps(-2.0), logps(-1.0), logps(-2.0, -3.0))
 

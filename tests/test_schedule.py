@@ -7,11 +7,12 @@ import torch
 from lmrl.schedules import SCHEDULES, PlateauScheduler, StepScheduler, lr_at, make_scheduler
 
 
-def test_warmup_rises_linearly_from_one_step_to_base_lr():
+def test_warmup_rises_linearly_from_zero_to_base_lr_at_step_w():
     kw = dict(base_lr=1e-3, total_steps=100, warmup_steps=4)
-    assert lr_at(0, **kw) == pytest.approx(0.25e-3)
-    assert lr_at(1, **kw) == pytest.approx(0.5e-3)
-    assert lr_at(3, **kw) == pytest.approx(1e-3)  # last warm-up step reaches base_lr
+    assert lr_at(0, **kw) == 0.0  # as transformers: the first step's lr is 0
+    assert lr_at(1, **kw) == pytest.approx(0.25e-3)
+    assert lr_at(3, **kw) == pytest.approx(0.75e-3)
+    assert lr_at(4, **kw) == pytest.approx(1e-3)  # the first step after warm-up reaches base_lr
 
 
 def test_constant_holds_base_lr_after_warmup():
@@ -56,7 +57,7 @@ def test_linear_quarter_point_matches_hand_computed_value():
 
 def test_linear_starts_at_base_lr_after_warmup_and_is_mean_of_base_and_floor_halfway():
     kw = dict(base_lr=1e-3, total_steps=110, name="linear", warmup_steps=10, min_lr_ratio=0.2)
-    assert lr_at(0, **kw) == pytest.approx(1e-4)  # warm-up: 1/10 of base
+    assert lr_at(0, **kw) == 0.0 and lr_at(1, **kw) == pytest.approx(1e-4)  # warm-up: s/10 of base
     assert lr_at(10, **kw) == pytest.approx(1e-3)
     assert lr_at(60, **kw) == pytest.approx(0.6e-3)
     assert lr_at(85, **kw) == pytest.approx(1e-3 - 0.8e-3 * 0.75)  # p = 3/4: 0.4e-3
@@ -108,7 +109,8 @@ def test_scheduler_follows_lr_at_step_by_step():
     opt = make_opt()
     lrs = train_steps(opt, make_scheduler(opt, **SCHED), 25)
     assert lrs == pytest.approx([lr_at(s, base_lr=3e-3, **SCHED) for s in range(25)], rel=1e-12)
-    assert lrs[0] == pytest.approx(1e-3) and lrs[2] == pytest.approx(3e-3) and lrs[24] == pytest.approx(3e-4)
+    assert lrs[0] == 0.0 and lrs[1] == pytest.approx(1e-3) and lrs[3] == pytest.approx(3e-3)
+    assert lrs[24] == pytest.approx(3e-4)
 
 
 def test_scheduler_state_dict_round_trip_resumes_the_same_lrs():
@@ -150,6 +152,29 @@ def test_step_schedules_follow_lr_at_and_ignore_observe(name):
     assert sched.get_last_lr() == [opt.param_groups[0]["lr"]]
 
 
+# lmrl's schedule -> transformers.get_scheduler's name and extra arguments for the same lrs
+TRANSFORMERS_TWINS = [
+    (dict(name="constant"), "constant_with_warmup", {}),
+    (dict(name="linear", min_lr_ratio=0.0), "linear", {}),
+    (dict(name="cosine", min_lr_ratio=0.0), "cosine", {}),
+    (dict(name="cosine", min_lr_ratio=0.1), "cosine_with_min_lr", {"min_lr_rate": 0.1}),
+]
+
+
+@pytest.mark.parametrize("warmup", [0, 1, 7])
+@pytest.mark.parametrize("ours, theirs, extra", TRANSFORMERS_TWINS)
+def test_step_schedules_are_transformers_schedules_step_by_step(ours, theirs, extra, warmup):
+    from transformers import get_scheduler
+
+    total = 30
+    opt_ours, opt_theirs = make_opt(), make_opt()
+    ours = train_steps(opt_ours, make_scheduler(opt_ours, total_steps=total, warmup_steps=warmup, **ours), total + 1)
+    hf = get_scheduler(theirs, opt_theirs, num_warmup_steps=warmup, num_training_steps=total,
+                       scheduler_specific_kwargs=extra)
+    theirs = train_steps(opt_theirs, hf, total + 1)
+    assert ours == pytest.approx(theirs, rel=1e-12, abs=1e-15)  # steps 0 .. T: every lr the run uses
+
+
 def test_every_schedule_name_builds_a_scheduler():
     for name in SCHEDULES:
         sched = make_scheduler(make_opt(), total_steps=10, name=name)
@@ -170,7 +195,7 @@ def lr_of(opt):
 def test_plateau_warmup_still_applies():
     opt, sched = plateau(warmup_steps=4)
     lrs = train_steps(opt, sched, 6)
-    assert lrs == pytest.approx([0.25, 0.5, 0.75, 1.0, 1.0, 1.0])
+    assert lrs == pytest.approx([0.0, 0.25, 0.5, 0.75, 1.0, 1.0])
     assert sched.get_last_lr() == pytest.approx([1.0])
 
 
@@ -226,7 +251,7 @@ def test_plateau_evaluations_during_warmup_do_not_count_as_bad():
     sched.observe(0.5)
     train_steps(opt, sched, 1)
     sched.observe(0.1)  # step 1 of 4: no cut, the lr is still rising
-    assert lr_of(opt) == pytest.approx(0.5)
+    assert lr_of(opt) == pytest.approx(0.25)
     train_steps(opt, sched, 3)
     assert lr_of(opt) == pytest.approx(1.0)
     sched.observe(0.1)  # warm-up over: the first bad evaluation cuts (patience 1)

@@ -45,6 +45,8 @@ def masked_var(x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tenso
 
 # -- group baselines -------------------------------------------------------------------------------
 GROUP_MODES = ("raw", "grpo", "grpo_no_std")
+# What divides GRPO's centred rewards (TRL's `scale_rewards`): each group's own std, the whole batch's, or nothing.
+SCALE_REWARDS = ("group", "batch", "none")
 
 
 def _groups(rewards: torch.Tensor, group_size: int) -> torch.Tensor:
@@ -56,25 +58,39 @@ def _groups(rewards: torch.Tensor, group_size: int) -> torch.Tensor:
     return rewards.view(rewards.size(0) // group_size, group_size, *rewards.shape[1:])
 
 
-def group_advantages(rewards: torch.Tensor, group_size: int, mode: str = "grpo", eps: float = 1e-6) -> torch.Tensor:
+def group_advantages(rewards: torch.Tensor, group_size: int, mode: str = "grpo", eps: float = 1e-4,
+                     scale: str = "group") -> torch.Tensor:
     """Advantages against each prompt's own group of G samples (GRPO, Shao et al. 2024).
 
     raw:          A_i = r_i
-    grpo:         A_i = (r_i − mean_g) / (std_g + eps)   (std with Bessel's correction, as TRL)
-    grpo_no_std:  A_i = r_i − mean_g                      (Dr. GRPO: no per-prompt rescaling)
+    grpo:         A_i = (r_i − mean_g) / (s + eps), s by `scale`:
+                    group  std_g, the std of prompt g's own G rewards (GRPO)
+                    batch  the std of all B rewards (PPO Lite: one scale for every prompt)
+                    none   no division: A_i = r_i − mean_g (Dr. GRPO)
+    grpo_no_std:  A_i = r_i − mean_g      (the same as grpo with scale "none"; kept as a name)
 
-    rewards (B,) or (B, T) with B = n_prompts·G, a group's rows contiguous; for (B, T) the group
-    statistics are taken per position t."""
+    Both stds have Bessel's correction. These are TRL's GRPOTrainer numbers (`scale_rewards`, and the
+    1e-4 in its denominator; tests/test_trl_parity.py checks them against TRL's trainer). `scale`
+    only changes mode "grpo": the other modes refuse "batch" rather than ignore it.
+
+    rewards (B,) or (B, T) with B = n_prompts·G, a group's rows contiguous; for (B, T) every
+    statistic, the batch std included, is taken per position t."""
     if mode not in GROUP_MODES:
         raise ValueError(f"advantage mode must be one of {', '.join(GROUP_MODES)}, got {mode!r}")
+    if scale not in SCALE_REWARDS:
+        raise ValueError(f"scale_rewards must be one of {', '.join(SCALE_REWARDS)}, got {scale!r}")
+    if scale == "batch" and mode != "grpo":
+        raise ValueError(f"scale_rewards 'batch' divides grpo's advantages; advantage mode {mode!r} has no division")
     g = _groups(rewards, group_size)
     if mode == "raw":
         return rewards.clone()
     if group_size < 2:
         raise ValueError(f"advantage mode {mode!r} compares samples of one prompt: group_size must be >= 2")
-    centred = g - g.mean(1, keepdim=True)
-    if mode == "grpo":
+    centred = g - g.mean(1, keepdim=True)  # (B/G, G, ...)
+    if mode == "grpo" and scale == "group":
         centred = centred / (g.std(1, keepdim=True) + eps)
+    elif mode == "grpo" and scale == "batch":
+        centred = centred / (rewards.std(0) + eps)  # () or (T,): broadcast over groups and rows
     return centred.reshape(rewards.shape)
 
 
@@ -90,7 +106,8 @@ def leave_one_out_advantages(rewards: torch.Tensor, group_size: int) -> torch.Te
 
 def normalize_advantages(advantages: torch.Tensor, mask: torch.Tensor | None = None, eps: float = 1e-8) -> torch.Tensor:
     """Batch whitening: (A − mean) / (std + eps) over valid entries (population std); masked
-    entries come out 0. Works for (B,) and (B, T)."""
+    entries come out 0. Works for (B,) and (B, T). Not TRL's RLOO `normalize_advantages`, which
+    divides by the sample std (Bessel) + 1e-4: the two differ by the factor sqrt((B − 1)/B) and eps."""
     mean, std = masked_mean(advantages, mask), masked_var(advantages, mask).sqrt()
     out = (advantages - mean) / (std + eps)
     return out if mask is None else out * mask

@@ -2,7 +2,8 @@
 completion's advantage is its reward measured against its own group's, so no value model and no
 moving average are needed, and a hard prompt's rare success counts as fully as an easy one's.
 
-    GRPO  A_i = (r_i − mean_g r) / (std_g r + eps)   (`adv_mode`: grpo | grpo_no_std | raw)
+    GRPO  A_i = (r_i − mean_g r) / (std_g r + eps)   (`adv_mode`: grpo | grpo_no_std | raw; the std is the
+                                                      group's, the batch's or none by `scale_rewards`)
     RLOO  A_i = r_i − mean_{j≠i} r_j                  (leave-one-out)
 
 Both optimise the clipped surrogate with asymmetric clipping, aggregated per `loss_level`, for
@@ -26,12 +27,16 @@ class GRPO(Algorithm):
     def check_config(cls, cfg) -> list[str]:
         # A group of one has no mean to compare with; only the raw advantage (A = r) works without one.
         alone = cfg.group_size < 2 and not (cls is GRPO and cfg.adv_mode == "raw")
+        # scale_rewards=batch divides grpo's centred rewards; nothing else has a divisor to replace
+        unscaled = cfg.scale_rewards == "batch" and not (cls is GRPO and cfg.adv_mode == "grpo")
         return super().check_config(cfg) + ([] if not alone else [
             f"algo.name={cfg.name} compares each completion with its group: algo.group_size must be >= 2, "
-            f"got {cfg.group_size}"])
+            f"got {cfg.group_size}"]) + ([] if not unscaled else [
+            f"algo.scale_rewards=batch divides grpo's advantages (algo.name=grpo, algo.adv_mode=grpo), not those of "
+            f"algo.name={cfg.name} with adv_mode={cfg.adv_mode}; for batch whitening set algo.normalize_advantages"])
 
     def group_advantages(self, rewards: torch.Tensor) -> torch.Tensor:
-        return group_advantages(rewards, self.group_size, self.cfg.adv_mode, self.cfg.adv_eps)
+        return group_advantages(rewards, self.group_size, self.cfg.adv_mode, self.cfg.adv_eps, self.cfg.scale_rewards)
 
     def prepare(self, learner, rollout, rewards: torch.Tensor) -> tuple[PreparedBatch, dict]:
         n = rollout.completions.size(1)
@@ -59,6 +64,11 @@ class GRPO(Algorithm):
 
 @register_algorithm("rloo")
 class RLOO(GRPO):
+    """GRPO's per-token clipped surrogate with leave-one-out advantages. TRL's RLOOTrainer clips a
+    ratio of whole-sequence probabilities instead (one ratio per completion), so the two clip
+    differently once the policy has moved (ppo_epochs > 1 or minibatches). On-policy (ratio 1) TRL's
+    gradient is −mean_i A_i·∇log π(y_i), which is this one's with loss_level=constant times
+    loss_constant."""
 
     def group_advantages(self, rewards: torch.Tensor) -> torch.Tensor:
         return leave_one_out_advantages(rewards, self.group_size)

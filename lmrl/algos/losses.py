@@ -36,7 +36,9 @@ def aggregate(per_token: torch.Tensor, mask: torch.Tensor | None = None, level: 
     sequence:  (1/B) Σ_i (Σ_t m·x / Σ_t m)        every sequence weighs the same (original GRPO)
     constant:  Σ_it m·x / (B · constant)          a fixed normaliser, e.g. the max completion
                                                   length (Dr. GRPO): no length bias either way
-    A row with no valid token counts as 0 under `sequence`."""
+    A row with no valid token counts as 0 under `sequence`. TRL's GRPO loss_type in these terms:
+    grpo = sequence, bnpo and dapo = token (over the whole minibatch, which the update's token-weighted
+    micro-batches reproduce), dr_grpo = constant with its max_completion_length (tests/test_trl_parity.py)."""
     if mask is None:
         mask = torch.ones_like(per_token)
     if level == "token":

@@ -9,7 +9,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-DPO_LOSS_TYPES = ("sigmoid", "ipo", "hinge")
+DPO_LOSS_TYPES = ("sigmoid", "ipo", "hinge", "robust")
+SMOOTHED_DPO_LOSSES = ("sigmoid", "robust")  # the losses that take label_smoothing
 
 
 def sequence_logps(logits: torch.Tensor, labels: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -32,7 +33,9 @@ def sequence_logps(logits: torch.Tensor, labels: torch.Tensor, mask: torch.Tenso
 
 def dpo_loss(policy_chosen_logps: torch.Tensor, policy_rejected_logps: torch.Tensor,
              ref_chosen_logps: torch.Tensor, ref_rejected_logps: torch.Tensor, beta: float = 0.1,
-             loss_type: str = "sigmoid", label_smoothing: float = 0.0) -> tuple[torch.Tensor, dict]:
+             loss_type: str = "sigmoid", label_smoothing: float = 0.0, chosen_lengths: torch.Tensor | None = None,
+             rejected_lengths: torch.Tensor | None = None,
+             ipo_length_normalize: bool = True) -> tuple[torch.Tensor, dict]:
     """Direct preference losses on summed sequence log-probs (B,), with the log-ratio margin
 
         h = (log π(y_c) − log π_ref(y_c)) − (log π(y_r) − log π_ref(y_r))
@@ -40,14 +43,22 @@ def dpo_loss(policy_chosen_logps: torch.Tensor, policy_rejected_logps: torch.Ten
     sigmoid  DPO (Rafailov et al. 2023):      L = −log σ(β·h)
              with label smoothing ε (cDPO):   L = −(1 − ε)·log σ(β·h) − ε·log σ(−β·h)
                                               (ε = the probability that a label is flipped)
-    ipo      IPO (Azar et al. 2023, eq. 17):  L = (h − 1/(2β))²
+    robust   rDPO (Chowdhury et al. 2024):    L = (−(1 − ε)·log σ(β·h) + ε·log σ(−β·h)) / (1 − 2ε)
+    ipo      IPO (Azar et al. 2023, eq. 17):  L = (h̄ − 1/(2β))²,  h̄ = the same margin with each response's
+                                              log-ratio divided by its length (`chosen_lengths`,
+                                              `rejected_lengths`: response tokens, (B,)); with
+                                              ipo_length_normalize=False, h̄ = h (summed log-ratios)
     hinge    SLiC / RSO:                      L = max(0, 1 − β·h)     (1/β is the margin)
 
-    averaged over the batch. The reference log-probs are constants. IPO takes h as given: TRL divides
-    each log-prob by its response length first (what the IPO authors ran); pass per-token means for that.
-    Stats (floats), as in TRL: rewards/chosen = mean β·(log π(y_c) − log π_ref(y_c)), rewards/rejected
-    likewise, rewards/margins = mean (chosen − rejected reward), rewards/accuracy = the fraction of
-    pairs whose chosen reward is strictly higher (TRL logs it as `rewards/accuracies`)."""
+    averaged over the batch. The reference log-probs are constants. These are TRL's DPOTrainer numbers
+    (tests/test_trl_parity.py), with these differences, each an option:
+    - sigmoid with ε > 0 is conservative DPO, as TRL's sigmoid was before it moved smoothing to its
+      `robust` loss; TRL 1.16's sigmoid ignores `label_smoothing`. ε = 0 (the default) is the same in both.
+    - ipo_length_normalize=False sums the log-ratios (the paper's formula as written); TRL always
+      averages, as the default here does.
+    Stats (floats), TRL's names: rewards/chosen = mean β·(log π(y_c) − log π_ref(y_c)), rewards/rejected
+    likewise, rewards/margins = mean (chosen − rejected reward), rewards/accuracies = the fraction of
+    pairs whose chosen reward is strictly higher; all from the summed log-ratios, whatever the loss."""
     if loss_type not in DPO_LOSS_TYPES:
         raise ValueError(f"DPO loss_type must be one of {', '.join(DPO_LOSS_TYPES)}, got {loss_type!r}")
     if not beta > 0:
@@ -55,21 +66,29 @@ def dpo_loss(policy_chosen_logps: torch.Tensor, policy_rejected_logps: torch.Ten
     if not 0 <= label_smoothing < 0.5:
         raise ValueError(f"DPO label_smoothing must be in [0, 0.5) (the chance a label is flipped), "
                          f"got {label_smoothing}")
-    if label_smoothing > 0 and loss_type != "sigmoid":
-        raise ValueError(f"DPO label_smoothing applies to loss_type 'sigmoid' (cDPO) only, not {loss_type!r}; "
-                         f"set it to 0 (got {label_smoothing})")
+    if label_smoothing > 0 and loss_type not in SMOOTHED_DPO_LOSSES:
+        raise ValueError(f"DPO label_smoothing applies to loss_type {' or '.join(map(repr, SMOOTHED_DPO_LOSSES))} "
+                         f"only, not {loss_type!r}; set it to 0 (got {label_smoothing})")
     shapes = {"policy_chosen_logps": policy_chosen_logps, "policy_rejected_logps": policy_rejected_logps,
               "ref_chosen_logps": ref_chosen_logps, "ref_rejected_logps": ref_rejected_logps}
     if len({tuple(t.shape) for t in shapes.values()}) > 1:
         got = ", ".join(f"{name} {tuple(t.shape)}" for name, t in shapes.items())
         raise ValueError(f"dpo_loss needs four log-prob tensors of one shape (B,), got {got}")
+    if loss_type == "ipo" and ipo_length_normalize and (chosen_lengths is None or rejected_lengths is None):
+        raise ValueError("IPO averages each response's log-ratio over its tokens: pass chosen_lengths and "
+                         "rejected_lengths (response tokens per pair), or ipo_length_normalize=False for sums")
 
     chosen_logratios = policy_chosen_logps - ref_chosen_logps.detach()  # (B,)
     rejected_logratios = policy_rejected_logps - ref_rejected_logps.detach()
     h = chosen_logratios - rejected_logratios
     if loss_type == "sigmoid":
         losses = -(1 - label_smoothing) * F.logsigmoid(beta * h) - label_smoothing * F.logsigmoid(-beta * h)
+    elif loss_type == "robust":
+        losses = (-(1 - label_smoothing) * F.logsigmoid(beta * h) + label_smoothing * F.logsigmoid(-beta * h)) \
+            / (1 - 2 * label_smoothing)
     elif loss_type == "ipo":
+        if ipo_length_normalize:  # an empty response (0 tokens) counts as 1, as in TRL
+            h = chosen_logratios / chosen_lengths.clamp(min=1) - rejected_logratios / rejected_lengths.clamp(min=1)
         losses = (h - 1 / (2 * beta)) ** 2
     else:
         losses = torch.relu(1 - beta * h)
@@ -79,7 +98,7 @@ def dpo_loss(policy_chosen_logps: torch.Tensor, policy_rejected_logps: torch.Ten
         stats = {"rewards/chosen": chosen_rewards.mean().item(),
                  "rewards/rejected": rejected_rewards.mean().item(),
                  "rewards/margins": (chosen_rewards - rejected_rewards).mean().item(),
-                 "rewards/accuracy": (chosen_rewards > rejected_rewards).float().mean().item()}
+                 "rewards/accuracies": (chosen_rewards > rejected_rewards).float().mean().item()}
     return losses.mean(), stats
 
 
@@ -90,9 +109,11 @@ def bradley_terry_loss(chosen_rewards: torch.Tensor, rejected_rewards: torch.Ten
         L = −(1/B) Σ_i log σ(r_c,i − r_r,i − m_i)
 
     with an optional margin m (a number, or one per pair (B,)) that the chosen reward must beat the
-    rejected one by (Llama 2's reward models; TRL's `margin` column). Stats, as in TRL's RewardTrainer:
-    rm/accuracy = fraction of pairs with r_c > r_r, rm/margin_mean = mean (r_c − r_r), margin not
-    subtracted."""
+    rejected one by (Llama 2's reward models; TRL's `margin` column): TRL's RewardTrainer loss
+    (tests/test_trl_parity.py). TRL's `center_rewards_coefficient` (an added c·mean (r_c + r_r)²,
+    off by default) has no counterpart here. Stats, TRL's `accuracy` and `margin` under the rm/
+    prefix: rm/accuracy = fraction of pairs with r_c > r_r, rm/margin_mean = mean (r_c − r_r), margin
+    not subtracted."""
     if chosen_rewards.shape != rejected_rewards.shape:
         raise ValueError(f"bradley_terry_loss needs rewards of one shape, got chosen {tuple(chosen_rewards.shape)} "
                          f"and rejected {tuple(rejected_rewards.shape)}")

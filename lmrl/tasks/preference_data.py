@@ -14,6 +14,8 @@ Preference rows, standard (strings) or conversational (lists of {"role", "conten
     {"chosen", "rejected"}                implicit prompt: the two share their beginning, which is the prompt
                                           (Anthropic HH-RLHF's "\\n\\nHuman: ... \\n\\nAssistant: ..." dialogues
                                           become conversational rows, see `hh_to_conversation`)
+Any of them may carry "margin", a number (TRL's reward-model data: the reward trainer's Bradley–Terry
+loss wants the chosen reward ahead by at least that much); the DPO trainer ignores it.
 SFT rows:
     {"prompt", "completion" | "response"} strings, or prompt messages + completion assistant messages
     {"messages"}, {"conversations"}       a conversation (ShareGPT's {"from", "value"} turns too)
@@ -28,6 +30,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import math
 import os
 import re
 import zlib
@@ -51,6 +54,7 @@ class PreferenceRow:
     prompt: str | list[dict]    # a string, or the conversation so far as {"role", "content"} messages
     chosen: str | list[dict]    # the preferred reply: a string, or messages starting with the assistant's
     rejected: str | list[dict]  # the dispreferred reply, in the same form as chosen
+    margin: float | None = None  # how far the chosen reply's reward should beat the rejected's (TRL's reward data)
     source: str = field(default="", compare=False, repr=False)  # "path:line" or "row i", for later errors
 
 
@@ -180,7 +184,17 @@ def _preference_row(row: dict, dialogue: str) -> PreferenceRow:
     if _comparable(chosen) == _comparable(rejected):
         raise _Bad(f"'chosen' and 'rejected' are the same text ({_preview(chosen)}); a pair must differ to say "
                    f"which is preferred")
-    return PreferenceRow(prompt, chosen, rejected)
+    return PreferenceRow(prompt, chosen, rejected, _margin(row.get("margin")))
+
+
+def _margin(value) -> float | None:
+    """The optional `margin` column: a finite number, or null / absent for none."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise _Bad(f"'margin' must be a finite number (how much the chosen reply's reward should exceed the "
+                   f"rejected one's), got {_describe(value)}")
+    return float(value)
 
 
 def _text_or_messages(value, key: str) -> str | list[dict]:

@@ -1,12 +1,12 @@
 """Direct Preference Optimization on {prompt, chosen, rejected} pairs (Rafailov et al., 2023), with
-the IPO and hinge variants and conservative-DPO label smoothing (see `algos/preference_losses.py`).
+the IPO, hinge and robust variants and conservative-DPO label smoothing (see `algos/preference_losses.py`).
 
     DPOTrainer(load_config("dpo-smollm2")).train()
 
 The reference is the policy as training starts: with a LoRA adapter, the same model with the
 adapter switched off (no second copy in memory); otherwise a frozen copy. Both sides of every pair
 go through one forward pass. Metrics follow TRL's names: dpo/loss, rewards/chosen,
-rewards/rejected, rewards/margins, rewards/accuracy (the fraction of pairs whose implicit reward
+rewards/rejected, rewards/margins, rewards/accuracies (the fraction of pairs whose implicit reward
 β·log(π/π_ref) prefers the chosen response), logps/chosen, logps/rejected; evaluation reports
 them as eval/... with eval/accuracy = the held-out preference accuracy.
 """
@@ -29,7 +29,7 @@ from .offline_setup import build_policy, export_policy
 class DPOTrainer(PairTrainer):
     name = "dpo"
     trainer_key = "dpo"
-    accuracy_key = "rewards/accuracy"
+    accuracy_key = "rewards/accuracies"
     default_best_metric = "eval/accuracy"
 
     def __init__(self, config: Config, *, reference=None, **kwargs):
@@ -47,12 +47,13 @@ class DPOTrainer(PairTrainer):
     def compute_loss(self, batch) -> tuple[torch.Tensor, dict]:
         ids, attention, loss_mask = batch
         n = ids.size(0) // 2
-        logps = response_logps(self.model, ids, attention, loss_mask, call=self._call())[0]
+        logps, _, _, counted = response_logps(self.model, ids, attention, loss_mask, call=self._call())
         with torch.no_grad():
             ref = response_logps(self.reference, ids, attention, loss_mask)[0]
-        d = self.config.dpo
+        d, lengths = self.config.dpo, counted.sum(1)  # response tokens per row (IPO's averages)
         loss, stats = dpo_loss(logps[:n], logps[n:], ref[:n], ref[n:], beta=d.beta, loss_type=d.loss_type,
-                               label_smoothing=d.label_smoothing)
+                               label_smoothing=d.label_smoothing, chosen_lengths=lengths[:n],
+                               rejected_lengths=lengths[n:], ipo_length_normalize=d.ipo_length_normalize)
         stats = {"dpo/loss": loss.item(), **stats, "logps/chosen": logps[:n].mean().item(),
                  "logps/rejected": logps[n:].mean().item()}
         return loss, stats

@@ -1,4 +1,5 @@
-"""Reward-model training on preference pairs: the Bradley–Terry loss −log σ(r(x, y_c) − r(x, y_r)).
+"""Reward-model training on preference pairs: the Bradley–Terry loss −log σ(r(x, y_c) − r(x, y_r) − m),
+with m a row's `margin` (TRL's column) where the data has one, else 0.
 
     RewardTrainer(load_config("rm-smollm2")).train()   # writes <run dir>/reward_model
 
@@ -27,11 +28,22 @@ class RewardTrainer(PairTrainer):
     accuracy_key = "rm/accuracy"
     default_best_metric = "eval/accuracy"
 
+    def encode(self, rows: list, name: str) -> list:
+        """Each pair's tokens with its row's margin (None when the row has none)."""
+        return list(zip(super().encode(rows, name), (row.margin for row in rows)))
+
+    def collate(self, rows):
+        """(ids, attention, loss mask, margins (B,) or None): a row without a margin counts as margin 0."""
+        margins = [m for _, m in rows]
+        margin = None if all(m is None for m in margins) else \
+            torch.tensor([m or 0.0 for m in margins], dtype=torch.float32, device=self.device)
+        return (*super().collate([pair for pair, _ in rows]), margin)
+
     def compute_loss(self, batch) -> tuple[torch.Tensor, dict]:
-        ids, attention, _ = batch
+        ids, attention, _, margin = batch
         n = ids.size(0) // 2
         scores = self._call()(ids, attention)
-        loss, stats = bradley_terry_loss(scores[:n], scores[n:])
+        loss, stats = bradley_terry_loss(scores[:n], scores[n:], margin)
         return loss, {"rm/loss": loss.item(), **stats, "rm/chosen_mean": scores[:n].mean().item(),
                       "rm/rejected_mean": scores[n:].mean().item()}
 

@@ -1,0 +1,306 @@
+"""lmrl's advantage and loss functions against TRL's own trainers, on random tensors.
+
+Each test runs a TRL trainer method unbound, on a stub that holds only the attributes that method
+reads (no model, no data set, no accelerator launch), and the lmrl function a TRL user would map it
+to; values agree to 1e-6. Where lmrl deliberately differs, a test pins the difference down.
+
+    GRPOTrainer._generate_and_score_completions  advantages (scale_rewards group / batch / none)
+    GRPOTrainer._compute_loss                    per-token clipped loss, loss_type grpo / bnpo / dr_grpo /
+                                                 dapo, asymmetric clipping, k3 KL in the loss
+    DPOTrainer._compute_loss                     sigmoid, ipo, hinge, robust (label smoothing)
+    RewardTrainer.compute_loss                   Bradley–Terry with a margin column
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from lmrl.algos import build_algorithm
+from lmrl.algos.advantages import group_advantages
+from lmrl.algos.base import PreparedBatch
+from lmrl.algos.losses import kl_estimate
+from lmrl.algos.preference_losses import bradley_terry_loss, dpo_loss
+from lmrl.config import AlgoConfig
+from trl import DPOTrainer, GRPOTrainer, RewardTrainer
+
+TOL = dict(rtol=0, atol=1e-6)
+
+
+class Accelerator:
+    """What the trainers' loss code asks of accelerate in one process."""
+
+    device = torch.device("cpu")
+    process_index = 0
+    num_processes = 1
+
+    def gather(self, t):
+        return t
+
+    gather_for_metrics = gather
+
+    def reduce(self, t, reduction="sum"):
+        return t
+
+
+def metrics() -> defaultdict:
+    return defaultdict(lambda: defaultdict(list))
+
+
+def completion_mask(rows: int, width: int, gen: torch.Generator) -> torch.Tensor:
+    """(rows, width) right-padded masks of random lengths 1..width."""
+    lengths = torch.randint(1, width + 1, (rows,), generator=gen)
+    return (torch.arange(width) < lengths[:, None]).long()
+
+
+# -- GRPO advantages -----------------------------------------------------------------------------------
+def trl_grpo_advantages(rewards: torch.Tensor, group_size: int, scale_rewards: str) -> torch.Tensor:
+    """TRL's advantages for these rewards: `_generate_and_score_completions` with generation and reward
+    functions stubbed to hand back one-token completions and `rewards`."""
+    b = rewards.numel()
+
+    def generate(prompts):
+        return ([[1, 2]] * b, [[3]] * b, None, ["c"] * b, None, {}, None, None)
+
+    stub = SimpleNamespace(
+        accelerator=Accelerator(), model=SimpleNamespace(training=True, is_gradient_checkpointing=False),
+        environment_factories=None, tools=None, environments=None, _generate=generate,
+        _tokenizer=SimpleNamespace(pad_token_id=0), pad_to_multiple_of=None, mask_truncated_completions=False,
+        args=SimpleNamespace(per_device_train_batch_size=b, steps_per_generation=1, gradient_accumulation_steps=1,
+                             gradient_checkpointing_kwargs=None),
+        num_iterations=1, use_vllm=False, vllm_importance_sampling_correction=False, beta=0.0,
+        _calculate_rewards=lambda *args: rewards.float().unsqueeze(1), num_generations=group_size,
+        multi_objective_aggregation="sum_then_normalize", reward_weights=torch.ones(1),
+        scale_rewards=scale_rewards, reward_func_names=["r"], _metrics=metrics(),
+        _logs={"prompt": [], "completion": [], "rewards": defaultdict(list), "advantages": [],
+               "extra": defaultdict(list)},
+        _pending_extra_logs={}, _pending_metrics={}, log_multimodal=False)
+    out = GRPOTrainer._generate_and_score_completions(stub, [{"prompt": "p"}] * b)
+    return out["advantages"]
+
+
+@pytest.mark.parametrize("scale", ["group", "batch", "none"])
+@pytest.mark.parametrize("group_size", [2, 4, 8])
+def test_grpo_advantages_are_trls(scale, group_size):
+    gen = torch.Generator().manual_seed(group_size)
+    rewards = torch.randn(6 * group_size, generator=gen)
+    rewards[:group_size] = 0.5  # a group that agrees: std 0, advantages 0 in both
+    rewards[group_size:2 * group_size] = (torch.rand(group_size, generator=gen) < 0.5).float()  # 0/1 rewards
+    ours = group_advantages(rewards, group_size, "grpo", scale=scale)  # lmrl's defaults otherwise
+    torch.testing.assert_close(ours, trl_grpo_advantages(rewards, group_size, scale), **TOL)
+
+
+def test_grpo_advantages_on_a_near_tied_group_are_trls_with_the_default_eps():
+    # two rewards 1.13e-4 apart (sample std 8e-5): eps 1e-4 gives ±0.31, the old 1e-6 gave ±0.70
+    rewards = torch.tensor([0.3, 0.3 + 1.13e-4])
+    theirs = trl_grpo_advantages(rewards, 2, "group")
+    torch.testing.assert_close(group_advantages(rewards, 2), theirs, **TOL)
+    assert (group_advantages(rewards, 2, eps=1e-6) - theirs).abs().max() > 0.3
+
+
+# -- GRPO per-token loss ---------------------------------------------------------------------------------
+# TRL's loss_type -> lmrl's algo.loss_level (dr_grpo's constant is TRL's max_completion_length)
+LOSS_TYPES = {"grpo": "sequence", "bnpo": "token", "dapo": "token", "dr_grpo": "constant"}
+
+
+def trl_grpo_loss(loss_type: str, logps, old, ref, advantages, mask, beta: float, eps_low: float,
+                  eps_high: float, max_len: int):
+    """TRL's GRPO loss on these log-probs (the forward pass stubbed), and its metrics."""
+    stub = SimpleNamespace(
+        _get_per_token_logps_and_entropies=lambda *a, **k: (logps, torch.zeros_like(logps), None),
+        aux_loss_enabled=False, top_entropy_quantile=1.0, off_policy_mask_threshold=None,
+        importance_sampling_level="token", beta=beta,
+        args=SimpleNamespace(use_bias_correction_kl=False, delta=None, steps_per_generation=1),
+        loss_type=loss_type, epsilon_low=eps_low, epsilon_high=eps_high, use_vllm=False,
+        model=SimpleNamespace(training=True), current_gradient_accumulation_steps=1, max_completion_length=max_len,
+        accelerator=Accelerator(), _entropy_bonus_enabled=False, _metrics=metrics())
+    b, t = mask.shape
+    inputs = {"prompt_ids": torch.ones(b, 2, dtype=torch.long), "prompt_mask": torch.ones(b, 2, dtype=torch.long),
+              "completion_ids": torch.ones(b, t, dtype=torch.long), "completion_mask": mask,
+              "advantages": advantages, "old_per_token_logps": old, "num_items_in_batch": mask.sum()}
+    if beta:
+        inputs["ref_per_token_logps"] = ref
+    return GRPOTrainer._compute_loss(stub, None, inputs), stub._metrics["train"]
+
+
+def lmrl_grpo_loss(level: str, logps, old, ref, advantages, mask, beta: float, eps_low: float, eps_high: float,
+                   max_len: int):
+    """lmrl's GRPO loss (the algorithm's `loss`: clipped surrogate + β·KL, aggregated by `level`)."""
+    cfg = AlgoConfig(name="grpo", group_size=2, loss_level=level, clip_range_left=eps_low,
+                     clip_range_right=eps_high, kl_coef=beta, kl_estimator="k3")
+    algo = build_algorithm(cfg, max_new_tokens=max_len)
+    batch = PreparedBatch(torch.zeros(len(mask), 1, dtype=torch.long), mask, advantages, old_logprobs=old,
+                          ref_logprobs=ref if beta else None)
+    return algo.loss(batch, logps, torch.zeros_like(logps), None)
+
+
+@pytest.mark.parametrize("beta", [0.0, 0.04])
+@pytest.mark.parametrize("loss_type", list(LOSS_TYPES))
+def test_grpo_loss_and_gradient_are_trls(loss_type, beta):
+    gen = torch.Generator().manual_seed(len(loss_type) + int(beta * 100))
+    b, t = 8, 12
+    mask = completion_mask(b, t, gen)
+    old = -torch.rand(b, t, generator=gen) * 3
+    logps_init = old + 0.3 * torch.randn(b, t, generator=gen)  # ratios from ~0.4 to ~2.5: both clips bite
+    ref = old + 0.2 * torch.randn(b, t, generator=gen)
+    advantages = torch.randn(b, generator=gen)
+    setting = dict(beta=beta, eps_low=0.2, eps_high=0.28, max_len=t)
+
+    theirs_logps = logps_init.clone().requires_grad_(True)
+    theirs, trl_metrics = trl_grpo_loss(loss_type, theirs_logps, old, ref, advantages, mask, **setting)
+    theirs.backward()
+    ours_logps = logps_init.clone().requires_grad_(True)
+    ours, stats = lmrl_grpo_loss(LOSS_TYPES[loss_type], ours_logps, old, ref, advantages, mask, **setting)
+    ours.backward()
+
+    torch.testing.assert_close(ours.detach(), theirs.detach(), **TOL)
+    torch.testing.assert_close(ours_logps.grad, theirs_logps.grad, **TOL)
+    clip_low, clip_high = trl_metrics["clip_ratio/low_mean"][0], trl_metrics["clip_ratio/high_mean"][0]
+    assert clip_low > 0 and clip_high > 0  # the test reaches both sides of the asymmetric clip
+    assert stats["clip_frac"] == pytest.approx(trl_metrics["clip_ratio/region_mean"][0], abs=1e-6)
+    if beta and LOSS_TYPES[loss_type] == "token":  # TRL logs the KL as a mean over tokens
+        assert stats["kl"] == pytest.approx(trl_metrics["kl"][0], abs=1e-6)
+
+
+def test_k3_kl_is_trls_per_token_kl():
+    gen = torch.Generator().manual_seed(3)
+    b, t = 4, 6
+    mask = torch.ones(b, t, dtype=torch.long)
+    logps = -torch.rand(b, t, generator=gen) * 3
+    ref = logps + torch.randn(b, t, generator=gen)
+    zero = torch.zeros(b)  # no advantage: TRL's loss is β·mean KL alone
+    theirs, _ = trl_grpo_loss("bnpo", logps, logps, ref, zero, mask, beta=1.0, eps_low=0.2, eps_high=0.2, max_len=t)
+    torch.testing.assert_close(kl_estimate(logps, ref, "k3").mean(), theirs, **TOL)
+
+
+# -- DPO -------------------------------------------------------------------------------------------------
+def trl_dpo(loss_type: str, beta: float, label_smoothing: float, token_logps, ref_chosen, ref_rejected,
+            mask):
+    """TRL's DPO loss and metrics: `_compute_loss` on a stub model whose per-token log-probs are
+    `token_logps` (2B, T − 1), chosen rows first, with the reference log-probs precomputed."""
+    rows, width = mask.shape
+    zeros = torch.zeros(rows, width - 1)
+    out = SimpleNamespace(log_probs=token_logps, entropy=zeros, mean_logits=zeros, is_top1=zeros.bool())
+    stub = SimpleNamespace(
+        model=SimpleNamespace(training=True), accelerator=Accelerator(), aux_loss_enabled=False, ld_alpha=None,
+        precompute_ref_logps=True, f_divergence_type="reverse_kl", loss_types=[loss_type], loss_weights=[1.0],
+        beta=beta, label_smoothing=label_smoothing, use_weighting=False, _metrics=metrics(),
+        _total_train_tokens=0, _tp_size=1)
+    inputs = {"input_ids": torch.ones(rows, width, dtype=torch.long), "attention_mask": torch.ones(rows, width),
+              "completion_mask": mask, "ref_chosen_logps": ref_chosen, "ref_rejected_logps": ref_rejected}
+    loss = DPOTrainer._compute_loss(stub, lambda **kw: out, inputs, return_outputs=False)
+    return loss, {k: v[0] for k, v in stub._metrics["train"].items()}
+
+
+def dpo_case(seed: int, pairs: int = 6, width: int = 20):
+    """Random token log-probs of pairs with prompts of 3 tokens and responses of random lengths."""
+    gen = torch.Generator().manual_seed(seed)
+    lengths = torch.randint(1, width - 3, (2 * pairs,), generator=gen)
+    mask = ((torch.arange(width) >= 3) & (torch.arange(width) < 3 + lengths[:, None])).long()  # (2B, T)
+    token_logps = -torch.rand(2 * pairs, width - 1, generator=gen) * 2 * mask[:, 1:]  # 0 off the response
+    ref = token_logps.sum(1) + torch.randn(2 * pairs, generator=gen) * 3
+    return token_logps, ref[:pairs], ref[pairs:], mask
+
+
+@pytest.mark.parametrize("loss_type, label_smoothing", [("sigmoid", 0.0), ("ipo", 0.0), ("hinge", 0.0),
+                                                        ("robust", 0.1), ("robust", 0.3)])
+@pytest.mark.parametrize("beta", [0.1, 0.5])
+def test_dpo_losses_and_reward_stats_are_trls(loss_type, label_smoothing, beta):
+    token_logps, ref_chosen, ref_rejected, mask = dpo_case(int(beta * 10) + len(loss_type))
+    theirs, trl_stats = trl_dpo(loss_type, beta, label_smoothing, token_logps, ref_chosen, ref_rejected, mask)
+    logps, lengths = token_logps.sum(1), mask.sum(1)
+    n = len(logps) // 2
+    ours, stats = dpo_loss(logps[:n], logps[n:], ref_chosen, ref_rejected, beta=beta, loss_type=loss_type,
+                           label_smoothing=label_smoothing, chosen_lengths=lengths[:n], rejected_lengths=lengths[n:])
+    torch.testing.assert_close(ours, theirs, **TOL)
+    for key in ("rewards/chosen", "rewards/rejected", "rewards/margins", "rewards/accuracies"):
+        assert stats[key] == pytest.approx(trl_stats[key], abs=1e-6), key
+
+
+def test_ipo_summed_is_an_option_that_differs_from_trl():
+    token_logps, ref_chosen, ref_rejected, mask = dpo_case(7)
+    theirs, _ = trl_dpo("ipo", 0.1, 0.0, token_logps, ref_chosen, ref_rejected, mask)
+    logps, n = token_logps.sum(1), len(token_logps) // 2
+    summed, _ = dpo_loss(logps[:n], logps[n:], ref_chosen, ref_rejected, beta=0.1, loss_type="ipo",
+                         ipo_length_normalize=False)
+    assert abs(summed.item() - theirs.item()) > 1.0
+
+
+def test_trl_sigmoid_ignores_label_smoothing_where_lmrl_applies_cdpo():
+    token_logps, ref_chosen, ref_rejected, mask = dpo_case(11)
+    theirs, _ = trl_dpo("sigmoid", 0.1, 0.2, token_logps, ref_chosen, ref_rejected, mask)
+    logps, n = token_logps.sum(1), len(token_logps) // 2
+    plain, _ = dpo_loss(logps[:n], logps[n:], ref_chosen, ref_rejected, beta=0.1)
+    cdpo, _ = dpo_loss(logps[:n], logps[n:], ref_chosen, ref_rejected, beta=0.1, label_smoothing=0.2)
+    torch.testing.assert_close(plain, theirs, **TOL)
+    assert abs(cdpo.item() - theirs.item()) > 1e-3
+
+
+# -- reward model ----------------------------------------------------------------------------------------
+def trl_reward_loss(chosen, rejected, margin=None):
+    scores = torch.cat([chosen, rejected]).unsqueeze(1)  # (2B, 1), as a sequence-classification head's logits
+    stub = SimpleNamespace(model=SimpleNamespace(training=True), accelerator=Accelerator(),
+                           args=SimpleNamespace(center_rewards_coefficient=None), _metrics=metrics(),
+                           _total_train_tokens=0, _tp_size=1)
+    inputs = {"input_ids": torch.ones(len(scores), 4, dtype=torch.long), "attention_mask": torch.ones(len(scores), 4)}
+    if margin is not None:
+        inputs["margin"] = margin
+    loss = RewardTrainer.compute_loss(stub, lambda **kw: SimpleNamespace(logits=scores), inputs)
+    return loss, {k: v[0] for k, v in stub._metrics["train"].items()}
+
+
+@pytest.mark.parametrize("with_margin", [False, True])
+def test_reward_model_loss_is_trls(with_margin):
+    gen = torch.Generator().manual_seed(5)
+    chosen, rejected = torch.randn(16, generator=gen), torch.randn(16, generator=gen)
+    margin = torch.rand(16, generator=gen) * 2 if with_margin else None
+    theirs, trl_stats = trl_reward_loss(chosen, rejected, margin)
+    ours, stats = bradley_terry_loss(chosen, rejected, margin)
+    torch.testing.assert_close(ours, theirs, **TOL)
+    assert stats["rm/accuracy"] == pytest.approx(trl_stats["accuracy"], abs=1e-6)
+    assert stats["rm/margin_mean"] == pytest.approx(trl_stats["margin"], abs=1e-6)
+    if with_margin:  # the margin changes the loss: it is used, not read and dropped
+        assert abs(ours.item() - bradley_terry_loss(chosen, rejected)[0].item()) > 1e-2
+
+
+def test_margin_column_is_read_and_checked():
+    from lmrl.data import DataError
+    from lmrl.tasks.preference_data import read_preference
+
+    rows = read_preference([{"prompt": "2+2?", "chosen": "4", "rejected": "5", "margin": 2},
+                            {"prompt": "2+3?", "chosen": "5", "rejected": "6"}])
+    assert [r.margin for r in rows] == [2.0, None]
+    for bad in ("1", True, float("nan")):
+        with pytest.raises(DataError, match="row 0: 'margin' must be a finite number"):
+            read_preference([{"prompt": "2+2?", "chosen": "4", "rejected": "5", "margin": bad}])
+
+
+def test_reward_trainer_loss_on_rows_with_margins_is_trls(tmp_path):
+    from lmrl.config import load_config
+    from lmrl.data import write_jsonl
+    from lmrl.train.reward_trainer import RewardTrainer
+    from tests.test_hf import save_tiny_llama
+
+    save_tiny_llama(tmp_path / "model", max_positions=64)
+    rows = [{"prompt": f"{a}+{b}?", "chosen": f"yes {a + b}", "rejected": f"no {a + b}", "margin": 0.5 * a}
+            for a in range(4) for b in range(2)]
+    write_jsonl(tmp_path / "pairs.jsonl", rows)
+    cfg = load_config(None, ["run.trainer=reward", f"run.dir={tmp_path / 'run'}", "model.type=hf",
+                             f"data.train_file={tmp_path / 'pairs.jsonl'}",
+                             f"model.path={tmp_path / 'model'}", "data.batch_size=8", "data.max_length=32",
+                             "run.progress=false", "run.tensorboard=false", "run.threads=1"])
+    trainer = RewardTrainer(cfg)
+    batch = trainer.collate(trainer.train_rows)
+    ours, stats = trainer.compute_loss(batch)
+    with torch.no_grad():
+        scores = trainer.model(batch[0], batch[1])
+    n = len(rows)
+    margin = torch.tensor([r["margin"] for r in rows])
+    theirs, trl_stats = trl_reward_loss(scores[:n], scores[n:], margin)
+    torch.testing.assert_close(ours.detach(), theirs, **TOL)
+    assert stats["rm/accuracy"] == pytest.approx(trl_stats["accuracy"], abs=1e-6)
+    without, _ = trl_reward_loss(scores[:n], scores[n:])
+    assert abs(ours.item() - without.item()) > 1e-3  # the margins were used
