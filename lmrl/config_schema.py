@@ -308,9 +308,6 @@ class AlgoConfig(Section):
     value_clip: float = _f(0.2, "ppo value clipping range (0 = off)", ge=0)
     gamma: float = _f(1.0, "ppo discount", ge=0, le=1)
     lam: float = _f(0.95, "ppo GAE lambda", ge=0, le=1)
-    scale_rewards: str = _f("group", "what a grpo advantage r - mean is divided by: group (the std of its prompt's "
-                                     "group) | batch (the std over the rollout) | none (Dr. GRPO)",
-                            choices=("group", "batch", "none"))
     mask_truncated_completions: bool = _f(False, "leave completions cut off at the length limit (no end of sequence) "
                                                  "out of the loss (DAPO)")
 

@@ -128,8 +128,8 @@ def convert_gguf(name_or_path: str, gguf_file: str | None, out_dir, *, dtype: st
     out_dir = Path(out_dir)
     if (out_dir / "config.json").is_file():
         return out_dir
-    policy, tokenizer = load_hf_policy(name_or_path, gguf_file=gguf_file, dtype=dtype)
-    policy.hf_model.save_pretrained(out_dir)
+    model, tokenizer = load_hf_model(name_or_path, gguf_file=gguf_file, dtype=dtype)
+    model.save_pretrained(out_dir)
     tokenizer.save_pretrained(out_dir)
     return out_dir
 
