@@ -315,7 +315,9 @@ class AlgoConfig(Section):
         """The algorithm's own requirements (`Algorithm.check_config`), then the adaptive KL's."""
         own = ALGORITHMS[self.name].check_config(self)
         return own + ([] if self.kl_target == 0 or self.kl_coef > 0 else [
-            "algo.kl_target > 0 (adaptive KL) needs an initial algo.kl_coef > 0"])
+            "algo.kl_target > 0 (adaptive KL) needs an initial algo.kl_coef > 0"]) + ([] if not self.mask_truncated_completions else [
+            "algo.mask_truncated_completions=true is not implemented yet (truncated completions stay in the loss): "
+            "leave it false"])
 
 
 @dataclass
@@ -374,6 +376,8 @@ class TrainConfig(Section):
              f"train.rollout_size={self.rollout_size} must be divisible by train.ga_steps={self.ga_steps}"),
             (self.best_metric == "" or self.best_metric.startswith("eval/"),
              f"train.best_metric must name an eval metric (eval/...), got {self.best_metric!r}"),
+            (self.top_p == 1.0, f"train.top_p={self.top_p} (nucleus sampling) is not implemented yet: sampling takes "
+                                f"train.top_k and train.temperature; leave train.top_p at 1.0"),
         ] if not ok]
 
 
