@@ -2,9 +2,14 @@
 
 Layout of one checkpoint, `<run_dir>/checkpoints/step_<N>/`:
 
-    model.safetensors    model.state_dict(), tied tensors stored once (safetensors save_model);
-                         for a model with a LoRA adapter, the adapter's weights only (the frozen
-                         base is the model.path it was loaded from)
+    model.safetensors    model.state_dict(), tied tensors stored once (safetensors save_model)
+    adapter_model.safetensors, adapter_config.json
+                         in place of model.safetensors for a policy with a LoRA adapter: its
+                         adapter only, in PEFT's own layout (the names and config PeftModel's
+                         save_pretrained writes), so `PeftModel.from_pretrained(base, step_dir)`
+                         loads it; the frozen base is the model.path it was loaded from. Checkpoints
+                         saved before this layout hold the adapter in model.safetensors, under the
+                         policy's parameter names; they still load
     <name>.safetensors   further modules the trainer needs back (PPO's `value`, the KL `reference`)
     optimizer.pt         optimizer.state_dict()            (only if an optimizer was given)
     scheduler.pt         scheduler.state_dict()            (only if a scheduler was given)
@@ -16,7 +21,8 @@ Layout of one checkpoint, `<run_dir>/checkpoints/step_<N>/`:
 
 A model sharded by FSDP (`lmrl.distributed.fsdp`) is written in the same layout: every rank joins the
 gathers (`lmrl.distributed.fsdp.full_state_dict`, `full_optimizer_state`) and rank 0 passes the whole
-tensors here in place of the model and optimizer; loading gives each rank its shard.
+tensors here in place of the model and optimizer (`gathered_weights` turns a LoRA policy's into its
+PEFT adapter; a plain dict of them is written as model.safetensors); loading gives each rank its shard.
 
 Every save goes into `.tmp-<name>-<pid>/` next to its final name, is fsynced, and is then
 renamed into place, so a killed run leaves either the old checkpoint or the new one, never half
@@ -31,6 +37,7 @@ one aside to `damaged-step_<N>` (kept, never deleted or overwritten) and says wh
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 import random
@@ -38,6 +45,7 @@ import re
 import shutil
 import sys
 import warnings
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -47,6 +55,9 @@ from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file, load_model, save_file, save_model
 
 MODEL_FILE = "model.safetensors"
+# PEFT's file names (peft.utils.SAFETENSORS_WEIGHTS_NAME, CONFIG_NAME): a LoRA policy's checkpoint
+ADAPTER_FILE = "adapter_model.safetensors"
+ADAPTER_CONFIG_FILE = "adapter_config.json"
 OPTIMIZER_FILE = "optimizer.pt"
 SCHEDULER_FILE = "scheduler.pt"
 RNG_FILE = "rng.pt"
@@ -165,7 +176,8 @@ def check_checkpoint(path: Path) -> str | None:
     - trainer_state.json is present and a JSON object whose "step" is an int (N, in `step_<N>`);
     - each file manifest.json lists is present with the size it lists (checkpoints saved before
       manifests existed skip this check);
-    - model.safetensors is present;
+    - the model's weights are present: model.safetensors, or a LoRA adapter's
+      adapter_model.safetensors with its adapter_config.json (a JSON object naming a peft_type);
     - every *.safetensors opens and each of its tensors reads (safetensors.safe_open);
     - every *.pt loads with torch.load(weights_only=True) (optimizer.pt, scheduler.pt, rng.pt).
 
@@ -209,8 +221,9 @@ def _check(path: Path) -> str | None:
             if actual != size:
                 what = "empty" if actual == 0 else "cut short" if actual < size else "longer than saved"
                 return f"{name} is {what}: {actual:,} bytes, {MANIFEST_FILE} lists {size:,}"
-    if not (path / MODEL_FILE).is_file():
-        return f"{MODEL_FILE} is missing"
+    problem = _check_model_files(path)
+    if problem:
+        return problem
 
     for file in sorted(path.iterdir()):
         reader = {".safetensors": _read_safetensors, ".pt": _read_torch}.get(file.suffix)
@@ -222,6 +235,24 @@ def _check(path: Path) -> str | None:
             reader(file)
         except Exception as e:  # whatever the reader raises, the file does not load
             return f"{file.name} does not load ({_one_line(e)})"
+    return None
+
+
+def _check_model_files(path: Path) -> str | None:
+    """Why the model's weights files of checkpoint dir `path` are incomplete, or None."""
+    adapter, config = path / ADAPTER_FILE, path / ADAPTER_CONFIG_FILE
+    if not (adapter.is_file() or config.is_file()):
+        return None if (path / MODEL_FILE).is_file() else f"{MODEL_FILE} is missing"
+    if not adapter.is_file():
+        return f"{ADAPTER_FILE} is missing ({ADAPTER_CONFIG_FILE} is there)"
+    if not config.is_file():
+        return f"{ADAPTER_CONFIG_FILE} is missing ({ADAPTER_FILE} is there)"
+    try:
+        loaded = json.loads(config.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, ValueError) as e:
+        return f"{ADAPTER_CONFIG_FILE} is not valid JSON ({_one_line(e)})"
+    if not isinstance(loaded, dict) or "peft_type" not in loaded:
+        return f"{ADAPTER_CONFIG_FILE} holds no \"peft_type\" (not a PEFT adapter config)"
     return None
 
 
@@ -323,9 +354,9 @@ def _write_text(path: Path, text: str) -> None:
         os.fsync(f.fileno())
 
 
-def _write_model_and_state(tmp: Path, model: torch.nn.Module | dict, state_json: str) -> None:
-    save_weights_file(model, tmp / MODEL_FILE)
-    _fsync(tmp / MODEL_FILE)
+def _write_model_and_state(tmp: Path, model: torch.nn.Module | dict | AdapterWeights, state_json: str) -> None:
+    for file in save_model_weights(model, tmp):
+        _fsync(file)
     # The manifest lists every file written so far with its size: what check_checkpoint compares.
     sizes = {p.name: p.stat().st_size for p in sorted(tmp.iterdir()) if p.is_file()}
     _write_text(tmp / MANIFEST_FILE, json.dumps({"files": sizes}, indent=2))
@@ -341,12 +372,14 @@ def _to_json(trainer_state: dict) -> str:
                         f"call .item() on tensors): {e}") from None
 
 
-def save_checkpoint(ckpt_dir: Path, step: int, *, model: torch.nn.Module, optimizer=None, scheduler=None,
+def save_checkpoint(ckpt_dir: Path, step: int, *, model: torch.nn.Module | dict | AdapterWeights, optimizer=None,
+                    scheduler=None,
                     generators: dict[str, torch.Generator] | None = None, trainer_state: dict,
                     keep: int = 2, modules: dict[str, torch.nn.Module] | None = None) -> Path:
     """Atomically write `ckpt_dir/step_<step>/`, then prune to the `keep` newest (keep<=0: keep all).
     `model` and each of `modules` may be the weights to write instead (what `weights_to_save` names,
-    gathered whole), and `optimizer` its state dict: how a sharded model is saved.
+    gathered whole; for `model`, what `gathered_weights` makes of them), and `optimizer` its state
+    dict: how a sharded model is saved.
 
     The checkpoint just written always survives pruning, even if higher steps exist (a run restarted
     from scratch in the same dir); the other `keep - 1` slots go to the highest steps. `best/` and
@@ -377,9 +410,9 @@ def save_checkpoint(ckpt_dir: Path, step: int, *, model: torch.nn.Module, optimi
     return path
 
 
-def save_weights(path: Path, model: torch.nn.Module | dict, *, trainer_state: dict) -> Path:
-    """Atomically write a weights-only checkpoint (e.g. `checkpoints/best/`): model (or its gathered
-    weights) + trainer_state.json."""
+def save_weights(path: Path, model: torch.nn.Module | dict | AdapterWeights, *, trainer_state: dict) -> Path:
+    """Atomically write a weights-only checkpoint (e.g. `checkpoints/best/`): the model's weights (a
+    LoRA policy's in PEFT's layout; or its gathered weights) + manifest.json + trainer_state.json."""
     path = Path(path)
     state_json = _to_json(trainer_state)
     return _write_atomically(path, lambda tmp: _write_model_and_state(tmp, model, state_json))
@@ -444,7 +477,84 @@ def weights_to_save(model: torch.nn.Module) -> list[str]:
     return [n for n in model.state_dict() if n not in dropped]
 
 
+# HFPolicy.model is the PeftModel: the policy's parameter names start with this.
+_PEFT_MODEL_PREFIX = "model."
+_ADAPTER_NAME = "default"  # the adapter lmrl.models.lora adds; PEFT's files leave its name out
+
+
+@dataclass
+class AdapterWeights:
+    """A LoRA policy's adapter as PEFT saves it: `tensors` under the names peft's
+    get_peft_model_state_dict gives them (the adapter name left out) and `config`, the adapter's
+    peft.LoraConfig. `save_model_weights` writes it as adapter_model.safetensors +
+    adapter_config.json."""
+
+    tensors: dict[str, torch.Tensor]
+    config: Any
+
+
+def _peft_names(model: torch.nn.Module) -> dict[str, str]:
+    """Each adapter weight of the LoRA policy `model`, as `weights_to_save` names it -> its name in
+    PEFT's adapter_model.safetensors. The names are peft's own: get_peft_model_state_dict selects and
+    renames the entries of the state dict it is handed, and is handed each weight's index here, so
+    its answer says which name became which."""
+    from peft import get_peft_model_state_dict
+
+    names = weights_to_save(model)
+    by_index = {n.removeprefix(_PEFT_MODEL_PREFIX): torch.tensor(i) for i, n in enumerate(names)}
+    renamed = get_peft_model_state_dict(model.model, state_dict=by_index, adapter_name=_ADAPTER_NAME,
+                                        save_embedding_layers=False)
+    peft_name = {names[int(i)]: name for name, i in renamed.items()}
+    lost = [n for n in names if n not in peft_name]
+    if lost:
+        raise CheckpointError(f"{len(lost)} trainable weight(s) of {type(model).__name__} are not part of its LoRA "
+                              f"adapter, so PEFT's adapter layout cannot hold them (the first: {lost[0]})")
+    return peft_name
+
+
+def gathered_weights(model: torch.nn.Module, tensors: dict[str, torch.Tensor]) -> dict | AdapterWeights:
+    """What `save_checkpoint` / `save_weights` take in place of `model` once its `weights_to_save`
+    are gathered whole (FSDP): for a LoRA policy its adapter in PEFT's layout, else the tensors."""
+    return adapter_weights(model, tensors) if _adapter_only(model) else tensors
+
+
+def adapter_weights(model: torch.nn.Module, tensors: dict[str, torch.Tensor] | None = None) -> AdapterWeights:
+    """The LoRA policy `model`'s adapter as PEFT saves it. `tensors`: its adapter weights under the
+    names `weights_to_save` gives (e.g. gathered whole from shards); by default, its own parameters."""
+    if tensors is None:
+        tensors = {n: p.detach() for n, p in model.named_parameters() if p.requires_grad}
+    names = _peft_names(model)
+    config = copy.deepcopy(model.model.peft_config[_ADAPTER_NAME])
+    config.inference_mode = True  # as PeftModel.save_pretrained writes it; from_pretrained sets it on load
+    return AdapterWeights({names[n]: t for n, t in tensors.items()}, config)
+
+
+def weights_file(path: Path) -> Path:
+    """The file holding the model's weights in checkpoint dir `path`: adapter_model.safetensors for a
+    LoRA policy's adapter in PEFT's layout, else model.safetensors (which may not exist)."""
+    path = Path(path)
+    return path / ADAPTER_FILE if (path / ADAPTER_FILE).is_file() else path / MODEL_FILE
+
+
+def save_model_weights(model: torch.nn.Module | dict | AdapterWeights, directory: Path) -> list[Path]:
+    """Write the model's weights into the checkpoint dir `directory` and return the files written:
+    a LoRA policy's adapter (or `AdapterWeights`) as adapter_model.safetensors + adapter_config.json,
+    anything else (a gathered dict included) as model.safetensors."""
+    directory = Path(directory)
+    if isinstance(model, torch.nn.Module) and _adapter_only(model):
+        model = adapter_weights(model)
+    if not isinstance(model, AdapterWeights):
+        save_weights_file(model, directory / MODEL_FILE)
+        return [directory / MODEL_FILE]
+    save_file({n: t.contiguous() for n, t in model.tensors.items()}, str(directory / ADAPTER_FILE),
+              metadata={"format": "pt"})  # the metadata PEFT writes
+    model.config.save_pretrained(str(directory))  # adapter_config.json
+    return [directory / ADAPTER_FILE, directory / ADAPTER_CONFIG_FILE]
+
+
 def save_weights_file(model: torch.nn.Module | dict, file: Path) -> None:
+    """Write `model`'s weights (or a dict of them) as one safetensors file under the names
+    `weights_to_save` gives: a LoRA policy's adapter weights only, else its state dict."""
     if isinstance(model, dict):  # already gathered, named as `weights_to_save` names them
         save_file({n: t.contiguous() for n, t in model.items()}, str(file))
     elif _adapter_only(model):
@@ -454,8 +564,17 @@ def save_weights_file(model: torch.nn.Module | dict, file: Path) -> None:
 
 
 def load_weights(model: torch.nn.Module, file: Path, map_location: str | torch.device = "cpu") -> None:
-    """Load a safetensors file into `model`, every key matching exactly (for a LoRA policy: every
-    adapter weight, and nothing else). A sharded model takes its shard of each tensor on every rank."""
+    """Load a safetensors file, or the weights of a checkpoint dir (`weights_file`), into `model`,
+    every key matching exactly (for a LoRA policy: every adapter weight, and nothing else). A LoRA
+    policy reads PEFT's adapter_model.safetensors or, from checkpoints saved before that layout, a
+    model.safetensors holding its adapter; a path naming a checkpoint's model.safetensors where the
+    dir holds adapter_model.safetensors instead reads that. A sharded model takes its shard of each
+    tensor on every rank."""
+    file = Path(file)
+    if file.is_dir():
+        file = weights_file(file)
+    elif not file.exists() and file.name == MODEL_FILE:
+        file = weights_file(file.parent)
     try:
         _load_weights(model, file, map_location)
     except (SafetensorError, OSError) as e:  # every tensor is read before any reaches the model
@@ -464,6 +583,29 @@ def load_weights(model: torch.nn.Module, file: Path, map_location: str | torch.d
 
 def _load_weights(model: torch.nn.Module, file: Path, map_location) -> None:
     sharded = _sharded(model)
+    if file.name == ADAPTER_FILE:
+        if not _adapter_only(model):
+            raise CheckpointError(f"{file} holds a LoRA adapter, and {type(model).__name__} has none to load it "
+                                  f"into (build the policy with the LoRA settings of the run that saved it)")
+        state = load_file(str(file), device="cpu" if sharded else str(map_location))
+        name_of = {peft: name for name, peft in _peft_names(model).items()}
+        missing, unexpected = set(name_of) - set(state), set(state) - set(name_of)
+        if missing or unexpected:  # named as in the file
+            raise CheckpointError(f"{file} does not match the LoRA adapter of {type(model).__name__}: "
+                                  f"missing keys {sorted(missing)}, unexpected keys {sorted(unexpected)}")
+        state = {name_of[k]: t for k, t in state.items()}
+        params = dict(model.named_parameters())
+        for name, t in state.items():
+            if tuple(t.shape) != tuple(params[name].shape):
+                raise CheckpointError(f"{file}: {name} has shape {tuple(t.shape)}, the model's is "
+                                      f"{tuple(params[name].shape)} (saved with another lora.r?)")
+        if sharded:
+            from .distributed.fsdp import load_full_state_dict
+
+            load_full_state_dict(model, state)
+        else:
+            model.load_state_dict(state, strict=False)
+        return
     if _adapter_only(model) or sharded:
         state = load_file(str(file), device="cpu" if sharded else str(map_location))
         expected = set(weights_to_save(model))
@@ -488,12 +630,13 @@ def _load_weights(model: torch.nn.Module, file: Path, map_location) -> None:
 
 
 def load_initial_weights(model: torch.nn.Module, source: str, device) -> None:
-    """`model.init_from`: a checkpoint dir (its model.safetensors) or a .safetensors file."""
+    """`model.init_from`: a checkpoint dir (its model.safetensors or adapter_model.safetensors) or a
+    .safetensors file."""
     path = Path(source)
-    file = path / MODEL_FILE if path.is_dir() else path
+    file = weights_file(path) if path.is_dir() else path
     if not file.is_file():
         raise FileNotFoundError(f"model.init_from={source!r}: no such file (expected a checkpoint dir holding "
-                                f"{MODEL_FILE}, or a .safetensors file)")
+                                f"{MODEL_FILE} or {ADAPTER_FILE}, or a .safetensors file)")
     try:
         load_weights(model, file, device)
     except CheckpointError as e:
@@ -521,7 +664,7 @@ def load_checkpoint(path: Path, *, model: torch.nn.Module, optimizer=None, sched
     except (UnicodeDecodeError, ValueError) as e:
         raise CheckpointError(f"{state_file} is not valid JSON ({_one_line(e)})") from None
 
-    load_weights(model, _require(path / MODEL_FILE, "model"), map_location)
+    load_weights(model, _require(weights_file(path), "model"), map_location)
     for name, module in (modules or {}).items():
         load_weights(module, _require(path / f"{name}.safetensors", name), map_location)
     if optimizer is not None:

@@ -64,8 +64,10 @@ def test_grpo_with_lora_trains_only_the_adapter_and_writes_the_math_metrics(tiny
         assert key in keys, key
     assert summary["final_accuracy"] is not None and summary["rl_steps"] == 3
 
-    saved = load_file(str(tmp_path / "run" / "checkpoints" / "step_3" / "model.safetensors"))
+    step = tmp_path / "run" / "checkpoints" / "step_3"
+    saved = load_file(str(step / "adapter_model.safetensors"))  # PEFT's layout, beside adapter_config.json
     assert saved and all("lora_" in k for k in saved), "a LoRA checkpoint holds the adapter only"
+    assert (step / "adapter_config.json").is_file() and not (step / "model.safetensors").exists()
     assert not (tmp_path / "run" / "checkpoints" / "step_3" / "reference.safetensors").exists()
 
 

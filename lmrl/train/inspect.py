@@ -28,8 +28,9 @@ def resolve_checkpoint(run_dir: Path, which: str) -> Path:
             raise FileNotFoundError(f"no checkpoint in {ckpt_dir}")
         return path
     path = ckpt_dir / which if (ckpt_dir / which).exists() else Path(which)
-    if not (path / ckpt.MODEL_FILE).exists():
-        raise FileNotFoundError(f"checkpoint {which!r} not found (looked for {path / ckpt.MODEL_FILE})")
+    if not ckpt.weights_file(path).exists():  # model.safetensors, or a LoRA adapter's adapter_model.safetensors
+        raise FileNotFoundError(f"checkpoint {which!r} not found (looked for {path / ckpt.MODEL_FILE} or "
+                                f"{path / ckpt.ADAPTER_FILE})")
     return path
 
 
