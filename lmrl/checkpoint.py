@@ -567,14 +567,11 @@ def load_weights(model: torch.nn.Module, file: Path, map_location: str | torch.d
     """Load a safetensors file, or the weights of a checkpoint dir (`weights_file`), into `model`,
     every key matching exactly (for a LoRA policy: every adapter weight, and nothing else). A LoRA
     policy reads PEFT's adapter_model.safetensors or, from checkpoints saved before that layout, a
-    model.safetensors holding its adapter; a path naming a checkpoint's model.safetensors where the
-    dir holds adapter_model.safetensors instead reads that. A sharded model takes its shard of each
-    tensor on every rank."""
+    model.safetensors holding its adapter; a checkpoint dir reads the weights file it holds. A
+    sharded model takes its shard of each tensor on every rank."""
     file = Path(file)
     if file.is_dir():
         file = weights_file(file)
-    elif not file.exists() and file.name == MODEL_FILE:
-        file = weights_file(file.parent)
     try:
         _load_weights(model, file, map_location)
     except (SafetensorError, OSError) as e:  # every tensor is read before any reaches the model

@@ -79,7 +79,7 @@ def chars(tmp_path_factory):
 
 def test_the_offline_trainer_resumes_from_the_checkpoint_before_a_damaged_one(chars, tmp_path):
     over = ["data.train_file=" + str(chars / "chars.jsonl"), "data.eval_file=" + str(chars / "chars.jsonl"),
-            "data.batch_size=16", "optim.lr=3e-3", "train.steps=8", "train.eval_every=4", "train.keep_checkpoints=0"]
+            "data.batch_size=16", "optim.lr=3e-3", "train.max_steps=8", "train.eval_every=4", "train.keep_checkpoints=0"]
     full = build_trainer(_cfg(chars, tmp_path / "full", "sft", *over, hf=False)).train()
     ckpts = killed_copy(tmp_path / "full", tmp_path / "run", keep_steps={2, 4, 6})
     (ckpts / "step_6" / "optimizer.pt").write_bytes(b"")
@@ -107,7 +107,7 @@ def test_the_episode_learner_resumes_from_the_checkpoint_before_a_damaged_one(tm
     learner.add_episode(CHAT, 0.0)
     ckpts = tmp_path / "run" / "checkpoints"
     assert sorted(p.name for p in ckpts.iterdir()) == ["step_1", "step_2"]
-    model_file = ckpts / "step_2" / "model.safetensors"
+    model_file = ckpts / "step_2" / "adapter_model.safetensors"
     model_file.write_bytes(model_file.read_bytes()[:100])
 
     logger = logging.getLogger("lmrl.train.online")  # "lmrl" may not propagate to the root (setup_logging)
@@ -117,8 +117,8 @@ def test_the_episode_learner_resumes_from_the_checkpoint_before_a_damaged_one(tm
     finally:
         logger.removeHandler(caplog.handler)
     assert again.resumed_from == ckpts / "step_1" and again.state["step"] == 1
-    assert f"skipped damaged checkpoint {ckpts / 'step_2'}: model.safetensors is cut short: 100 bytes" in caplog.text
-    assert (ckpts / "damaged-step_2" / "model.safetensors").stat().st_size == 100
+    assert f"skipped damaged checkpoint {ckpts / 'step_2'}: adapter_model.safetensors is cut short: 100 bytes" in caplog.text
+    assert (ckpts / "damaged-step_2" / "adapter_model.safetensors").stat().st_size == 100
     for n, p in again.policy.named_parameters():
         if p.requires_grad:
             assert torch.equal(p, after_one[n]), n

@@ -85,7 +85,7 @@ def test_sql_agent_trains_its_adapter_and_reports_episodes_to_callbacks(tiny_dir
     keys = set().union(*rows)
     for key in ("rollout/turns", "rollout/invalid_actions", "rollout/timeout_rate", "eval/accuracy", "eval/turns"):
         assert key in keys, key
-    saved = load_file(str(tmp_path / "run" / "checkpoints" / "step_2" / "model.safetensors"))
+    saved = load_file(str(tmp_path / "run" / "checkpoints" / "step_2" / "adapter_model.safetensors"))
     assert saved and all("lora_" in k for k in saved)
 
 

@@ -372,7 +372,7 @@ def _cfg(model_dir, run_dir, trainer, train_file, eval_file):
     return load_config(None, [f"run.trainer={trainer}", f"run.dir={run_dir}", "model.type=hf",
                               f"model.path={model_dir}", *QUIET, f"data.train_file={train_file}",
                               f"data.eval_file={eval_file}", "data.batch_size=4", "data.max_length=64",
-                              "train.steps=2", "train.eval_every=2", "train.ckpt_every=2", "train.log_every=1",
+                              "train.max_steps=2", "train.eval_every=2", "train.ckpt_every=2", "train.log_every=1",
                               "optim.lr=1e-2"])
 
 

@@ -487,13 +487,12 @@ class Trainer:
     def _export_best(self) -> str | None:
         """Exports the best model (the last one when nothing was evaluated) with `export`; returns where."""
         best, step = self.state["best"], self.state["step"]
-        source = self.ckpt_dir / f"step_{step}" / ckpt.MODEL_FILE
-        if best["value"] is not None and best["step"] != step:
-            source = self.ckpt_dir / "best" / ckpt.MODEL_FILE
-        self.state["exported_step"] = best["step"] if source.parent.name == "best" else step
+        from_best = best["value"] is not None and best["step"] != step
+        source = self.ckpt_dir / ("best" if from_best else f"step_{step}")  # a checkpoint dir: its weights file
+        self.state["exported_step"] = best["step"] if from_best else step
         out = None
         if self.fsdp:  # every rank takes its shard of the exported weights; rank 0 writes them from a fresh copy
-            if source.parent.name == "best":
+            if from_best:
                 ckpt.load_weights(self.model, source, self.device)
             if self.dist.is_main:
                 model = self.fresh_model()  # on the CPU: the device holds the sharded model
@@ -501,7 +500,7 @@ class Trainer:
                 free_memory(self.device)
                 out = self.export(self.run_dir, model)
         elif self.dist.is_main:
-            if source.parent.name == "best":
+            if from_best:
                 ckpt.load_weights(self.model, source, self.device)
             free_memory(self.device)
             out = self.export(self.run_dir, self.model)
