@@ -13,10 +13,12 @@ import torch
 
 from lmrl.config import ConfigError, load_config
 from lmrl.rollout.local import Rollout
-from lmrl.tasks.rewards import (RewardError, RewardFunctions, build_reward, called_positionally, score_rollout)
+from lmrl.tasks.rewards import (RewardError, RewardFunctions, RewardModelScorer, build_reward, called_positionally,
+                                score_rollout)
 from lmrl.train.callbacks import Callback
 from lmrl.train.rl_trainer import RLTrainer
 from tests.test_hf import save_tiny_llama
+from tests.test_rlhf import rm  # noqa: F401  (the fixture: a tiny reward model)
 from tests.trl_rewards import Constant, math_format_reward, reward_len
 
 
@@ -284,3 +286,11 @@ def test_reward_funcs_from_the_config_train_a_chat_math_task(tiny_math, tmp_path
     assert len(episodes.seen) == 8
     for completion, reward in episodes.seen:  # 1·reward_len + 2·0.5
         assert reward == -abs(20 - len(completion)) + 1.0
+
+
+def test_a_reward_model_scores_a_chat_tasks_messages_as_it_scores_their_text(rm):
+    scorer = RewardModelScorer(rm[1])  # trained to prefer 'yes' (tests/test_rlhf.py)
+    as_text = scorer(["What is 1+2?", "What is 3+3?"], ["yes", "no"])
+    as_messages = scorer([[{"role": "user", "content": "What is 1+2?"}], [{"role": "user", "content": "What is 3+3?"}]],
+                         [[{"role": "assistant", "content": "yes"}], [{"role": "assistant", "content": "no"}]])
+    assert as_messages == pytest.approx(as_text, abs=1e-5)
