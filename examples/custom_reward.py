@@ -1,7 +1,14 @@
-"""A user reward function in place of the task's verifier (TRL-style: texts in, floats out).
+"""User reward functions in place of the task's verifier, written as TRL writes them: keyword
+arguments in (`prompts`, `completions`, `completion_ids`, `trainer_state` and the task's columns:
+take **kwargs), one float per completion out, or None where a function does not apply. The
+functions' weighted sum is the reward; each one's mean is reported as rewards/<name>/mean.
 
-The reward below gives partial credit per correct digit and reads nothing but the prompt and the
-completion, as any reward for RL must: the answer is recomputed from the prompt's operands.
+Both rewards read nothing but the prompt and the completion, as any reward for RL must: the answer
+is recomputed from the prompt's operands. From a config file the same run is
+
+    reward:
+      funcs: [my_rewards:digit_credit, my_rewards:carry_bonus]
+      weights: [1.0, 0.5]
 
     python examples/custom_reward.py [--quick]
 """
@@ -11,13 +18,25 @@ import sys
 from lmrl import AdderRLConfig, RLTrainer
 
 
-def digit_credit(prompts: list[str], completions: list[str]) -> list[float]:
-    """Fraction of answer digits in the right place; answers are written least-significant first."""
+def expected_answer(prompt: str, width: int) -> str:
+    """The sum of the prompt's operands ("12+34="), zero-padded to `width` and least-significant first."""
+    a, b = prompt.rstrip("=").split("+")
+    return str(int(a) + int(b)).zfill(width)[::-1]
+
+
+def digit_credit(prompts, completions, **kwargs):
+    """Fraction of answer digits in the right place."""
+    return [sum(x == y for x, y in zip(c, expected_answer(p, len(c)))) / len(c) for p, c in zip(prompts, completions)]
+
+
+def carry_bonus(prompts, completions, **kwargs):
+    """1.0 for a whole right answer to a sum with a carry, else 0.0; None (not applicable) for sums
+    without one, so the easy problems are left to digit_credit."""
     rewards = []
-    for prompt, completion in zip(prompts, completions):
-        a, b = prompt.rstrip("=").split("+")
-        expected = str(int(a) + int(b)).zfill(len(completion))[::-1]
-        rewards.append(sum(x == y for x, y in zip(completion, expected)) / len(expected))
+    for p, c in zip(prompts, completions):
+        a, b = p.rstrip("=").split("+")
+        carries = any(int(x) + int(y) > 9 for x, y in zip(a[::-1], b[::-1]))
+        rewards.append(float(c == expected_answer(p, len(c))) if carries else None)
     return rewards
 
 
@@ -28,5 +47,5 @@ if "--quick" in sys.argv:
     cfg.train.steps, cfg.train.rollout_size, cfg.train.eval_every = 5, 32, 5
     cfg.eval.size = 100
 
-summary = RLTrainer(cfg, reward_fn=digit_credit).train()
+summary = RLTrainer(cfg, reward_funcs=[digit_credit, carry_bonus], reward_weights=[1.0, 0.5]).train()
 print(f"warm-up {summary['warmup_accuracy']:.3f} → after RL {summary['final_accuracy']:.3f}")

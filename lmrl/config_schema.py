@@ -210,7 +210,13 @@ class LoraConfig(Section):
 @dataclass
 class RewardConfig(Section):
     cls: str = _f("", "a custom reward, pkg.module:Class; an instance is called as "
-                      "reward(prompts, completions, ground_truth=[...]) -> list of floats")
+                      "reward(prompts, completions, ground_truth=[...]) -> list of floats (or as reward.funcs "
+                      "are, when its signature is TRL's: reward(completions, **kwargs))")
+    funcs: list = _f([], "reward functions as TRL writes them, each pkg.module:function (a class there is built with "
+                         "no arguments), called f(prompts=, completions=, completion_ids=, trainer_state=, "
+                         "**columns) -> a float or None (not applicable) per completion; their weighted sum "
+                         "replaces the task's reward")
+    weights: list = _f([], "one weight per reward.funcs entry (empty: 1.0 each)")
     format_weight: float = _f(0.0, "math: reward for a well-formed <think>...</think> <answer>...</answer>")
     correct_weight: float = _f(1.0, "math: reward for a correct answer (checked with math-verify)")
     require_format: bool = _f(True, "math: a correct answer counts only when well-formed")
@@ -220,9 +226,18 @@ class RewardConfig(Section):
     model_batch_size: int = _f(16, "completions the reward model scores per forward pass", ge=1)
 
     def check(self) -> list[str]:
+        bad_funcs = [f for f in self.funcs if not isinstance(f, str) or ":" not in f]
+        bad_weights = [w for w in self.weights
+                       if isinstance(w, bool) or not isinstance(w, (int, float)) or not math.isfinite(w)]
         return [msg for ok, msg in [
-            (not self.model or not self.cls, "set reward.model or reward.cls, not both"),
+            (sum(map(bool, (self.model, self.cls, self.funcs))) <= 1,
+             "set one of reward.model, reward.cls and reward.funcs"),
             (not self.cls or ":" in self.cls, f"reward.cls={self.cls!r} must look like package.module:ClassName"),
+            (not bad_funcs, f"reward.funcs entries must look like package.module:function, got {bad_funcs}"),
+            (not bad_weights, f"reward.weights must be finite numbers, got {bad_weights}"),
+            (not self.weights or len(self.weights) == len(self.funcs),
+             f"reward.weights has {len(self.weights)} weights for {len(self.funcs)} reward.funcs; "
+             f"give one per function (or none: 1.0 each)"),
         ] if not ok]
 
 

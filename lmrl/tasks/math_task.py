@@ -16,10 +16,14 @@ and `heldout_ids` is the second.
 
 Scoring. `MathReward` gives the reward (format and correctness weights from the config) and the
 exact-match flag we report as accuracy: the answer is correct, and well-formed when the reward
-requires it. A custom reward (`reward.cls`) replaces the reward only; accuracy stays math-verify's.
+requires it. Custom rewards (`reward.funcs`, `reward.cls`) replace the reward only; accuracy stays
+math-verify's. They get the row's other columns (`reward_kwargs`) and, called as TRL calls them,
+a chat row's prompt and completion as message lists (`conversations`).
 """
 
 from __future__ import annotations
+
+from functools import cached_property
 
 import torch
 
@@ -52,18 +56,28 @@ class MathTask:
         self.reward = reward
 
     # -- prompts ---------------------------------------------------------------------------------
-    def _render(self, row: dict) -> str:
-        from ..models.hf import already_templated, apply_chat_template
+    def _messages(self, row: dict) -> list[dict] | None:
+        """The conversation a row's prompt becomes, or None when it is used as plain text (no chat,
+        or a prompt that already holds the template's special tokens)."""
+        from ..models.hf import already_templated
 
         if "messages" in row:
             messages = list(row["messages"])
         else:
             text = self.prompt_template.format(prompt=row["prompt"])
             if not self.chat or already_templated(self.tokenizer, text):
-                return text
+                return None
             messages = [{"role": "user", "content": text}]
         if self.system_prompt and not (messages and messages[0].get("role") == "system"):
             messages.insert(0, {"role": "system", "content": self.system_prompt})
+        return messages
+
+    def _render(self, row: dict) -> str:
+        from ..models.hf import apply_chat_template
+
+        messages = self._messages(row)
+        if messages is None:
+            return self.prompt_template.format(prompt=row["prompt"])
         return apply_chat_template(self.tokenizer, messages)
 
     def render_prompt(self, prompt: str) -> str:
@@ -91,9 +105,29 @@ class MathTask:
     def texts(self, ids: torch.Tensor, rollout: Rollout) -> tuple[list[str], list[str]]:
         return self.prompts(ids), self.completion_texts(rollout)
 
+    def conversations(self, ids: torch.Tensor, rollout: Rollout) -> tuple[list, list]:
+        """(prompts, completions) as TRL's reward functions get them: a chat row's prompt is its message
+        list and its completion `[{"role": "assistant", "content": text}]`; a plain-text row keeps its texts."""
+        prompts, completions = self.texts(ids, rollout)
+        for k, i in enumerate(ids.tolist()):
+            messages = self._messages(self.rows[i])
+            if messages is not None:
+                prompts[k], completions[k] = messages, [{"role": "assistant", "content": completions[k]}]
+        return prompts, completions
+
     def reward_kwargs(self, ids: torch.Tensor) -> dict:
-        """Extra columns a reward function receives, TRL-style: `ground_truth`."""
-        return {"ground_truth": [self.ground_truths[i] for i in ids.tolist()]}
+        """Every column of each row but its prompt (`prompt` / `messages`), as TRL passes a data set's
+        columns to reward functions; `ground_truth` as text, None where a row lacks a column."""
+        rows = [self.rows[i] for i in ids.tolist()]
+        columns = {k: [row.get(k) for row in rows] for k in self.column_names}
+        if "ground_truth" in columns:
+            columns["ground_truth"] = [None if v is None else str(v) for v in columns["ground_truth"]]
+        return columns
+
+    @cached_property
+    def column_names(self) -> list[str]:
+        """The columns of any row but the prompt's, in the order they first appear."""
+        return list(dict.fromkeys(k for row in self.rows for k in row if k not in ("prompt", "messages")))
 
     def score_rollout(self, ids: torch.Tensor, rollout: Rollout) -> tuple[torch.Tensor, torch.Tensor, dict]:
         """Rewards (B,), correct flags (B,) and {"format_rate": (B,) well-formed flags}."""

@@ -1,6 +1,7 @@
 """Open prompts scored by a learned reward: RLHF's task. Rows are `{"prompt": str}` or
-`{"messages": [...]}` (other columns are ignored); the reward of a completion is a reward model's
-score of prompt + completion (`reward.model`), or a custom reward (`reward.cls`).
+`{"messages": [...]}` (other columns reach reward functions, as in TRL, and are otherwise ignored);
+the reward of a completion is a reward model's score of prompt + completion (`reward.model`), or a
+custom reward (`reward.cls`).
 
     task = PromptTask("prompts/train.jsonl", "prompts/test.jsonl", tokenizer,
                       scorer=RewardModelScorer("runs/rm-smollm2/reward_model"))
@@ -38,9 +39,6 @@ class PromptTask(MathTask):
     def reward_model(self) -> torch.nn.Module | None:
         """The reward model that scores completions (None for a custom `reward.cls`)."""
         return getattr(self.reward, "model", None)
-
-    def reward_kwargs(self, ids: torch.Tensor) -> dict:
-        return {}
 
     def score_rollout(self, ids: torch.Tensor, rollout) -> tuple[torch.Tensor, torch.Tensor, dict]:
         """Rewards (B,) from the scorer, checked like any reward function's; no exact match (zeros)."""

@@ -3,8 +3,9 @@
 A task owns its problems, split once into training and held-out ids that never overlap (one number
 line per task, so "RL never sees a held-out problem" is structural), samples completions with a
 policy, and scores them. Every task in `lmrl.tasks` satisfies `Task`; the arithmetic tasks also
-satisfy `LabeledTask` (the supervised warm-up), and open prompts scored by a reward model
-`ScoredByModel` (PPO's critic starts as that model).
+satisfy `LabeledTask` (the supervised warm-up), open prompts scored by a reward model
+`ScoredByModel` (PPO's critic starts as that model), and the chat tasks (math, prompts, the SQL
+agent) `Conversational` (reward functions get their prompts and completions as message lists).
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ class Task(Protocol):
         """(prompts, completions) as text, for a user's reward function and callbacks."""
 
     def reward_kwargs(self, ids: torch.Tensor) -> dict[str, list[Any]]:
-        """The columns a user's reward function gets as keyword lists (e.g. ground_truth)."""
+        """The columns of each row a reward function gets as keyword lists (e.g. ground_truth)."""
 
 
 @runtime_checkable
@@ -57,3 +58,13 @@ class ScoredByModel(Task, Protocol):
     """A task whose reward is a learned reward model's score."""
 
     reward_model: torch.nn.Module | None
+
+
+@runtime_checkable
+class Conversational(Task, Protocol):
+    """A task whose prompts are conversations: reward functions called as TRL calls them get these."""
+
+    def conversations(self, ids: torch.Tensor, rollout: Rollout) -> tuple[list, list]:
+        """(prompts, completions) as TRL passes a chat data set's: a prompt is its message list, a
+        completion the messages after it (`[{"role": "assistant", "content": text}]` for one turn);
+        a row used as plain text keeps its text prompt and completion."""

@@ -41,7 +41,7 @@ from ..tasks.protocol import LabeledTask, ScoredByModel, Task
 from .. import checkpoint as ckpt
 from .evaluate import evaluate
 from .lifecycle import Stage, Trainer, TrainingError  # noqa: F401  (TrainingError: re-exported)
-from ..tasks.rewards import RewardFn, load_reward_class, score_rollout
+from ..tasks.rewards import RewardFn, build_reward, score_rollout
 
 
 class RLTrainer(Trainer):
@@ -50,16 +50,18 @@ class RLTrainer(Trainer):
     model: a policy with `generate` and a forward returning logits (default: built from
         `config.model`: the built-in GPT, or a Hugging Face model with an optional LoRA adapter).
     task: prompts, rollouts and verifier (default: from `config.task`; see `lmrl.tasks.protocol`).
-    reward_fn: optional `f(prompts: list[str], completions: list[str], **columns) -> list[float]`,
-        TRL-style (a math task passes `ground_truth=[...]`); default: `reward.cls`, else the task's
-        own verifier.
+    reward_funcs, reward_weights: reward functions as TRL writes them, one or a list, called
+        `f(prompts=, completions=, completion_ids=, trainer_state=, **columns)` and summed with these
+        weights (None values left out; see `lmrl.tasks.rewards`); reward_fn: one function, either so
+        or lmrl's older `f(prompts, completions, **columns)`; default: `reward.funcs` / `reward.weights`,
+        else `reward.cls`, else the task's own verifier.
     callbacks: objects with any of `on_episode_end`, `on_step_end`, `on_checkpoint` (see
         `lmrl.train.callbacks`)."""
 
     name = "rl"
 
     def __init__(self, config: Config, *, model=None, task: Task | None = None, reward_fn: RewardFn | None = None,
-                 callbacks=None):
+                 reward_funcs=None, reward_weights=None, callbacks=None):
         super().__init__(config, callbacks=callbacks)
         cfg = self.config
         if model is None and cfg.model.type == "hf":
@@ -71,8 +73,8 @@ class RLTrainer(Trainer):
         if cfg.model.init_from:
             ckpt.load_initial_weights(self.model, cfg.model.init_from, self.device)
         self.module, self.reference, self.algo = self.model, None, None  # RL may wrap the policy with a value function
-        self.reward_fn = reward_fn if reward_fn is not None else \
-            load_reward_class(cfg.reward.cls) if cfg.reward.cls else None
+        self.reward_fn = build_reward(cfg.reward, reward_fn=reward_fn, reward_funcs=reward_funcs,
+                                      reward_weights=reward_weights)
         # The warm-up's label budget: `sft.examples` distinct training problems, fixed by the seed.
         self.sft_pool = None
         if cfg.sft.steps:
@@ -183,7 +185,8 @@ class RLTrainer(Trainer):
         more = state["step"] + 1 < stage.last
         self._pending = self._submit_rollout(n_prompts) if cfg.rollout.overlap and more else None
         ids, ro = sampled.ids, self._on_learner(sampled)
-        rewards, exact, extras = score_rollout(self.task, ids, ro, self.reward_fn)
+        rewards, exact, extras = score_rollout(self.task, ids, ro, self.reward_fn, step=state["step"],
+                                               max_steps=stage.last)
         self.callbacks.rollout_end(self, state["step"] + 1, ids, ro, rewards)
         metrics = rollout_metrics(ro, rewards, exact, extras, self.device)
         t_update = time.perf_counter()

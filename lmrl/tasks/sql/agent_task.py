@@ -83,6 +83,12 @@ class SQLAgentTask:
         episodes = ["\n".join(f"[{m['role']}] {m['content']}" for m in t[start + 1:]) for t in rollout.transcripts]
         return prompts, episodes
 
+    def conversations(self, ids: torch.Tensor, rollout: AgentRollout) -> tuple[list, list]:
+        """(each episode's opening messages: preamble and task, the messages after it: agent turns as
+        assistant messages, observations as user messages), as TRL's reward functions get a chat episode."""
+        start = len(self.preamble)
+        return [t[:start + 1] for t in rollout.transcripts], [t[start + 1:] for t in rollout.transcripts]
+
     def reward_kwargs(self, ids: torch.Tensor) -> dict:
         return {"skill": self.skills(ids), "label": [list(self.tasks[i].label) for i in ids.tolist()]}
 
