@@ -264,6 +264,15 @@ def test_trl_reward_functions_train_a_chat_math_task_for_two_steps(tiny_math, tm
     expected = [sum(0.1 * a + (b or 0.0) for a, b in zip(lengths, formats)) / 8
                 for (_, lengths), (_, formats) in zip(length.calls, fmt.calls)]
     assert logged == pytest.approx(expected, abs=1e-5)
+    # each function's mean over the rows it scored (None rows left out), as TRL logs it
+    steps = [r for r in rows if "train/avg_reward" in r]
+    for row, (_, lengths), (_, formats) in zip(steps, length.calls, fmt.calls):
+        assert row["rewards/reward_len/mean"] == pytest.approx(sum(lengths) / len(lengths), abs=1e-5)
+        scored = [f for f in formats if f is not None]
+        if scored:
+            assert row["rewards/math_format_reward/mean"] == pytest.approx(sum(scored) / len(scored), abs=1e-5)
+        else:
+            assert "rewards/math_format_reward/mean" not in row
     moved = [n for n, p in trainer.model.named_parameters() if "lora_B" in n and p.abs().sum() > 0]
     assert moved, "the adapter did not train"
 

@@ -275,12 +275,17 @@ def rollout_metrics(ro: Rollout, rewards: torch.Tensor, exact: torch.Tensor, ext
     """Accuracy, mean reward, length and the task's extras (e.g. format rate) over every rank's
     rollouts (a per-token reward counts as the fraction of the completion's tokens it rewards)."""
     per_completion = rewards.float().mean(1) if rewards.dim() == 2 else rewards.float()
+    # an extra is averaged over the rows it has a value for: a reward function's "rewards/<name>/mean"
+    # is NaN where the function returned None (not applicable); a name holding "/" is logged as it is
     names = sorted(extras)
+    values = [extras[k].float() for k in names]
     stats = all_reduce_sum(torch.tensor([exact.sum().item(), per_completion.sum().item(), len(rewards),
-                                         ro.mask.sum().item()] + [extras[k].float().sum().item() for k in names],
+                                         ro.mask.sum().item()] + [v.nansum().item() for v in values]
+                                        + [(~v.isnan()).sum().item() for v in values],
                                         dtype=torch.float64, device=device)).cpu()
-    count = stats[2].item()
+    count, n = stats[2].item(), len(names)
     reward = stats[1].item() / count
+    scored = {(k if "/" in k else f"rollout/{k}"): stats[4 + i].item() / stats[4 + n + i].item()
+              for i, k in enumerate(names) if stats[4 + n + i].item() > 0}  # no row scored: no value
     return {"train/accuracy": stats[0].item() / count, "train/avg_reward": reward,
-            "rollout/reward_mean": reward, "rollout/length_mean": stats[3].item() / count,
-            **{f"rollout/{k}": stats[4 + i].item() / count for i, k in enumerate(names)}}
+            "rollout/reward_mean": reward, "rollout/length_mean": stats[3].item() / count, **scored}
