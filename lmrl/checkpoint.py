@@ -54,6 +54,8 @@ import torch
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file, load_model, save_file, save_model
 
+from .models.reference import has_lora_adapter
+
 MODEL_FILE = "model.safetensors"
 # PEFT's file names (peft.utils.SAFETENSORS_WEIGHTS_NAME, CONFIG_NAME): a LoRA policy's checkpoint
 ADAPTER_FILE = "adapter_model.safetensors"
@@ -437,8 +439,6 @@ def _torch_load(file: Path, map_location) -> Any:
 
 def _adapter_only(model: torch.nn.Module) -> bool:
     """A LoRA policy: only its adapter trains, so only the adapter is saved."""
-    from .models.reference import has_lora_adapter
-
     return has_lora_adapter(model)
 
 

@@ -21,6 +21,7 @@ except ImportError as e:  # the core of lmrl runs without transformers
     raise ImportError(f"lmrl.models.hf needs the `hf` extra ({e}): pip install -e '.[hf]'") from None
 
 from ..algos.token_logprobs import token_logprobs
+from ..rollout.hf_generate import generate, prefill, unique_rows, with_cache
 from .hf_loading import (DTYPES, PACKAGED_GGUF, convert_gguf, drop_quantizer_record,  # noqa: F401 (re-exported)
                          load_hf_model, resolve_model_path)
 
@@ -171,8 +172,6 @@ class HFPolicy(nn.Module):
         float rounding. When every head differs, the rows' common start is shared instead
         (`_forward_common_start`). None when neither is shared, or when activations are recomputed
         (gradient checkpointing turns the KV cache off)."""
-        from ..rollout.hf_generate import prefill, unique_rows, with_cache
-
         head = ids.size(1) - n
         hf = self.hf_model
         checkpointing = hf.is_activation_checkpointing if hasattr(hf, "is_activation_checkpointing") else \
@@ -221,8 +220,6 @@ class HFPolicy(nn.Module):
         if head < MIN_SHARED_PREFIX:
             return None
         from transformers import DynamicCache
-
-        from ..rollout.hf_generate import with_cache
 
         past = DynamicCache(config=self.hf_model.config)
         self.model(input_ids=ids[:1, :head], position_ids=position_ids[:1, :head], **with_cache(self.model, past),
@@ -283,8 +280,6 @@ class HFPolicy(nn.Module):
     def _generate_ids(self, ids, mask, max_new_tokens, *, temperature, top_k, greedy, generator):
         pad = self.tokenizer.pad_token_id
         if self.generation_engine == "lean":
-            from ..rollout.hf_generate import generate
-
             was_training = self.training
             self.eval()
             try:

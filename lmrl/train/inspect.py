@@ -9,7 +9,8 @@ import torch
 
 from ..config import Config, load_config
 from ..models import build_model
-from ..rollout.local import sample
+from ..rollout.local import sample, sample_text
+from ..tasks.math_reward import parse_completion
 from ..tasks import build_task
 from .. import checkpoint as ckpt
 from .evaluate import evaluate
@@ -49,9 +50,6 @@ class LoadedRun:
     def generate(self, prompts: list[str], temperature: float = 0.0):
         """(prompt, completion, answer as read) for each prompt; greedy when temperature is 0."""
         if hasattr(self.task, "render_prompt"):  # a text task: its template, the HF model's sampling
-            from ..rollout.local import sample_text
-            from ..tasks.math_reward import parse_completion
-
             texts = [self.task.render_prompt(p) for p in prompts]
             ro = sample_text(self.model, texts, self.task.max_new_tokens, greedy=temperature == 0,
                              temperature=temperature or 1.0)

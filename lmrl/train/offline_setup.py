@@ -8,6 +8,12 @@ import json
 from pathlib import Path
 
 from ..config import Config, ConfigError
+from ..models import build_model
+from ..models.gpt import CharTokenizer
+from ..tasks.sql.demonstrations import write_demo_splits
+from ..tasks.sql.env import SQLEnvConfig
+from ..tasks.sql.procedural import SKILLS
+from ..tasks.synthetic_preferences import write_preference_splits, write_sft_splits
 from ..tasks.preference_data import iter_rows
 
 
@@ -27,15 +33,9 @@ def ensure_data(cfg: Config) -> None:
         raise ConfigError(f"data.generate writes DIR/train.jsonl and DIR/test.jsonl; data.train_file={train} and "
                           f"data.eval_file={test} are not such a pair")
     if d.generate == "sql-demos":  # the SQL agent's solved episodes, in this config's env (as RL will see it)
-        from ..tasks.sql.demonstrations import write_demo_splits
-        from ..tasks.sql.env import SQLEnvConfig
-        from ..tasks.sql.procedural import SKILLS
-
         write_demo_splits(train.parent, d.generate_train, d.generate_test, SQLEnvConfig.from_section(cfg.env),
                           seed=cfg.run.seed, skills=tuple(cfg.env.skills) or SKILLS)
         return
-    from ..tasks.synthetic_preferences import write_preference_splits, write_sft_splits
-
     writer = write_sft_splits if d.generate == "preferences-sft" else write_preference_splits
     writer(train.parent, d.generate_train, d.generate_test, seed=0)
 
@@ -67,14 +67,10 @@ def build_policy(cfg: Config, tokenizer_dir: Path | None = None):
     in `tokenizer_dir`, when resuming or evaluating a run)."""
     import torch
 
-    from ..models import build_model
-
     torch.manual_seed(cfg.run.seed)  # the same initial weights (GPT, LoRA adapter) for a seed
     if cfg.model.type == "hf":
         policy = build_model(cfg.model, lora=cfg.lora)
         return policy, policy.tokenizer
-    from ..models.gpt import CharTokenizer
-
     saved = tokenizer_dir / "tokenizer.json" if tokenizer_dir is not None else None
     if saved is not None and saved.exists():
         tokenizer = CharTokenizer.load(saved)
