@@ -263,12 +263,13 @@ def debug_overrides(cfg: Config) -> list[str]:
     group = cfg.algo.group_size * t.ga_steps  # a rollout holds whole groups, split into whole micro-batches
     rollout = group * max(1, (4 if text else 32) // group)
     eval_size = min(cfg.eval.size, 4 if text else 64)
-    out += [f"train.steps={min(t.steps, 4)}", f"train.rollout_size={min(t.rollout_size, rollout)}",
+    steps = min(t.steps, 2 if cfg.task.name == "sql" else 4)  # an SQL step plays whole multi-turn episodes
+    out += [f"train.steps={steps}", f"train.rollout_size={min(t.rollout_size, rollout)}",
             f"eval.size={eval_size}", f"eval.batch_size={min(cfg.eval.batch_size, eval_size)}"]
     if text:
         out.append(f"task.max_new_tokens={min(cfg.task.max_new_tokens, 32)}")
     if cfg.task.name == "sql":
-        out.append(f"env.max_rounds={min(cfg.env.max_rounds, 2)}")
+        out += [f"env.max_rounds={min(cfg.env.max_rounds, 2)}", "train.ckpt_every=1"]  # still a checkpoint mid-run
     return out
 
 
