@@ -10,11 +10,13 @@ once. Known keys are type-checked wherever they appear: `prompt`, `completion`, 
 
 from __future__ import annotations
 
+import gzip
 import json
 import os
 import tempfile
+import zlib
 from pathlib import Path
-from typing import Iterable, Sequence
+from typing import Iterable, Iterator, Sequence
 
 _STRING_KEYS = ("prompt", "completion", "chosen", "rejected", "ground_truth")
 
@@ -30,6 +32,20 @@ def read_jsonl(path: str | os.PathLike, required: Sequence[str] = (), *,
     A row must hold every key in `required` and, when `alternatives` is given, every key of at
     least one of its sets: alternatives=[["prompt"], ["messages"]] means "prompt or messages"."""
     rows = []
+    for where, row in iter_jsonl(path):
+        problem = _missing(row, required, alternatives) or _wrong_type(row)
+        if problem:
+            raise DataError(f"{where}: {problem}")
+        rows.append(row)
+    return rows
+
+
+def iter_jsonl(path: str | os.PathLike) -> Iterator[tuple[str, dict]]:
+    """(`path:line`, row) for each row of a JSONL file, plain or gzip-compressed (found by gzip's magic
+    bytes); blank lines skipped. A file that cannot be read, a line that is not UTF-8 or not a JSON
+    object, and a file with no rows are DataErrors naming the file and line; a missing file stays a
+    FileNotFoundError, whose message names it."""
+    count = 0
     for lineno, raw in enumerate(_read_lines(path), 1):
         where = f"{path}:{lineno}"
         try:
@@ -47,25 +63,32 @@ def read_jsonl(path: str | os.PathLike, required: Sequence[str] = (), *,
             raise DataError(f"{where}: invalid JSON: nested too deeply to read") from None
         if not isinstance(row, dict):
             raise DataError(f"{where}: expected a JSON object {{...}}, got a {_json_type(row)}")
-        problem = _missing(row, required, alternatives) or _wrong_type(row)
-        if problem:
-            raise DataError(f"{where}: {problem}")
-        rows.append(row)
-    if not rows:
+        count += 1
+        yield where, row
+    if not count:
         raise DataError(f"{path}: the file has no rows (it is empty)")
-    return rows
 
 
 def _read_lines(path: str | os.PathLike) -> list[bytes]:
-    """The file's lines as bytes; an unreadable path (a directory, no permission) is a DataError.
-    A missing file stays a FileNotFoundError, whose message names it."""
+    """The file's lines as bytes, a gzip file decompressed whole first (so a truncated one fails before
+    any of its rows is used); an unreadable path (a directory, no permission) or a damaged gzip file is
+    a DataError. A missing file stays a FileNotFoundError, whose message names it."""
     try:
         with open(path, "rb") as f:
-            return f.readlines()
+            data = f.read()
     except FileNotFoundError:
         raise
     except OSError as e:
         raise DataError(f"{path}: cannot read the data file: {e.strerror or e}") from None
+    if data[:2] == b"\x1f\x8b":
+        try:
+            data = gzip.decompress(data)
+        except EOFError:
+            raise DataError(f"{path}: the gzip file is truncated (it ends before gzip's end-of-stream marker); "
+                            f"copy or download it again") from None
+        except (gzip.BadGzipFile, zlib.error) as e:
+            raise DataError(f"{path}: the gzip file is corrupt ({e}); copy or download it again") from None
+    return data.splitlines(keepends=True)
 
 
 def write_jsonl(path: str | os.PathLike, rows: Iterable[dict]) -> Path:

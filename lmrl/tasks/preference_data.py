@@ -28,17 +28,15 @@ never dropped, and every cut is counted so the caller can report it.
 
 from __future__ import annotations
 
-import gzip
 import json
 import math
 import os
 import re
-import zlib
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Sequence, Union
 
-from ..data import DataError
+from ..data import DataError, iter_jsonl
 
 SHAREGPT_ROLES = {"human": "user", "gpt": "assistant", "system": "system",
                   "user": "user", "assistant": "assistant", "tool": "tool"}
@@ -113,7 +111,7 @@ def iter_rows(source: Source) -> Iterator[tuple[str, dict]]:
     gzip's magic bytes; blank lines skipped), `row i` for rows handed in, where a None value (a column
     a datasets.Dataset row does not fill) counts as an absent key."""
     if isinstance(source, (str, os.PathLike)):
-        yield from _file_rows(source)
+        yield from iter_jsonl(source)
         return
     if isinstance(source, Mapping):
         hint = "; pass one split, e.g. data['train']" if "train" in source else ""
@@ -419,47 +417,6 @@ class TruncationCounter:
 
 
 # -------------------------------------------------------------------------------------------- reading
-
-def _file_rows(path: str | os.PathLike) -> Iterator[tuple[str, dict]]:
-    count = 0
-    for lineno, raw in enumerate(_file_lines(path), 1):
-        where = f"{path}:{lineno}"
-        try:
-            line = raw.decode("utf-8")
-        except UnicodeDecodeError as e:
-            raise DataError(f"{where}: not UTF-8 text ({e.reason} at byte {e.start})") from None
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise DataError(f"{where}: invalid JSON: {e.msg} (column {e.colno})") from None
-        if not isinstance(row, dict):
-            raise DataError(f"{where}: expected a JSON object {{...}}, got {_describe(row)}")
-        count += 1
-        yield where, row
-    if not count:
-        raise DataError(f"{path}: the file has no rows (it is empty)")
-
-
-def _file_lines(path: str | os.PathLike) -> Iterable[bytes]:
-    """The file's lines as bytes; a gzip file is decompressed whole first, so a truncated one fails
-    before any of its rows is used."""
-    with open(path, "rb") as f:
-        if f.read(2) != b"\x1f\x8b":
-            f.seek(0)
-            yield from f
-            return
-    try:
-        with gzip.open(path, "rb") as f:
-            data = f.read()
-    except EOFError:
-        raise DataError(f"{path}: the gzip file is truncated (it ends before gzip's end-of-stream marker); "
-                        f"copy or download it again") from None
-    except (gzip.BadGzipFile, zlib.error) as e:
-        raise DataError(f"{path}: the gzip file is corrupt ({e}); copy or download it again") from None
-    yield from data.split(b"\n")
-
 
 def _located(where: str, parse, *args):
     """parse(*args), its problems as `where: ...` errors and its row marked with where it came from."""
