@@ -254,9 +254,14 @@ class Trainer:
         """The run's first log line."""
         trainable = sum(p.numel() for p in self.model.parameters() if p.requires_grad)
         total = sum(p.numel() for p in self.model.parameters())
-        return (f"{self.name} | run dir {self.run_dir} | {total / 1e6:.2f}M parameters ({trainable / 1e6:.2f}M "
-                f"trainable) | {self.total_steps} steps | device {self.device} | world size {self.dist.world_size}"
-                + (f" | {self.placement}" if self.placement else ""))
+        data = self.describe_data()
+        return (f"{self.name} | run dir {self.run_dir} | {data + ' | ' if data else ''}{total / 1e6:.2f}M parameters "
+                f"({trainable / 1e6:.2f}M trainable) | {self.total_steps} steps | device {self.device} | "
+                f"world size {self.dist.world_size}" + (f" | {self.placement}" if self.placement else ""))
+
+    def describe_data(self) -> str:
+        """What the run trains on, for its first log line ('' when the data is not rows of a file)."""
+        return ""
 
     def step_until_done(self, stage: Stage, step: Callable[[Stage], None]) -> None:
         """Calls `step(stage)` (which ends with `end_step`) until the stage's last step, Ctrl-C, early

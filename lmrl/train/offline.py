@@ -9,9 +9,9 @@ Rows come from `data.train_file` / `data.eval_file`, or from `train_dataset=` / 
 handed to the constructor (a `datasets.Dataset`, a list of dicts), in TRL's formats (see
 `lmrl.tasks.preference_data`). A subclass says what its model is and what a row and its loss
 are: `build_model() -> (model, tokenizer)`, `read(source) -> rows` (checked before any model
-loads), `encode(rows, name) -> examples`, `collate(examples) -> batch`
-and `compute_loss(batch) -> (loss, metrics)`; evaluation averages `compute_loss`'s metrics over
-the held-out rows.
+loads), `encoder(rows, codec, max_length, counter) -> examples` (token ids and loss masks),
+`collate(examples) -> batch` and `compute_loss(batch) -> (loss, metrics)`; evaluation averages
+`compute_loss`'s metrics over the held-out rows.
 
 The data order is a pure function of (seed, epoch): step k reads rows k·B .. (k+1)·B − 1 of the
 stream of per-epoch permutations, so a resumed run reads exactly the rows it would have read, and
@@ -22,6 +22,7 @@ from __future__ import annotations
 import math
 import os
 import time
+from typing import Callable
 
 import torch
 
@@ -36,7 +37,7 @@ from .offline_setup import ensure_data
 class OfflineTrainer(Trainer):
     """Subclasses set `name` (the metrics' prefix: sft, dpo, rm), `trainer_key` (its run.trainer
     value), `accuracy_key` (the training metric that evaluation also reports as eval/accuracy),
-    and implement `build_model`, `read`, `encode`, `collate` and `compute_loss`."""
+    and implement `build_model`, `read`, `encoder`, `collate` and `compute_loss`."""
 
     trainer_key = "sft"
     accuracy_key: str | None = None
@@ -82,9 +83,15 @@ class OfflineTrainer(Trainer):
         a list of dicts), each checked, in any of the formats `lmrl.tasks.preference_data` reads."""
         raise NotImplementedError
 
+    # (rows, codec, max_length, counter) -> examples: token ids and loss masks, every cut counted
+    encoder: Callable[..., list]
+
     def encode(self, rows: list, name: str) -> list:
         """`read`'s rows as token ids and loss masks (truncation counted in `self.data_notes` under `name`)."""
-        raise NotImplementedError
+        counter = TruncationCounter()
+        examples = self.encoder(rows, self.codec, self.config.data.max_length, counter)
+        self.data_notes.append(f"{name}: {counter}")
+        return examples
 
     def collate(self, rows: list):
         raise NotImplementedError
@@ -112,10 +119,8 @@ class OfflineTrainer(Trainer):
                             betas=cfg.optim.betas, eps=cfg.optim.eps)
         self.step_until_done(stage, self.train_step)
 
-    def describe(self) -> str:
-        n_train = sum(p.numel() for p in self.trainable_module().parameters() if p.requires_grad)
-        return (f"{self.name} | run dir {self.run_dir} | {len(self.train_rows)} training rows, {len(self.eval_rows)} "
-                f"held-out | {n_train / 1e6:.2f}M trainable parameters | {self.total_steps} steps | device {self.device}")
+    def describe_data(self) -> str:
+        return f"{len(self.train_rows)} training rows, {len(self.eval_rows)} held-out"
 
     def batch_rows(self, step: int) -> list:
         """This rank's rows of optimizer step `step` (0-based): a contiguous slice of the global batch."""
@@ -195,14 +200,10 @@ class PairTrainer(OfflineTrainer):
     """An offline trainer over preference pairs {prompt|messages, chosen, rejected} (DPO, reward
     models): rows encoded once with `self.codec`, each batch chosen rows first, then rejected."""
 
+    encoder = staticmethod(encode_preferences)
+
     def read(self, source) -> list:
         return read_preference(source, dialogue="auto" if self.config.data.chat else "text")
-
-    def encode(self, rows: list, name: str) -> list:
-        counter = TruncationCounter()
-        pairs = encode_preferences(rows, self.codec, self.config.data.max_length, counter)
-        self.data_notes.append(f"{name}: {counter}")
-        return pairs
 
     def collate(self, rows):
         return pair_batch(rows, self.pad_id, self.device)

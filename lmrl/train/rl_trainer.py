@@ -38,10 +38,10 @@ from ..rollout.engines import make_engine
 from ..rollout.local import Rollout
 from ..tasks import build_task
 from ..tasks.protocol import LabeledTask, ScoredByModel, Task
+from ..tasks.rewards import RewardFn, build_reward, score_rollout
 from .. import checkpoint as ckpt
 from .evaluate import evaluate
 from .lifecycle import Stage, Trainer, TrainingError  # noqa: F401  (TrainingError: re-exported)
-from ..tasks.rewards import RewardFn, build_reward, score_rollout
 
 
 class RLTrainer(Trainer):
@@ -240,12 +240,6 @@ class RLTrainer(Trainer):
 
     def frozen_modules(self) -> list[torch.nn.Module]:
         return [self.reference] if self.reference is not None and not is_reference_view(self.reference) else []
-
-    def describe(self) -> str:
-        trainable = sum(p.numel() for p in self.model.parameters() if p.requires_grad)
-        return (f"run dir {self.run_dir} | {self.model.num_params() / 1e6:.2f}M parameters "
-                f"({trainable / 1e6:.2f}M trainable) | device {self.device} | world size {self.dist.world_size}"
-                + (f" | {self.placement}" if self.placement else ""))
 
     def summary(self) -> dict:
         cfg, times, warmup = self.config, self.state["time"], self.state["warmup_accuracy"]

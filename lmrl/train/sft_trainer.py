@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from ..tasks.preference_data import TruncationCounter, read_sft
+from ..tasks.preference_data import read_sft
 from ..tasks.text_batches import encode_sft, pad_sequences, response_logps
 from .offline import OfflineTrainer
 from .offline_setup import build_policy, export_policy
@@ -30,17 +30,13 @@ class SFTTrainer(OfflineTrainer):
     accuracy_key = "sft/token_accuracy"
     default_best_metric = "eval/loss"
 
+    encoder = staticmethod(encode_sft)
+
     def build_model(self):
         return build_policy(self.config)
 
     def read(self, source) -> list:
         return read_sft(source)
-
-    def encode(self, rows: list, name: str) -> list:
-        counter = TruncationCounter()
-        examples = encode_sft(rows, self.codec, self.config.data.max_length, counter)
-        self.data_notes.append(f"{name}: {counter}")
-        return examples
 
     def collate(self, rows):
         return pad_sequences([r.ids for r in rows], [r.mask for r in rows], self.pad_id, self.device)

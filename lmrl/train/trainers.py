@@ -9,10 +9,8 @@ is refused with the key named); every other `algo.*` option is taken from the co
 from __future__ import annotations
 
 import copy
-import difflib
 
-from ..config import Config
-from ..errors import ConfigError
+from ..config import Config, validate
 from .dpo_trainer import DPOTrainer
 from .reward_trainer import RewardTrainer
 from .rl_trainer import RLTrainer
@@ -50,10 +48,6 @@ TRAINERS = {"rl": RLTrainer, "sft": SFTTrainer, "dpo": DPOTrainer, "reward": Rew
 
 
 def build_trainer(config: Config, **kwargs):
-    """The trainer `run.trainer` names (see TRAINERS)."""
-    name = config.run.trainer
-    if name not in TRAINERS:
-        near = difflib.get_close_matches(name, TRAINERS, n=1)
-        hint = f"; did you mean {near[0]!r}?" if near else ""
-        raise ConfigError(f"run.trainer={name!r} is not one of {', '.join(TRAINERS)}{hint}")
-    return TRAINERS[name](config, **kwargs)
+    """The trainer `run.trainer` names (see TRAINERS; the config check refuses any other name)."""
+    validate(config)
+    return TRAINERS[config.run.trainer](config, **kwargs)
