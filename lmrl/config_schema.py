@@ -323,16 +323,15 @@ class AlgoConfig(Section):
     value_clip: float = _f(0.2, "ppo value clipping range (0 = off)", ge=0)
     gamma: float = _f(1.0, "ppo discount", ge=0, le=1)
     lam: float = _f(0.95, "ppo GAE lambda", ge=0, le=1)
-    mask_truncated_completions: bool = _f(False, "leave completions cut off at the length limit (no end of sequence) "
-                                                 "out of the loss (DAPO)")
+    mask_truncated_completions: bool = _f(False, "leave completions cut off at the length limit (no end of sequence; "
+                                                 "an agent episode: the turn or context limit) out of the loss (DAPO); "
+                                                 "they still count in their group's reward statistics")
 
     def check(self) -> list[str]:
         """The algorithm's own requirements (`Algorithm.check_config`), then the adaptive KL's."""
         own = ALGORITHMS[self.name].check_config(self)
         return own + ([] if self.kl_target == 0 or self.kl_coef > 0 else [
-            "algo.kl_target > 0 (adaptive KL) needs an initial algo.kl_coef > 0"]) + ([] if not self.mask_truncated_completions else [
-            "algo.mask_truncated_completions=true is not implemented yet (truncated completions stay in the loss): "
-            "leave it false"])
+            "algo.kl_target > 0 (adaptive KL) needs an initial algo.kl_coef > 0"])
 
 
 @dataclass
@@ -391,8 +390,6 @@ class TrainConfig(Section):
              f"train.rollout_size={self.rollout_size} must be divisible by train.ga_steps={self.ga_steps}"),
             (self.best_metric == "" or self.best_metric.startswith("eval/"),
              f"train.best_metric must name an eval metric (eval/...), got {self.best_metric!r}"),
-            (self.top_p == 1.0, f"train.top_p={self.top_p} (nucleus sampling) is not implemented yet: sampling takes "
-                                f"train.top_k and train.temperature; leave train.top_p at 1.0"),
         ] if not ok]
 
 
@@ -510,6 +507,8 @@ def _arithmetic_rules(cfg: Config) -> list[tuple[bool, str]]:
          f"sft.examples={cfg.sft.examples} is more than the {max(space - t.heldout_size, 0)} training "
          f"problems of ndigit={t.ndigit} with task.heldout_size={t.heldout_size}"),
         (need <= m.n_position, f"task.ndigit={t.ndigit} needs {need} positions but model.n_position is {m.n_position}"),
+        (not cfg.algo.mask_truncated_completions, f"algo.mask_truncated_completions: task.name={t.name} writes "
+                                                  f"fixed-length answers, which are never cut off; leave it false"),
     ]
 
 

@@ -70,20 +70,26 @@ def _emitted_eos(model, ids, mask):
     pytest.fail("no token ends some rows but not all")
 
 
-def _recompute(model, ids, mask, completion, cmask, temperature=1.0, top_k=0):
-    """(log-probs (B, N), top-k masks (B, N, V)) of `completion` under one full forward pass."""
+def _recompute(model, ids, mask, completion, cmask, temperature=1.0, top_k=0, top_p=1.0):
+    """(log-probs (B, N), masks (B, N, V) of the tokens top-k and top-p allow) of `completion` under one
+    full forward pass, warped by transformers' own logits warpers."""
+    from transformers import TopKLogitsWarper, TopPLogitsWarper
+
     full = torch.cat([ids, completion], 1)
     fmask = torch.cat([mask, cmask.long()], 1)
     pos = (fmask.cumsum(-1) - 1).clamp(min=0)
     with torch.no_grad():
         logits = model(input_ids=full, attention_mask=fmask, position_ids=pos).logits
     logits = logits[:, ids.size(1) - 1:-1].float() / temperature
-    allowed = torch.ones_like(logits, dtype=torch.bool)
+    B, N, V = logits.shape
+    flat = logits.reshape(B * N, V)
     if top_k:
-        allowed = logits >= torch.topk(logits, top_k, dim=-1).values[..., -1:]
-        logits = logits.masked_fill(~allowed, float("-inf"))
+        flat = TopKLogitsWarper(top_k)(None, flat)
+    if top_p < 1:
+        flat = TopPLogitsWarper(top_p)(None, flat)
+    logits = flat.reshape(B, N, V)
     logp = F.log_softmax(logits, -1).gather(-1, completion[..., None]).squeeze(-1)
-    return logp.masked_fill(cmask == 0, 0.0), allowed
+    return logp.masked_fill(cmask == 0, 0.0), logits > float("-inf")
 
 
 @pytest.mark.parametrize("variant", VARIANTS, ids=str)
@@ -102,10 +108,11 @@ def test_greedy_equals_hf_generate_on_ragged_left_padded_prompts(model, prompts,
 
 
 @pytest.mark.parametrize("variant", VARIANTS, ids=str)
-@pytest.mark.parametrize("temperature,top_k", [(1.0, 0), (0.7, 0), (1.3, 5)])
-def test_logprobs_equal_a_full_forward_recomputation(model, prompts, variant, temperature, top_k):
+@pytest.mark.parametrize("temperature,top_k,top_p", [(1.0, 0, 1.0), (0.7, 0, 1.0), (1.3, 5, 1.0), (1.0, 0, 0.8),
+                                                   (1.3, 5, 0.9)])
+def test_logprobs_equal_a_full_forward_recomputation(model, prompts, variant, temperature, top_k, top_p):
     ids, mask = prompts
-    kwargs = dict(pad_token_id=PAD, temperature=temperature, top_k=top_k)
+    kwargs = dict(pad_token_id=PAD, temperature=temperature, top_k=top_k, top_p=top_p)
     free = generate(model, ids, mask, 16, eos_token_ids=[VOCAB + 5], generator=torch.Generator().manual_seed(0),
                     **kwargs)[0]
     # EOS := tokens drawn early in rows 0 and 3: the same seed draws the same tokens until the first row ends
@@ -114,12 +121,12 @@ def test_logprobs_equal_a_full_forward_recomputation(model, prompts, variant, te
     completion, cmask, logprobs = generate(model, ids, mask, 16, eos_token_ids=eos,
                                            generator=torch.Generator().manual_seed(0), **kwargs, **variant)
     assert cmask.sum(1).lt(16).any()
-    ref, allowed = _recompute(model, ids, mask, completion, cmask, temperature, top_k)
+    ref, allowed = _recompute(model, ids, mask, completion, cmask, temperature, top_k, top_p)
     assert torch.allclose(logprobs, ref, atol=1e-4), (logprobs - ref).abs().max()
     assert (logprobs[cmask == 0] == 0).all() and (logprobs[cmask == 1] < 0).all()
-    # every real token lies in the top-k of its step
-    in_top_k = allowed.gather(-1, completion[..., None]).squeeze(-1)
-    assert in_top_k[cmask == 1].all()
+    # every real token lies in the top-k and the nucleus of its step
+    allowed_token = allowed.gather(-1, completion[..., None]).squeeze(-1)
+    assert allowed_token[cmask == 1].all()
 
 
 @pytest.mark.parametrize("variant", VARIANTS, ids=str)

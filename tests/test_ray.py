@@ -56,7 +56,7 @@ def _worker_matches_local(cfg, ids, seed):
     worker = start_worker(cfg)
     try:
         ray.get(worker.load_weights.remote(trainable_state(model), 1))
-        remote = ray.get(worker.rollout.remote(ids, seed, 1.0, 0))
+        remote = ray.get(worker.rollout.remote(ids, seed, 1.0, 0, 1.0))
     finally:
         ray.kill(worker)
     threads = torch.get_num_threads()

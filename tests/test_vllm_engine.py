@@ -158,7 +158,7 @@ def _engine(tmp_path, lora: bool):
 
 def _greedy_both(engine, task, policy, ids):
     g = torch.Generator().manual_seed(0)
-    vllm_ro = engine.submit(ids, temperature=1.0, top_k=0, generator=g, greedy=True).result().rollout
+    vllm_ro = engine.submit(ids, temperature=1.0, top_k=0, top_p=1.0, generator=g, greedy=True).result().rollout
     return vllm_ro, task.rollout(policy, ids, greedy=True)
 
 
@@ -188,7 +188,7 @@ def test_vllm_greedy_equals_the_policy_before_and_after_an_update(tmp_path, lora
         _assert_same_rollout(after, local)
         assert not torch.equal(after.completions, before.completions), "the update changed nothing to compare"
 
-        sample = lambda seed: engine.submit(ids, temperature=1.0, top_k=5,  # noqa: E731
+        sample = lambda seed: engine.submit(ids, temperature=1.0, top_k=5, top_p=1.0,  # noqa: E731
                                             generator=torch.Generator().manual_seed(seed)).result()
         first, again = sample(3), sample(3)
         assert torch.equal(first.rollout.completions, again.rollout.completions)  # seeded from the trainer's generator

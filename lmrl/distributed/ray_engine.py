@@ -2,7 +2,7 @@
 
     engine = RayRolloutEngine(config, task, group_size=G, info=log, ckpt_dir=d)  # joins Ray, starts the workers
     engine.sync(policy, version)            # one ray.put of the trainable weights, loaded by every worker
-    sampled = engine.submit(ids, temperature=1.0, top_k=0, generator=g).result()
+    sampled = engine.submit(ids, temperature=1.0, top_k=0, top_p=1.0, generator=g).result()
     engine.close()
 
 `make_engine` builds this engine when `rollout.workers > 0`; the learner (the trainer, in the
@@ -65,10 +65,10 @@ class RolloutWorker:
         load_state_into(self.model, state)
         self.version = version
 
-    def rollout(self, ids: torch.Tensor, seed: int, temperature: float, top_k: int) -> Rollout:
+    def rollout(self, ids: torch.Tensor, seed: int, temperature: float, top_k: int, top_p: float) -> Rollout:
         """The task's rollout of problems `ids`, sampled from a generator seeded with `seed`, on the CPU."""
         gen = torch.Generator(device=self.device).manual_seed(seed)
-        ro = self.task.rollout(self.model, ids, temperature=temperature, top_k=top_k, generator=gen)
+        ro = self.task.rollout(self.model, ids, temperature=temperature, top_k=top_k, top_p=top_p, generator=gen)
         return rollout_to(ro, "cpu")
 
     def weights(self) -> dict[str, torch.Tensor]:
@@ -145,6 +145,8 @@ def concat_rollouts(parts: list[Rollout], pad_id: int) -> Rollout:
               "mask": torch.cat([right(r.mask, 0) for r in parts])}
     if all(r.logprobs is not None for r in parts):
         joined["logprobs"] = torch.cat([right(r.logprobs, 0.0) for r in parts])
+    if all(r.truncated is not None for r in parts):
+        joined["truncated"] = torch.cat([r.truncated for r in parts])
     if any(r.prompt_mask is not None or r.prompts.size(1) < P for r in parts):
         masks = [r.prompt_mask if r.prompt_mask is not None else torch.ones_like(r.prompts) for r in parts]
         joined["prompt_mask"] = torch.cat([left(m, 0) for m in masks])
@@ -200,8 +202,8 @@ class RayRolloutEngine:
         self.loads = [w.load_weights.remote(self.state_ref, version) for w in self.workers]
         self.version = version
 
-    def submit(self, ids: torch.Tensor, *, temperature: float, top_k: int, generator: torch.Generator):
-        return _RayPending(self, ids.cpu(), draw_seed(generator), temperature, top_k)
+    def submit(self, ids: torch.Tensor, *, temperature: float, top_k: int, top_p: float, generator: torch.Generator):
+        return _RayPending(self, ids.cpu(), draw_seed(generator), (temperature, top_k, top_p))
 
     def replace_worker(self, i: int, state_ref, version: int) -> None:
         """Kills worker i (dead or stuck) and starts another with the weights `state_ref` holds."""
@@ -222,9 +224,9 @@ class RayRolloutEngine:
 class _RayPending:
     """One batch in flight: a shard per worker, gathered (and retried on failure) by `result`."""
 
-    def __init__(self, engine: RayRolloutEngine, ids: torch.Tensor, seed: int, temperature: float, top_k: int):
+    def __init__(self, engine: RayRolloutEngine, ids: torch.Tensor, seed: int, sampling: tuple[float, int, float]):
         self.engine, self.ids, self.seed = engine, ids, seed
-        self.args = (temperature, top_k)
+        self.args = sampling  # temperature, top_k, top_p
         self.version, self.state_ref = engine.version, engine.state_ref
         self.shards = group_shards(len(ids), engine.group_size, len(engine.workers))
         self.deadlines = [time.monotonic() + engine.config.rollout.timeout_s] * len(self.shards)

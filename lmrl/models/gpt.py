@@ -18,6 +18,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from ..algos.token_logprobs import token_logprobs
+from ..rollout.sampling import warp_logits
 
 
 class CharTokenizer:
@@ -184,6 +185,7 @@ class GPT(nn.Module):
         *,
         temperature: float = 1.0,
         top_k: int = 0,
+        top_p: float = 1.0,
         greedy: bool = False,
         use_cache: bool = True,
         generator: torch.Generator | None = None,
@@ -191,7 +193,8 @@ class GPT(nn.Module):
         """Sample `max_new_tokens` after each row of `prompt` (B, T), all prompts the same length.
 
         Returns (tokens (B, N), logprobs (B, N)): the sampled ids and their log-probabilities under
-        the distribution they were drawn from (logits / temperature, after top-k). Greedy decoding
+        the distribution they were drawn from (logits / temperature, after top-k and top-p: see
+        `lmrl.rollout.sampling.warp_logits`). Greedy decoding
         reports the log-probs of the temperature-1 distribution. `use_cache=False` recomputes the
         whole prefix every step; it exists to check and benchmark the cache."""
         if max_new_tokens < 1:
@@ -205,10 +208,7 @@ class GPT(nn.Module):
         for _ in range(max_new_tokens):
             logits = self(step_input if use_cache else seq, cache, last_only=True)[:, -1].float()  # (B, V)
             if not greedy:
-                logits = logits / temperature
-                if top_k:
-                    kth = torch.topk(logits, min(top_k, logits.size(-1))).values[:, -1:]
-                    logits = logits.masked_fill(logits < kth, float("-inf"))
+                logits = warp_logits(logits, temperature, top_k, top_p)
             logp = F.log_softmax(logits, dim=-1)
             if greedy:
                 nxt = logp.argmax(dim=-1, keepdim=True)

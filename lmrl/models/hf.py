@@ -22,6 +22,7 @@ except ImportError as e:  # the core of lmrl runs without transformers
 
 from ..algos.token_logprobs import token_logprobs
 from ..rollout.hf_generate import generate, prefill, unique_rows, with_cache
+from ..rollout.sampling import warp_logits
 from .hf_loading import (DTYPES, PACKAGED_GGUF, convert_gguf, drop_quantizer_record,  # noqa: F401 (re-exported)
                          load_hf_model, resolve_model_path)
 
@@ -51,23 +52,20 @@ def already_templated(tokenizer, text: str) -> bool:
 # ------------------------------------------------------------------------------------------------ policy
 
 class _RecordLogprobs(LogitsProcessor):
-    """The last logits processor of a `generate` call. It applies temperature and top-k itself (HF's
+    """The last logits processor of a `generate` call. It applies temperature, top-k and top-p itself (HF's
     own warpers are left off), so what it returns is exactly the distribution the next token is
     drawn from, and it keeps that distribution's log-softmax. At step t the token drawn at step t-1
     is the last input id, so only one step's (B, V) log-probs are held at a time."""
 
-    def __init__(self, temperature: float, top_k: int):
-        self.temperature, self.top_k = temperature, top_k
+    def __init__(self, temperature: float, top_k: int, top_p: float):
+        self.temperature, self.top_k, self.top_p = temperature, top_k, top_p
         self.last: torch.Tensor | None = None  # (B, V) log-probs of the step before
         self.logprobs: list[torch.Tensor] = []  # each (B, 1)
 
     def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
         if self.last is not None:
             self.logprobs.append(self.last.gather(-1, input_ids[:, -1:]))
-        scores = scores.float() / self.temperature
-        if self.top_k:
-            kth = torch.topk(scores, min(self.top_k, scores.size(-1))).values[:, -1:]
-            scores = scores.masked_fill(scores < kth, float("-inf"))
+        scores = warp_logits(scores.float(), self.temperature, self.top_k, self.top_p)
         self.last = F.log_softmax(scores, dim=-1)
         return scores
 
@@ -248,25 +246,26 @@ class HFPolicy(nn.Module):
 
     @torch.no_grad()
     def generate_text(self, prompts: list[str], max_new_tokens: int, temperature: float = 1.0, top_k: int = 0,
-                      greedy: bool = False, generator: torch.Generator | None = None):
+                      top_p: float = 1.0, greedy: bool = False, generator: torch.Generator | None = None):
         """Samples up to `max_new_tokens` after each prompt (see `generate_ids`).
 
         Returns (prompt_ids (B, P) left-padded, completion_ids (B, N) with pad after EOS,
         completion_mask (B, N) 1 up to and including the first EOS, logprobs (B, N) 0 where masked)."""
         ids, mask = self.encode(prompts)
         completion, keep, logprobs = self.generate_ids(ids, mask, max_new_tokens, temperature=temperature,
-                                                       top_k=top_k, greedy=greedy, generator=generator)
+                                                       top_k=top_k, top_p=top_p, greedy=greedy, generator=generator)
         return ids, completion, keep, logprobs
 
     @torch.no_grad()
     def generate_ids(self, ids: torch.Tensor, mask: torch.Tensor, max_new_tokens: int, *, temperature: float = 1.0,
-                     top_k: int = 0, greedy: bool = False, generator: torch.Generator | None = None):
+                     top_k: int = 0, top_p: float = 1.0, greedy: bool = False,
+                     generator: torch.Generator | None = None):
         """Samples up to `max_new_tokens` after left-padded prompt ids (B, P), with the lean loop of
         `lmrl.rollout.hf_generate` (default) or, with `generation_engine = "hf"`, the HF model's
         `generate` (KV cache). Returns (completion (B, N) with pad after EOS, mask (B, N) 1 up to
         and including the first EOS, logprobs (B, N) 0 where masked); N <= max_new_tokens
         (generation stops once every row has ended). Log-probs are those of the distribution each
-        token was drawn from (logits / temperature after top-k), recorded during generation by a
+        token was drawn from (logits / temperature after top-k and top-p), recorded during generation by a
         final logits processor; greedy reports temperature-1 log-probs, as GPT.generate does.
         The checkpoint's own generation defaults (top-p, repetition penalty, ...) are not applied."""
         if max_new_tokens < 1:
@@ -275,21 +274,21 @@ class HFPolicy(nn.Module):
             raise ValueError(f"temperature must be > 0 when sampling (got {temperature}); use greedy=True instead")
         with self.gathered():
             return self._generate_ids(ids, mask, max_new_tokens, temperature=temperature, top_k=top_k,
-                                      greedy=greedy, generator=generator)
+                                      top_p=top_p, greedy=greedy, generator=generator)
 
-    def _generate_ids(self, ids, mask, max_new_tokens, *, temperature, top_k, greedy, generator):
+    def _generate_ids(self, ids, mask, max_new_tokens, *, temperature, top_k, top_p, greedy, generator):
         pad = self.tokenizer.pad_token_id
         if self.generation_engine == "lean":
             was_training = self.training
             self.eval()
             try:
                 return generate(self.model, ids, mask, max_new_tokens, eos_token_ids=self.eos_token_ids,
-                                pad_token_id=pad, temperature=temperature, top_k=top_k, greedy=greedy,
-                                generator=generator)
+                                pad_token_id=pad, temperature=temperature, top_k=top_k, top_p=top_p,
+                                greedy=greedy, generator=generator)
             finally:
                 self.train(was_training)
-        record = _RecordLogprobs(1.0 if greedy else temperature, 0 if greedy else top_k)
-        # HF's warpers stay off (temperature 1, no top-k / top-p): `record` applies temperature and top-k.
+        record = _RecordLogprobs(1.0 if greedy else temperature, 0 if greedy else top_k, 1.0 if greedy else top_p)
+        # HF's warpers stay off (temperature 1, no top-k / top-p): `record` applies all three.
         sampling = {} if greedy else {"temperature": 1.0, "top_k": 0, "top_p": 1.0}
         config = GenerationConfig(max_new_tokens=max_new_tokens, do_sample=not greedy, use_cache=True,
                                   eos_token_id=self.eos_token_ids, pad_token_id=pad, **sampling)

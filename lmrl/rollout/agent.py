@@ -76,8 +76,8 @@ def observation_ids(tokenizer, observation: str, *, after_eos: bool, role: str =
 
 @torch.no_grad()
 def run_episodes(policy, envs: list, first_messages: list[list[dict]], *, max_turns: int, max_new_tokens: int,
-                 max_context: int = 4096, temperature: float = 1.0, top_k: int = 0, greedy: bool = False,
-                 generator: torch.Generator | None = None) -> AgentRollout:
+                 max_context: int = 4096, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0,
+                 greedy: bool = False, generator: torch.Generator | None = None) -> AgentRollout:
     """Runs one episode per environment (already `reset`; `first_messages[i]` is the chat that opens
     episode i, ending with the user's first observation) until each is done, `max_turns` agent turns
     have been taken, or the conversation would outgrow `max_context` tokens (then `env.truncate()`).
@@ -95,6 +95,7 @@ def run_episodes(policy, envs: list, first_messages: list[list[dict]], *, max_tu
     logps: list[list[float]] = [[] for _ in range(n)]
     transcripts = [list(m) for m in first_messages]
     returns, infos, turns = [0.0] * n, [dict() for _ in range(n)], [0] * n
+    cut_short = [False] * n  # ended by the turn or context limit, not by the environment
     running = list(range(n))
     # Under FSDP the policy is gathered once for all turns: ranks take different numbers of turns, and
     # a gather per turn would leave one rank waiting for another's.
@@ -102,7 +103,8 @@ def run_episodes(policy, envs: list, first_messages: list[list[dict]], *, max_tu
         while running:
             ids, attn = left_pad([prompts[i] + body[i] for i in running], tok.pad_token_id, prompt_ids.device)
             completion, keep, logprobs = policy.generate_ids(ids, attn, max_new_tokens, temperature=temperature,
-                                                             top_k=top_k, greedy=greedy, generator=generator)
+                                                             top_k=top_k, top_p=top_p, greedy=greedy,
+                                                             generator=generator)
             still = []
             for row, i in enumerate(running):
                 k = keep[row].bool()
@@ -122,6 +124,7 @@ def run_episodes(policy, envs: list, first_messages: list[list[dict]], *, max_tu
                 obs = observation_ids(tok, observation, after_eos=ended)
                 if turns[i] >= max_turns or len(prompts[i]) + len(body[i]) + len(obs) + max_new_tokens > max_context:
                     reward, info = envs[i].truncate()
+                    cut_short[i] = True
                     returns[i] += float(reward)
                     infos[i] = dict(info)
                     continue
@@ -138,7 +141,8 @@ def run_episodes(policy, envs: list, first_messages: list[list[dict]], *, max_tu
     completions, body_mask = _right_pad(body, tok.pad_token_id, device)
     return AgentRollout(prompt_ids, completions, _right_pad(logps, 0.0, device, torch.float32)[0],
                         _right_pad(mask, 0.0, device, torch.float32)[0], prompt_mask=prompt_mask,
-                        rewards=torch.tensor(returns, dtype=torch.float32), infos=infos, transcripts=transcripts)
+                        truncated=torch.tensor(cut_short, device=device), rewards=torch.tensor(returns, dtype=torch.float32),
+                        infos=infos, transcripts=transcripts)
 
 
 def left_pad(rows: list[list[int]], pad: int, device) -> tuple[torch.Tensor, torch.Tensor]:

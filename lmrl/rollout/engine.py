@@ -2,7 +2,7 @@
 
     engine = LocalEngine(task, policy)                # or ThreadEngine, RayRolloutEngine, VLLMEngine
     engine.sync(policy, version)                      # the sampler's weights follow the learner's
-    pending = engine.submit(ids, temperature=1.0, top_k=0, generator=g)
+    pending = engine.submit(ids, temperature=1.0, top_k=0, top_p=1.0, generator=g)
     sampled = pending.result()                        # Sampled(ids, rollout on the learner's device, version)
     engine.close()
 
@@ -50,7 +50,7 @@ class Pending(Protocol):
 
 class RolloutEngine(Protocol):
     def sync(self, model: torch.nn.Module, version: int) -> None: ...
-    def submit(self, ids: torch.Tensor, *, temperature: float, top_k: int,
+    def submit(self, ids: torch.Tensor, *, temperature: float, top_k: int, top_p: float,
                generator: torch.Generator) -> Pending: ...
     def close(self) -> None: ...
 
@@ -105,8 +105,9 @@ class LocalEngine:
     def sync(self, model: torch.nn.Module, version: int) -> None:
         self.version = version  # the same weights: nothing to copy
 
-    def submit(self, ids, *, temperature, top_k, generator) -> Pending:
-        ro = self.task.rollout(self.model, ids, temperature=temperature, top_k=top_k, generator=generator)
+    def submit(self, ids, *, temperature, top_k, top_p, generator) -> Pending:
+        ro = self.task.rollout(self.model, ids, temperature=temperature, top_k=top_k, top_p=top_p,
+                               generator=generator)
         return Done(Sampled(ids, ro, self.version))
 
     def close(self) -> None:
@@ -139,12 +140,12 @@ class ThreadEngine:
                     p.copy_(src[name])
         self.version = version
 
-    def submit(self, ids, *, temperature, top_k, generator) -> Pending:
+    def submit(self, ids, *, temperature, top_k, top_p, generator) -> Pending:
         seed, version = draw_seed(generator), self.version
 
         def work() -> Sampled:
             gen = torch.Generator(device=self.device).manual_seed(seed)
-            ro = self.task.rollout(self.model, ids, temperature=temperature, top_k=top_k, generator=gen)
+            ro = self.task.rollout(self.model, ids, temperature=temperature, top_k=top_k, top_p=top_p, generator=gen)
             return Sampled(ids, ro, version)
 
         self._inflight = self._pool.submit(work)

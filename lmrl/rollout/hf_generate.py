@@ -22,7 +22,7 @@ CPU (SmolLM2-135M, batch 32, 50-token prompts, 64 new tokens), and what is done 
   no-op on a GPU): the rollout's tokens/s went from 1.4x to 1.9-2.2x `generate`'s with it.
 * The model's forward is called directly with a transformers KV cache (prefill computes logits for
   the last position only); none of `generate`'s per-step machinery (input preparation, processor
-  and stopping-criteria lists, output classes) runs. Temperature and top-k are applied once per step.
+  and stopping-criteria lists, output classes) runs. Temperature, top-k and top-p are applied once per step.
 
 The model runs under `torch.inference_mode()`; the returned tensors are ordinary tensors (made
 outside inference mode), so they can be fed to a training forward. Put the model in eval mode first
@@ -41,6 +41,7 @@ import math
 import torch
 
 from .packed_linear import packed_linears
+from .sampling import warp_logits
 
 try:
     from transformers import DynamicCache, StaticCache
@@ -127,21 +128,18 @@ def unique_rows(x: torch.Tensor):
     return uniq[order], first[order], remap[inverse]
 
 
-def _pick(logits: torch.Tensor, temperature: float, top_k: int, greedy: bool,
+def _pick(logits: torch.Tensor, temperature: float, top_k: int, top_p: float, greedy: bool,
           uniform: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
     """(tokens (b,), their log-probs (b,)) from next-token logits (b, V). The log-prob is that of the
-    distribution the token is drawn from: log_softmax(logits / temperature) after top-k, or plain
-    log_softmax(logits) for greedy (argmax) decoding. A sampled token inverts the CDF at `uniform` (b,)."""
+    distribution the token is drawn from: log_softmax of `warp_logits` (temperature, top-k, top-p),
+    or plain log_softmax(logits) for greedy (argmax) decoding. A sampled token inverts the CDF at
+    `uniform` (b,)."""
     logits = logits.float()
     if greedy:
         tokens = logits.argmax(-1)
         log_total = torch.logsumexp(logits, -1)
     else:
-        if temperature != 1.0:
-            logits = logits / temperature
-        if 0 < top_k < logits.size(-1):
-            kth = torch.topk(logits, top_k, dim=-1).values[:, -1:]
-            logits = logits.masked_fill(logits < kth, float("-inf"))
+        logits = warp_logits(logits, temperature, top_k, top_p)
         # Unnormalised probabilities: the total normalises both the CDF and the chosen token's log-prob,
         # so no (b, V) log-softmax is written.
         top = logits.amax(-1, keepdim=True)
@@ -155,9 +153,9 @@ def _pick(logits: torch.Tensor, temperature: float, top_k: int, greedy: bool,
 
 
 def generate(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, max_new_tokens: int, *,
-             eos_token_ids, pad_token_id: int, temperature: float = 1.0, top_k: int = 0, greedy: bool = False,
-             generator: torch.Generator | None = None, compact_at: float | None = 0.125, cache: str = "dynamic",
-             share_prefix: bool = True, pack_weights: bool = True) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+             eos_token_ids, pad_token_id: int, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0,
+             greedy: bool = False, generator: torch.Generator | None = None, compact_at: float | None = 0.125,
+             cache: str = "dynamic", share_prefix: bool = True, pack_weights: bool = True) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Samples up to `max_new_tokens` after each left-padded prompt `input_ids` (B, P) with its
     `attention_mask` (B, P) (1 on real tokens), from a transformers causal LM `model` (possibly peft-wrapped).
 
@@ -165,8 +163,9 @@ def generate(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, max_n
     including the first EOS; logprobs (B, N) float, 0 where masked), N <= max_new_tokens: the loop
     stops once every row has emitted one of `eos_token_ids` (an int or a list of ints). Log-probs are
     those of the distribution each token was drawn from, log_softmax(logits / temperature) after
-    top-k (`top_k` 0: off); `greedy` takes the argmax and reports temperature-1 log-probs. Draws come
-    from `generator` (the global RNG if None), so a seeded generator reproduces the samples.
+    top-k and top-p (`lmrl.rollout.sampling.warp_logits`; `top_k` 0 and `top_p` 1: off); `greedy`
+    takes the argmax and reports temperature-1 log-probs. Draws come from `generator` (the global
+    RNG if None), so a seeded generator reproduces the samples.
 
     Options (the defaults are the fastest measured, see benchmarks/hf_rollout.py): `compact_at`:
     drop the finished rows from the running batch (and its cache) once they are at least this
@@ -198,7 +197,7 @@ def generate(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, max_n
         n = 0  # steps taken = columns filled
         while True:
             uniform = None if greedy else torch.rand(B, generator=generator, device=device)[rows]
-            tokens, lp = _pick(logits, temperature, top_k, greedy, uniform)
+            tokens, lp = _pick(logits, temperature, top_k, top_p, greedy, uniform)
             completion[rows, n] = tokens
             logprobs[rows, n] = lp
             n += 1

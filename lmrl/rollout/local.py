@@ -21,6 +21,9 @@ class Rollout:
     mask: torch.Tensor  # (B, N) 1 on tokens the policy chose, 0 on padding
     prompt_mask: torch.Tensor | None = None  # (B, P) 1 on real prompt tokens, 0 on left padding
     staleness: int = 0  # learner updates since the weights that sampled it (rollout.overlap: 1)
+    # (B,) bool: cut off by the length limit before its end of sequence (an agent: by the turn or
+    # context limit); None where completions have no end of sequence (fixed-length answers)
+    truncated: torch.Tensor | None = None
 
     @property
     def sequences(self) -> torch.Tensor:
@@ -40,13 +43,13 @@ class Rollout:
 
 @torch.no_grad()
 def sample(model, prompts: torch.Tensor, max_new_tokens: int, *, temperature: float = 1.0, top_k: int = 0,
-           greedy: bool = False, generator: torch.Generator | None = None) -> Rollout:
+           top_p: float = 1.0, greedy: bool = False, generator: torch.Generator | None = None) -> Rollout:
     """Samples completions in eval mode (no dropout) and puts the model back in its previous mode."""
     was_training = model.training
     model.eval()
     try:
         completions, logprobs = model.generate(prompts, max_new_tokens, temperature=temperature, top_k=top_k,
-                                               greedy=greedy, generator=generator)
+                                               top_p=top_p, greedy=greedy, generator=generator)
     finally:
         model.train(was_training)
     return Rollout(prompts, completions, logprobs, torch.ones_like(completions, dtype=torch.float32))
@@ -54,10 +57,11 @@ def sample(model, prompts: torch.Tensor, max_new_tokens: int, *, temperature: fl
 
 @torch.no_grad()
 def sample_text(policy, prompts: list[str], max_new_tokens: int, *, temperature: float = 1.0, top_k: int = 0,
-                greedy: bool = False, generator: torch.Generator | None = None) -> Rollout:
+                top_p: float = 1.0, greedy: bool = False, generator: torch.Generator | None = None) -> Rollout:
     """Text prompts through a Hugging Face policy (`HFPolicy.generate_text`): left-padded, each
     completion ending at its first EOS."""
     ids, mask = policy.encode(prompts)
     completions, keep, logprobs = policy.generate_ids(ids, mask, max_new_tokens, temperature=temperature,
-                                                      top_k=top_k, greedy=greedy, generator=generator)
-    return Rollout(ids, completions, logprobs, keep, prompt_mask=mask)
+                                                      top_k=top_k, top_p=top_p, greedy=greedy, generator=generator)
+    ended = torch.isin(completions, torch.tensor(list(policy.eos_token_ids), device=completions.device)).any(1)
+    return Rollout(ids, completions, logprobs, keep, prompt_mask=mask, truncated=~ended)

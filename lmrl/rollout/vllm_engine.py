@@ -3,7 +3,7 @@ by a `vllm.LLM` whose weights follow the learner's after every update.
 
     engine = VLLMEngine(config, task, policy)     # loads the policy's base model into vLLM
     engine.sync(policy, version)                  # full fine-tuning: every weight; LoRA: the adapter
-    sampled = engine.submit(ids, temperature=1.0, top_k=0, generator=g).result()
+    sampled = engine.submit(ids, temperature=1.0, top_k=0, top_p=1.0, generator=g).result()
     sampled.rollout.logprobs is None              # the learner recomputes them (RLTrainer._on_learner)
 
 What vLLM sees. The prompts are the task's own chat-rendered texts, tokenized by the policy
@@ -107,22 +107,25 @@ def assemble_rollout(prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, comple
     """The `Rollout` `sample_text` would build, from left-padded prompt ids (B, P) with their mask
     and one list of sampled token ids per row: completions (B, N) right-padded with `pad_token_id`
     (N = the longest row), `mask` (B, N) 1.0 up to and including each row's first EOS, and no
-    log-probs (the learner recomputes them). Tokens after a row's first EOS are dropped."""
+    log-probs (the learner recomputes them). Tokens after a row's first EOS are dropped; a row with
+    no EOS is `truncated`."""
     if len(completions) != prompt_ids.size(0):
         raise ValueError(f"{len(completions)} completions for {prompt_ids.size(0)} prompts")
     eos = set(eos_token_ids)
-    rows = []
+    rows, truncated = [], []
     for tokens in completions:
         tokens = list(tokens)
         end = next((i + 1 for i, t in enumerate(tokens) if t in eos), len(tokens))
         rows.append(tokens[:end])
+        truncated.append(not any(t in eos for t in tokens))
     n = max(1, max(len(r) for r in rows))
     out = torch.full((len(rows), n), pad_token_id, dtype=torch.long)
     mask = torch.zeros(len(rows), n)
     for i, r in enumerate(rows):
         out[i, :len(r)] = torch.tensor(r, dtype=torch.long)
         mask[i, :len(r)] = 1.0
-    return Rollout(prompt_ids.cpu(), out, None, mask, prompt_mask=prompt_mask.cpu())
+    return Rollout(prompt_ids.cpu(), out, None, mask, prompt_mask=prompt_mask.cpu(),
+                   truncated=torch.tensor(truncated))
 
 
 def unpadded(prompt_ids: torch.Tensor, prompt_mask: torch.Tensor) -> list[list[int]]:
@@ -263,8 +266,8 @@ class VLLMEngine:
         while len(self._adapter_dirs) > 2:  # vLLM may still hold the previous one (max_cpu_loras=2)
             shutil.rmtree(self._adapter_dirs.pop(0), ignore_errors=True)
 
-    def submit(self, ids: torch.Tensor, *, temperature: float, top_k: int, generator: torch.Generator,
-               greedy: bool = False) -> Future:
+    def submit(self, ids: torch.Tensor, *, temperature: float, top_k: int, top_p: float = 1.0,
+               generator: torch.Generator, greedy: bool = False) -> Future:
         if self.version is None:
             raise RuntimeError("VLLMEngine.submit before the first sync: vLLM does not hold the policy's weights yet")
         if not greedy and temperature <= 0:
@@ -274,18 +277,18 @@ class VLLMEngine:
         prompt_ids, prompt_mask = self.policy.encode(self.task.prompts(ids))
         prompt_ids, prompt_mask = prompt_ids.cpu(), prompt_mask.cpu()
         self._inflight = self._pool.submit(self._generate, ids, prompt_ids, prompt_mask, seed, version,
-                                           temperature=temperature, top_k=top_k, greedy=greedy)
+                                           temperature=temperature, top_k=top_k, top_p=top_p, greedy=greedy)
         return self._inflight
 
     def _generate(self, ids, prompt_ids, prompt_mask, seed: int, version: int, *, temperature: float, top_k: int,
-                  greedy: bool) -> Sampled:
+                  top_p: float, greedy: bool) -> Sampled:
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
 
         common = dict(max_tokens=self.task.max_new_tokens, stop_token_ids=list(self.policy.eos_token_ids),
                       temperature=0.0 if greedy else temperature,
                       top_k=-1 if greedy or top_k <= 0 else top_k,  # -1: off in every vLLM (0 only in newer ones)
-                      top_p=1.0, detokenize=False)
+                      top_p=1.0 if greedy else top_p, detokenize=False)
         # one seed per request (consecutive from the batch's draw): a row's samples do not depend on the batch
         params = [SamplingParams(**common, seed=(seed + i) % 2**63) for i in range(len(prompt_ids))]
         prompts = [TokensPrompt(prompt_token_ids=row) for row in unpadded(prompt_ids, prompt_mask)]

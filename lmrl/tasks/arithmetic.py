@@ -183,12 +183,12 @@ class ArithmeticTask:
     def max_new_tokens(self) -> int:
         return self.answer_len
 
-    def rollout(self, model, ids: torch.Tensor, *, temperature: float = 1.0, top_k: int = 0, greedy: bool = False,
-                generator: torch.Generator | None = None) -> Rollout:
+    def rollout(self, model, ids: torch.Tensor, *, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0,
+                greedy: bool = False, generator: torch.Generator | None = None) -> Rollout:
         """Completions for problems `ids`, sampled (or greedy) with the model's KV cache."""
         prompts = self.batch(ids).prompts.to(next(model.parameters()).device)
-        return sample(model, prompts, self.answer_len, temperature=temperature, top_k=top_k, greedy=greedy,
-                      generator=generator)
+        return sample(model, prompts, self.answer_len, temperature=temperature, top_k=top_k, top_p=top_p,
+                      greedy=greedy, generator=generator)
 
     def score_rollout(self, ids: torch.Tensor, rollout: Rollout) -> tuple[torch.Tensor, torch.Tensor, dict]:
         """Rewards ((B,) or (B, N) per digit), exact-match flags (B,), no extra metrics."""

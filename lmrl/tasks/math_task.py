@@ -92,10 +92,10 @@ class MathTask:
         return torch.randint(self.n_train, (n,), generator=generator)
 
     # -- the trainer's task protocol -------------------------------------------------------------
-    def rollout(self, policy, ids: torch.Tensor, *, temperature: float = 1.0, top_k: int = 0, greedy: bool = False,
-                generator: torch.Generator | None = None) -> Rollout:
+    def rollout(self, policy, ids: torch.Tensor, *, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0,
+                greedy: bool = False, generator: torch.Generator | None = None) -> Rollout:
         return sample_text(policy, self.prompts(ids), self.max_new_tokens, temperature=temperature, top_k=top_k,
-                           greedy=greedy, generator=generator)
+                           top_p=top_p, greedy=greedy, generator=generator)
 
     def completion_texts(self, rollout: Rollout) -> list[str]:
         """Each completion up to its first EOS, special tokens dropped."""

@@ -25,8 +25,8 @@ class Task(Protocol):
     def sample_train_ids(self, n: int, generator: torch.Generator) -> torch.Tensor:
         """(n,) training problem ids (with replacement), drawn from `generator`."""
 
-    def rollout(self, policy, ids: torch.Tensor, *, temperature: float = 1.0, top_k: int = 0, greedy: bool = False,
-                generator: torch.Generator | None = None) -> Rollout:
+    def rollout(self, policy, ids: torch.Tensor, *, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0,
+                greedy: bool = False, generator: torch.Generator | None = None) -> Rollout:
         """Completions of problems `ids` sampled from `policy` (one row per id)."""
 
     def score_rollout(self, ids: torch.Tensor, rollout: Rollout) -> tuple[torch.Tensor, torch.Tensor, dict]:

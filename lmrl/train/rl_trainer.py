@@ -41,7 +41,7 @@ from ..tasks.protocol import LabeledTask, ScoredByModel, Task
 from ..tasks.rewards import RewardFn, build_reward, score_rollout
 from .. import checkpoint as ckpt
 from .evaluate import evaluate
-from .lifecycle import Stage, Trainer, TrainingError  # noqa: F401  (TrainingError: re-exported)
+from .lifecycle import Stage, Trainer, TrainingError
 
 
 class RLTrainer(Trainer):
@@ -189,6 +189,11 @@ class RLTrainer(Trainer):
                                                max_steps=stage.last)
         self.callbacks.rollout_end(self, state["step"] + 1, ids, ro, rewards)
         metrics = rollout_metrics(ro, rewards, exact, extras, self.device)
+        if cfg.algo.mask_truncated_completions:
+            if ro.truncated is None:
+                raise TrainingError(f"algo.mask_truncated_completions: {type(self.task).__name__}'s rollouts do not "
+                                    f"say which completions were cut off (Rollout.truncated is None)")
+            ro.mask = ro.mask * ~ro.truncated[:, None]  # still scored, and in their group's baseline
         t_update = time.perf_counter()
         metrics.update(self.algo.step(self, ro, rewards))
         metrics.update({"time/rollout_s": t_update - t0, "time/update_s": time.perf_counter() - t_update,
@@ -208,7 +213,7 @@ class RLTrainer(Trainer):
         ids = self.task.sample_train_ids(n_prompts, self.generators["data"]).repeat_interleave(self.algo.group_size)
         self.engine.sync(self.model, self.weights_version())
         return self.engine.submit(ids, temperature=cfg.train.temperature, top_k=cfg.train.top_k,
-                                  generator=self.generators["sample"])
+                                  top_p=cfg.train.top_p, generator=self.generators["sample"])
 
     def _on_learner(self, sampled) -> Rollout:
         """The rollout on the learner's device, its staleness set, and log-probs recomputed with the
@@ -271,6 +276,8 @@ def rollout_metrics(ro: Rollout, rewards: torch.Tensor, exact: torch.Tensor, ext
     per_completion = rewards.float().mean(1) if rewards.dim() == 2 else rewards.float()
     # an extra is averaged over the rows it has a value for: a reward function's "rewards/<name>/mean"
     # is NaN where the function returned None (not applicable); a name holding "/" is logged as it is
+    if ro.truncated is not None:
+        extras = {**extras, "rollout/truncated_frac": ro.truncated.float()}
     names = sorted(extras)
     values = [extras[k].float() for k in names]
     stats = all_reduce_sum(torch.tensor([exact.sum().item(), per_completion.sum().item(), len(rewards),

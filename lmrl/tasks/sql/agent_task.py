@@ -64,8 +64,8 @@ class SQLAgentTask:
         return [self.tasks[i].skill for i in ids.tolist()]
 
     # -- the trainer's task protocol -------------------------------------------------------------
-    def rollout(self, policy, ids: torch.Tensor, *, temperature: float = 1.0, top_k: int = 0, greedy: bool = False,
-                generator: torch.Generator | None = None) -> AgentRollout:
+    def rollout(self, policy, ids: torch.Tensor, *, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0,
+                greedy: bool = False, generator: torch.Generator | None = None) -> AgentRollout:
         envs, openings = [], []
         for i in ids.tolist():
             env = SQLEnv(self.env_config)
@@ -74,7 +74,7 @@ class SQLAgentTask:
             openings.append(self.preamble + [{"role": "user", "content": first}])
         return run_episodes(policy, envs, openings, max_turns=self.env_config.max_rounds,
                             max_new_tokens=self.turn_tokens, max_context=self.max_context, temperature=temperature,
-                            top_k=top_k, greedy=greedy, generator=generator)
+                            top_k=top_k, top_p=top_p, greedy=greedy, generator=generator)
 
     def texts(self, ids: torch.Tensor, rollout: AgentRollout) -> tuple[list[str], list[str]]:
         """(each task's question, the episode after it: agent turns and observations, role-tagged)."""
