@@ -428,12 +428,12 @@ class Trainer:
 
     def _weights(self, module: torch.nn.Module):
         """What a checkpoint writes for `module`: the module, or under FSDP its weights gathered whole
-        (every rank takes part; rank 0 gets the tensors)."""
+        (every rank takes part; rank 0 gets the tensors), a LoRA policy's as its PEFT adapter."""
         if not self.fsdp:
             return module
         from ..distributed.fsdp import full_state_dict
 
-        return full_state_dict(module, ckpt.weights_to_save(module))
+        return ckpt.gathered_weights(module, full_state_dict(module, ckpt.weights_to_save(module)))
 
     def _resume(self) -> Path | None:
         """With run.resume=auto, load the model's weights and the state from the newest checkpoint
