@@ -517,13 +517,8 @@ def _text_task_rules(cfg: Config) -> list[tuple[bool, str]]:
     t = cfg.task
     return [
         (cfg.model.type == "hf", f"task.name={t.name} needs a Hugging Face model: set model.type=hf and model.path"),
-        (t.name == "sql" or (bool(t.train_file) and bool(t.test_file)),
-         f"task.name={t.name} reads its problems from JSONL: set task.train_file and task.test_file "
-         f"(`lmrl data word-problems OUT_DIR` writes a pair offline)"),
         (cfg.sft.steps == 0, "sft.steps > 0: the supervised warm-up is for the arithmetic tasks; a text task "
                              "starts from the pretrained model (set sft.steps=0)"),
-        (t.name != "prompts" or bool(cfg.reward.model or cfg.reward.cls),
-         "task.name=prompts is scored by a learned reward: set reward.model (a reward model dir) or reward.cls"),
     ]
 
 
@@ -542,15 +537,14 @@ def _rl_batch_rules(cfg: Config) -> list[tuple[bool, str]]:
 
 
 def _offline_rules(cfg: Config) -> list[tuple[bool, str]]:
-    """run.trainer = sft | dpo | reward: a model, data files, and the trainer's own options."""
+    """run.trainer = sft | dpo | reward: a model and the trainer's own options (its rows, files or a data set
+    handed in, are checked by the trainer)."""
     d, m, trainer = cfg.data, cfg.model, cfg.run.trainer
     demos = d.generate == "sql-demos"  # solved episodes played in the env section
     steps = cfg.train.steps
     return [
         (steps == TrainConfig.steps, f"train.steps={steps} counts RL updates; run.trainer={trainer} counts optimizer "
                                      f"steps in train.max_steps (0 = data.epochs passes): set train.max_steps={steps}"),
-        (bool(d.train_file), f"run.trainer={trainer} reads data.train_file (JSONL); set it (data.generate="
-                             f"preferences writes synthetic pairs offline)"),
         (trainer != "reward" or m.type == "hf", "run.trainer=reward trains a Hugging Face model: set model.type=hf "
                                                 "and model.path"),
         (d.batch_size % cfg.train.ga_steps == 0,

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 EXAMPLES = sorted((Path(__file__).parent.parent / "examples").glob("*.py"))
-SLOW = {"rlhf_smollm2.py"}  # loads SmolLM2 four times: minutes on a 2-core CPU
+SLOW = {"rlhf_smollm2.py", "trl_grpo.py", "trl_dpo.py"}  # SmolLM2: minutes on a 2-core CPU
 
 
 @pytest.mark.parametrize("script", [pytest.param(p, marks=pytest.mark.slow) if p.name in SLOW else p

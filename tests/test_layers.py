@@ -23,7 +23,7 @@ LAYERS = [
     ["lmrl.rollout.engines"],
     ["lmrl.config", "lmrl.config_schema"],
     ["lmrl.train"],
-    ["lmrl.distributed.ray_launch", "lmrl.cli", "lmrl.__main__", "lmrl"],
+    ["lmrl.distributed.ray_launch", "lmrl.trl", "lmrl.cli", "lmrl.__main__", "lmrl"],
 ]
 
 

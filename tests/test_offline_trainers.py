@@ -147,8 +147,8 @@ def test_build_trainer_dispatches_on_run_trainer_and_config_errors_name_keys(dat
     assert isinstance(build_trainer(_cfg(data, tmp_path / "a", "dpo", "train.max_steps=1")), DPOTrainer)
     with pytest.raises(ConfigError, match="dpo.loss_type"):
         _cfg(data, tmp_path / "b", "dpo", "dpo.loss_type=sigmoidd")
-    with pytest.raises(ConfigError, match="data.train_file"):
-        load_config(None, ["run.trainer=dpo"])
+    with pytest.raises(ConfigError, match="run.trainer=dpo reads data.train_file .* or pass train_dataset="):
+        build_trainer(load_config(None, ["run.trainer=dpo", f"run.dir={tmp_path / 'd'}"]))
     with pytest.raises(ConfigError, match="label_smoothing"):
         _cfg(data, tmp_path / "c", "dpo", "dpo.loss_type=ipo", "dpo.label_smoothing=0.1")
 

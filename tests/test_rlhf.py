@@ -76,5 +76,5 @@ def test_a_reward_model_with_another_tokenizer_is_refused(rm, tmp_path):
 
 def test_open_prompts_need_a_reward(rm, tmp_path):
     root, _ = rm
-    with pytest.raises(ConfigError, match="reward.model"):
-        _ppo(root, "", tmp_path / "run")
+    with pytest.raises(ConfigError, match="task.name=prompts needs a reward: reward.model"):
+        RLTrainer(_ppo(root, "", tmp_path / "run"))  # refused before the policy loads

@@ -76,9 +76,8 @@ def _prompt_task(cfg, *, tokenizer, reward, device, **_):
         from .rewards import load_reward_class
 
         scorer = load_reward_class(reward.cls)
-    else:
-        raise ConfigError("task.name=prompts needs a reward: set reward.model (a reward model dir) or reward.cls "
-                          "(reward.funcs replace the reward in RL only; held-out prompts are scored by the task's)")
+    else:  # scored by the trainer's reward functions (`PromptTask.score_with`)
+        scorer = None
     return PromptTask(cfg.train_file, cfg.test_file, tokenizer, scorer=scorer, max_new_tokens=cfg.max_new_tokens,
                       chat=cfg.chat, system_prompt=cfg.system_prompt, prompt_template=cfg.prompt_template)
 

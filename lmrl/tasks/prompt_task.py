@@ -1,7 +1,8 @@
-"""Open prompts scored by a learned reward: RLHF's task. Rows are `{"prompt": str}` or
-`{"messages": [...]}` (other columns reach reward functions, as in TRL, and are otherwise ignored);
-the reward of a completion is a reward model's score of prompt + completion (`reward.model`), or a
-custom reward (`reward.cls`).
+"""Open prompts scored by a learned reward (RLHF's task) or by reward functions (TRL's GRPO on a
+prompt data set). Rows are `{"prompt": str}` or `{"messages": [...]}` (other columns reach reward
+functions, as in TRL, and are otherwise ignored); the reward of a completion is a reward model's
+score of prompt + completion (`reward.model`), a custom reward (`reward.cls`), or the weighted sum
+of the trainer's reward functions (`score_with`, for training and held-out prompts alike).
 
     task = PromptTask("prompts/train.jsonl", "prompts/test.jsonl", tokenizer,
                       scorer=RewardModelScorer("runs/rm-smollm2/reward_model"))
@@ -14,9 +15,10 @@ from __future__ import annotations
 
 import torch
 
-from ..data import read_jsonl
+from ..data import DataError, read_jsonl
 from .math_task import MathTask
-from .rewards import call_reward_fn
+from .preference_data import iter_rows
+from .rewards import RewardFunctions, TrainerState, call_reward_fn
 
 
 class PromptTask(MathTask):
@@ -40,7 +42,35 @@ class PromptTask(MathTask):
         """The reward model that scores completions (None for a custom `reward.cls`)."""
         return getattr(self.reward, "model", None)
 
+    def score_with(self, reward_fn) -> None:
+        """Score completions with `reward_fn` (reward functions as `lmrl.tasks.rewards` calls them) when
+        no reward model or class was given."""
+        self.reward = RewardFunctions.of(reward_fn)
+
     def score_rollout(self, ids: torch.Tensor, rollout) -> tuple[torch.Tensor, torch.Tensor, dict]:
         """Rewards (B,) from the scorer, checked like any reward function's; no exact match (zeros)."""
-        rewards = call_reward_fn(self.reward, *self.texts(ids, rollout), {})
+        if self.reward is None:
+            raise RuntimeError("PromptTask has no reward: give it a scorer, or reward functions with score_with")
+        if isinstance(self.reward, RewardFunctions):
+            rewards, _ = self.reward.score(self, ids, rollout, TrainerState(0, 0))
+        else:
+            rewards = call_reward_fn(self.reward, *self.texts(ids, rollout), {})
         return rewards, torch.zeros(len(ids)), {}
+
+
+def prompt_rows(source) -> list[dict]:
+    """Rows of a prompt data set as TRL's GRPO takes them (a `datasets.Dataset`, a list of dicts or a
+    JSONL path) in the form the text tasks read: a conversational `prompt` (a message list) becomes
+    `messages`, rendered with the chat template; a text `prompt` is used as it is; every other
+    column is kept for the reward functions. Errors name the row and the field."""
+    rows = []
+    for where, row in iter_rows(source):
+        prompt = row.get("prompt", row.get("messages"))
+        if isinstance(prompt, list) and "messages" not in row:
+            row = {"messages": prompt, **{k: v for k, v in row.items() if k != "prompt"}}
+        elif not isinstance(prompt, (str, list)):
+            got = "no 'prompt' column" if prompt is None else f"'prompt' is a {type(prompt).__name__}"
+            raise DataError(f"{where}: a prompt data set needs a 'prompt' (text or a message list), {got} "
+                            f"(the row has keys: {', '.join(map(repr, row))})")
+        rows.append(row)
+    return rows

@@ -192,6 +192,10 @@ def score_rollout(task, ids: torch.Tensor, rollout, reward_fn=None, *, step: int
     task's reward, and each function's per-row rewards join the extras as "rewards/<name>/mean"
     (NaN where it returned None, so average them over the rows that are not NaN). `step` and
     `max_steps` reach the functions as `trainer_state`."""
+    if reward_fn is not None and getattr(task, "reward", None) is reward_fn:
+        # open prompts scored by these very functions (`PromptTask.score_with`): no verifier, nothing to add
+        rewards, per_function = reward_fn.score(task, ids, rollout, TrainerState(step, max_steps))
+        return rewards, torch.zeros(len(ids)), per_function
     rewards, exact, extras = task.score_rollout(ids, rollout)
     if reward_fn is None:
         return rewards, exact, extras

@@ -47,14 +47,15 @@ class OfflineTrainer(Trainer):
         config.run.trainer = self.trainer_key
         super().__init__(config, callbacks=callbacks)
         cfg = self.config
-        if train_dataset is None:
+        if train_dataset is None and cfg.data.train_file:
             ensure_data(cfg)
         if cfg.data.batch_size % (self.dist.world_size * cfg.train.ga_steps):
             raise ValueError(f"data.batch_size={cfg.data.batch_size} must split evenly over {self.dist.world_size} "
                              f"processes x train.ga_steps={cfg.train.ga_steps} micro-batches")
         train = train_dataset if train_dataset is not None else cfg.data.train_file
         if train is None:
-            raise ConfigError(f"{type(self).__name__} needs rows: set data.train_file or pass train_dataset=")
+            raise ConfigError(f"run.trainer={self.trainer_key} reads data.train_file (JSONL): set it (data.generate="
+                              f"preferences writes synthetic pairs offline), or pass train_dataset=")
         held_out = eval_dataset if eval_dataset is not None else cfg.data.eval_file
         # every row is read and checked before a model loads: a bad row costs no model load
         train_rows, eval_rows = self.read(train), self.read(held_out) if held_out is not None else []

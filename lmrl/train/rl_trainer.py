@@ -29,6 +29,8 @@ import torch.nn.functional as F
 from ..algos import build_algorithm
 from ..algos.base import score_sequences
 from ..config import Config
+from ..data import write_jsonl
+from ..errors import ConfigError
 from ..distributed.ddp import all_reduce_sum
 from ..models import build_model
 from ..models.heads import ActorCritic
@@ -37,6 +39,7 @@ from ..rollout.engine import rollout_to
 from ..rollout.engines import make_engine
 from ..rollout.local import Rollout
 from ..tasks import build_task
+from ..tasks.prompt_task import PromptTask, prompt_rows
 from ..tasks.protocol import LabeledTask, ScoredByModel, Task
 from ..tasks.rewards import RewardFn, build_reward, score_rollout
 from .. import checkpoint as ckpt
@@ -55,13 +58,24 @@ class RLTrainer(Trainer):
         weights (None values left out; see `lmrl.tasks.rewards`); reward_fn: one function, either so
         or lmrl's older `f(prompts, completions, **columns)`; default: `reward.funcs` / `reward.weights`,
         else `reward.cls`, else the task's own verifier.
+    train_dataset, eval_dataset: prompts as TRL's GRPO takes them (a `datasets.Dataset` or a list of
+        dicts with a text or conversational `prompt`, other columns passed to the reward functions), in
+        place of `task.train_file` / `task.test_file` for a text task; they are written to
+        `<run dir>/data/` (so the run dir resumes on its own). Without eval_dataset the held-out
+        prompts are the first `eval.size` training prompts.
     callbacks: objects with any of `on_episode_end`, `on_step_end`, `on_checkpoint` (see
         `lmrl.train.callbacks`)."""
 
     name = "rl"
 
     def __init__(self, config: Config, *, model=None, task: Task | None = None, reward_fn: RewardFn | None = None,
-                 reward_funcs=None, reward_weights=None, callbacks=None):
+                 reward_funcs=None, reward_weights=None, train_dataset=None, eval_dataset=None, callbacks=None):
+        if train_dataset is not None:
+            config = with_prompt_files(config, train_dataset, eval_dataset)
+        elif eval_dataset is not None:
+            raise ValueError("eval_dataset= needs train_dataset= (held-out prompts without training prompts)")
+        if task is None:  # what the task needs, checked before any model loads
+            check_task_inputs(config, reward_given=reward_fn is not None or reward_funcs is not None)
         super().__init__(config, callbacks=callbacks)
         cfg = self.config
         if model is None and cfg.model.type == "hf":
@@ -75,6 +89,8 @@ class RLTrainer(Trainer):
         self.module, self.reference, self.algo = self.model, None, None  # RL may wrap the policy with a value function
         self.reward_fn = build_reward(cfg.reward, reward_fn=reward_fn, reward_funcs=reward_funcs,
                                       reward_weights=reward_weights)
+        if isinstance(self.task, PromptTask) and self.task.reward is None:
+            self.task.score_with(self.reward_fn)  # held-out prompts are scored by the same functions
         # The warm-up's label budget: `sft.examples` distinct training problems, fixed by the seed.
         self.sft_pool = None
         if cfg.sft.steps:
@@ -266,8 +282,42 @@ class RLTrainer(Trainer):
         }
 
     def summary_line(self, summary: dict) -> str:
+        took = f"{summary['time_s']['total']:.0f}s"
+        if isinstance(self.task, PromptTask):  # open prompts have no right answer: their measure is the reward
+            start, final = summary["start_eval"].get("eval/reward"), summary["final_eval"].get("eval/reward")
+            if start is not None and final is not None:
+                return f"held-out reward: start {start:.3f} → final {final:.3f} | {took}"
         return (f"held-out accuracy: warm-up {summary['warmup_accuracy']:.3f} → final {summary['final_accuracy']:.3f} "
-                f"| {summary['time_s']['total']:.0f}s")
+                f"| {took}")
+
+
+def check_task_inputs(config: Config, *, reward_given: bool) -> None:
+    """A ConfigError when a text task has no problems to read (no task.train_file / test_file, no
+    task.generate, no train_dataset=) or open prompts have no reward."""
+    t, r = config.task, config.reward
+    if t.name in ("math", "prompts") and not (t.train_file and t.test_file):
+        raise ConfigError(f"task.name={t.name} reads its problems from JSONL: set task.train_file and task.test_file "
+                          f"(`lmrl data word-problems OUT_DIR` writes a pair offline), or pass train_dataset=")
+    if t.name == "prompts" and not (reward_given or r.model or r.cls or r.funcs):
+        raise ConfigError("task.name=prompts needs a reward: reward.model (a reward model dir), reward.cls, "
+                          "reward.funcs, or reward_funcs= from Python")
+
+
+def with_prompt_files(config: Config, train_dataset, eval_dataset=None) -> Config:
+    """A copy of `config` whose text task reads `train_dataset` (and `eval_dataset`, else the first
+    `eval.size` training prompts) from `<run dir>/data/{train,eval}.jsonl`, written here."""
+    if config.task.name not in ("math", "prompts"):
+        raise ConfigError(f"train_dataset= is for a text task (task.name=math or prompts); task.name="
+                          f"{config.task.name} makes its own problems")
+    train = prompt_rows(train_dataset)
+    held_out = prompt_rows(eval_dataset) if eval_dataset is not None else train[: config.eval.size]
+    config = copy.deepcopy(config)
+    data = config.run_dir / "data"
+    data.mkdir(parents=True, exist_ok=True)
+    config.task.train_file = str(write_jsonl(data / "train.jsonl", train))
+    config.task.test_file = str(write_jsonl(data / "eval.jsonl", held_out))
+    config.task.generate = ""
+    return config
 
 
 def rollout_metrics(ro: Rollout, rewards: torch.Tensor, exact: torch.Tensor, extras: dict, device) -> dict:

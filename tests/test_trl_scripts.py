@@ -1,0 +1,169 @@
+"""TRL users' scripts run on lmrl with one changed import (`from lmrl.trl import ...`): GRPO with a
+reward function on a prompt data set, DPO on preference pairs, with TRL's argument names and
+defaults; the RL trainer's own `train_dataset=`; and what the translation refuses."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from datasets import Dataset
+
+from lmrl.config import ConfigError, load_config
+from lmrl.trl import DPOConfig, DPOTrainer, GRPOConfig, GRPOTrainer
+from lmrl.train.rl_trainer import RLTrainer
+from tests.test_hf import save_tiny_llama
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    root = tmp_path_factory.mktemp("trl-scripts")
+    save_tiny_llama(root / "model", max_positions=256)
+    return root / "model"
+
+
+def reward_len(completions, **kwargs):
+    """TRL's quick-start reward: completions near 20 characters."""
+    return [-abs(20 - len(completion)) for completion in completions]
+
+
+PROMPTS = Dataset.from_list([{"prompt": f"Say something about {w}.", "topic": w} for w in
+                             ("cats", "dogs", "rain", "tea", "maps", "bread", "glass", "snow")])
+
+
+def grpo_script(GRPOConfig, GRPOTrainer, model, dataset, out):  # noqa: N803  (TRL's class names as arguments)
+    """A TRL GRPO script, as TRL's quick start writes it (smaller)."""
+    training_args = GRPOConfig(output_dir=str(out), learning_rate=1e-2, num_generations=4, max_completion_length=6,
+                               per_device_train_batch_size=8, max_steps=2, logging_steps=1, report_to="none")
+    trainer = GRPOTrainer(model=str(model), reward_funcs=reward_len, args=training_args, train_dataset=dataset)
+    trainer.train()
+    return trainer
+
+
+def read_metrics(run_dir):
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_a_trl_grpo_script_trains_with_lmrls_trainer(model_dir, tmp_path):
+    trainer = grpo_script(GRPOConfig, GRPOTrainer, model_dir, PROMPTS, tmp_path / "grpo")
+    cfg = trainer.config
+    # TRL's names and defaults, mapped: 8 completions per step in groups of 4, beta 0, dapo's token-level loss
+    assert (cfg.algo.name, cfg.algo.group_size, cfg.train.rollout_size, cfg.train.steps) == ("grpo", 4, 8, 2)
+    assert (cfg.algo.kl_coef, cfg.algo.loss_level, cfg.algo.scale_rewards) == (0.0, "token", "group")
+    assert (cfg.optim.lr, cfg.optim.weight_decay, cfg.optim.betas, cfg.run.seed) == (1e-2, 0.0, [0.9, 0.999], 42)
+    assert (cfg.schedule.name, cfg.schedule.min_lr_ratio, cfg.task.max_new_tokens) == ("linear", 0.0, 6)
+    assert not cfg.run.tensorboard and not cfg.run.wandb
+    steps = [r for r in read_metrics(tmp_path / "grpo") if "train/avg_reward" in r]
+    assert len(steps) == 2
+    # the logged reward is reward_len's mean over the completions sampled
+    assert all(r["rewards/reward_len/mean"] == r["train/avg_reward"] <= 0 for r in steps)
+    # text prompts are used as they are (TRL applies no chat template to a text prompt)
+    assert trainer.task.prompts(torch.tensor([0])) == ["Say something about cats."]
+    rows = [json.loads(line) for line in (tmp_path / "grpo" / "data" / "train.jsonl").read_text().splitlines()]
+    assert rows[0] == {"prompt": "Say something about cats.", "topic": "cats"}
+    summary = json.loads((tmp_path / "grpo" / "summary.json").read_text())
+    assert summary["steps_done"] == 2 and summary["final_eval"]["eval/reward"] <= 0  # held out: scored by reward_len
+
+
+def test_grpo_without_max_steps_runs_num_train_epochs_over_the_prompts(model_dir, tmp_path):
+    args = GRPOConfig(output_dir=str(tmp_path), num_generations=4, per_device_train_batch_size=8,
+                      gradient_accumulation_steps=2, num_train_epochs=2)
+    cfg = args.to_config(model_path=str(model_dir), train_rows=len(PROMPTS))
+    # 16 completions = 4 prompts per step; 2 epochs x 8 prompts = 4 steps, in 2 micro-batches each
+    assert (cfg.train.rollout_size, cfg.train.ga_steps, cfg.train.steps) == (16, 2, 4)
+
+
+def test_conversational_prompts_and_columns_reach_the_reward_functions(model_dir, tmp_path):
+    calls = []
+
+    def spy(prompts, completions, topic, **kwargs):
+        calls.append(dict(prompts=prompts, completions=completions, topic=topic))
+        return [0.0] * len(completions)
+
+    chat = Dataset.from_list([{"prompt": [{"role": "user", "content": f"Tell me about {w}."}], "topic": w}
+                              for w in ("cats", "dogs")])
+    args = GRPOConfig(output_dir=str(tmp_path), num_generations=2, per_device_train_batch_size=4, max_steps=1,
+                      max_completion_length=4)
+    GRPOTrainer(model=str(model_dir), reward_funcs=[spy, reward_len], args=args, train_dataset=chat).train()
+    # evaluation at the start (2 held-out prompts), one step of 2 prompts x 2 completions, the final evaluation
+    assert [len(c["topic"]) for c in calls] == [2, 4, 2]
+    step = calls[1]
+    assert step["prompts"][0][-1] == {"role": "user", "content": f"Tell me about {step['topic'][0]}."}
+    assert step["completions"][0][0]["role"] == "assistant" and set(step["topic"]) <= {"cats", "dogs"}
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(num_generations=3), "must be a multiple of num_generations=3"),
+    (dict(num_generatoins=4), "did you mean"),
+    (dict(lr_scheduler_type="polynomial"), "lr_scheduler_type='polynomial' is not one of"),
+])
+def test_grpo_arguments_lmrl_cannot_honour_are_refused_with_the_name(model_dir, tmp_path, kwargs, message):
+    with pytest.raises(ConfigError, match=message):
+        GRPOConfig(output_dir=str(tmp_path), **kwargs).to_config(model_path=str(model_dir), train_rows=8)
+
+
+def test_arguments_that_change_nothing_are_accepted_and_listed(model_dir, tmp_path):
+    args = GRPOConfig(output_dir=str(tmp_path), logging_strategy="steps", push_to_hub=False, max_steps=1)
+    args.to_config(model_path=str(model_dir), train_rows=8)
+    assert args.ignored == ["logging_strategy", "push_to_hub"]
+
+
+PAIRS = Dataset.from_list([{"prompt": f"Is {a} bigger than {b}?", "chosen": " Yes." if a > b else " No.",
+                            "rejected": " No." if a > b else " Yes."} for a, b in
+                           [(3, 1), (2, 5), (9, 4), (1, 7), (6, 2), (4, 8), (8, 3), (5, 9)]])
+
+
+def dpo_script(DPOConfig, DPOTrainer, model, tokenizer, dataset, out):  # noqa: N803
+    """A TRL DPO script, as TRL's quick start writes it (smaller)."""
+    training_args = DPOConfig(output_dir=str(out), learning_rate=1e-3, per_device_train_batch_size=4, max_steps=2,
+                              logging_steps=1, report_to="none", beta=0.2)
+    trainer = DPOTrainer(model=model, args=training_args, processing_class=tokenizer, train_dataset=dataset)
+    trainer.train()
+    return trainer
+
+
+def test_a_trl_dpo_script_trains_with_lmrls_trainer(model_dir, tmp_path):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir)
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    trainer = dpo_script(DPOConfig, DPOTrainer, model, tokenizer, PAIRS, tmp_path / "dpo")
+    cfg = trainer.config
+    assert (cfg.run.trainer, cfg.dpo.beta, cfg.dpo.loss_type, cfg.data.batch_size, cfg.train.max_steps) == \
+        ("dpo", 0.2, "sigmoid", 4, 2)
+    assert (cfg.data.max_length, cfg.optim.lr, cfg.optim.weight_decay) == (1024, 1e-3, 0.0)
+    steps = [r for r in read_metrics(tmp_path / "dpo") if "rewards/accuracies" in r]
+    assert [r["step"] for r in steps] == [1, 2]
+    assert any(not torch.equal(before[k], v) for k, v in model.state_dict().items()), "the model did not train"
+
+
+def test_peft_config_gives_the_lora_settings(model_dir, tmp_path):
+    from peft import LoraConfig
+
+    peft = LoraConfig(r=4, lora_alpha=8, lora_dropout=0.0, target_modules=["q_proj", "v_proj"], task_type="CAUSAL_LM")
+    cfg = DPOConfig(output_dir=str(tmp_path)).to_config(model_path=str(model_dir), train_rows=8, peft_config=peft)
+    assert (cfg.lora.r, cfg.lora.alpha, cfg.lora.dropout, cfg.lora.target_modules) == (4, 8.0, 0.0, ["q_proj", "v_proj"])
+
+
+def test_rl_trainer_takes_a_prompt_dataset_in_place_of_files(model_dir, tmp_path):
+    cfg = load_config(None, ["run.trainer=rl", "model.type=hf", f"model.path={model_dir}", "task.name=prompts",
+                             "task.chat=false", "sft.steps=0", "algo.name=grpo", "algo.group_size=4",
+                             "train.rollout_size=8", "train.steps=1", "task.max_new_tokens=4", "eval.size=2",
+                             f"run.dir={tmp_path / 'run'}", "run.progress=false", "run.tensorboard=false"])
+    trainer = RLTrainer(cfg, reward_funcs=reward_len, train_dataset=PROMPTS)
+    assert len(trainer.task.heldout_ids) == 2  # no eval_dataset: the first eval.size training prompts
+    trainer.train()
+    assert json.loads((tmp_path / "run" / "summary.json").read_text())["steps_done"] == 1
+
+
+def test_a_prompt_task_without_prompts_or_reward_is_refused_before_the_model_loads(tmp_path):
+    base = ["run.trainer=rl", "model.type=hf", "model.path=/nonexistent", "task.name=prompts", "sft.steps=0",
+            f"run.dir={tmp_path}"]
+    with pytest.raises(ConfigError, match="reads its problems from JSONL.*or pass train_dataset="):
+        RLTrainer(load_config(None, base))
+    with pytest.raises(ConfigError, match="task.name=prompts needs a reward"):
+        RLTrainer(load_config(None, base), train_dataset=PROMPTS)
+    with pytest.raises(Exception, match=r"row 1: a prompt data set needs a 'prompt'"):
+        RLTrainer(load_config(None, base), reward_funcs=reward_len, train_dataset=[{"prompt": "a"}, {"text": "b"}])
