@@ -26,7 +26,7 @@ def reward_len(completions, **kwargs):
 
 training_args = GRPOConfig(output_dir="runs/trl-grpo", learning_rate=1e-5, num_generations=4,
                            per_device_train_batch_size=8, max_completion_length=16 if QUICK else 32,
-                           max_steps=2 if QUICK else 30, logging_steps=1)
+                           max_steps=2 if QUICK else 30, logging_steps=1, bf16=False)  # TRL on a CPU needs bf16=False
 trainer = GRPOTrainer(model="smollm2-135m-instruct", reward_funcs=reward_len, args=training_args,
                       train_dataset=dataset)
 summary = trainer.train()

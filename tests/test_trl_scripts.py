@@ -35,7 +35,8 @@ PROMPTS = Dataset.from_list([{"prompt": f"Say something about {w}.", "topic": w}
 def grpo_script(GRPOConfig, GRPOTrainer, model, dataset, out):  # noqa: N803  (TRL's class names as arguments)
     """A TRL GRPO script, as TRL's quick start writes it (smaller)."""
     training_args = GRPOConfig(output_dir=str(out), learning_rate=1e-2, num_generations=4, max_completion_length=6,
-                               per_device_train_batch_size=8, max_steps=2, logging_steps=1, report_to="none")
+                               per_device_train_batch_size=8, max_steps=2, logging_steps=1, report_to="none",
+                               bf16=False)  # TRL on a CPU needs it
     trainer = GRPOTrainer(model=str(model), reward_funcs=reward_len, args=training_args, train_dataset=dataset)
     trainer.train()
     return trainer
@@ -117,7 +118,7 @@ PAIRS = Dataset.from_list([{"prompt": f"Is {a} bigger than {b}?", "chosen": " Ye
 def dpo_script(DPOConfig, DPOTrainer, model, tokenizer, dataset, out):  # noqa: N803
     """A TRL DPO script, as TRL's quick start writes it (smaller)."""
     training_args = DPOConfig(output_dir=str(out), learning_rate=1e-3, per_device_train_batch_size=4, max_steps=2,
-                              logging_steps=1, report_to="none", beta=0.2)
+                              logging_steps=1, report_to="none", beta=0.2, bf16=False)
     trainer = DPOTrainer(model=model, args=training_args, processing_class=tokenizer, train_dataset=dataset)
     trainer.train()
     return trainer
@@ -167,3 +168,15 @@ def test_a_prompt_task_without_prompts_or_reward_is_refused_before_the_model_loa
         RLTrainer(load_config(None, base), train_dataset=PROMPTS)
     with pytest.raises(Exception, match=r"row 1: a prompt data set needs a 'prompt'"):
         RLTrainer(load_config(None, base), reward_funcs=reward_len, train_dataset=[{"prompt": "a"}, {"text": "b"}])
+
+
+@pytest.mark.slow
+def test_the_same_scripts_run_on_trl_itself(model_dir, tmp_path):
+    """The scripts above are TRL's own: with TRL's classes they train too (so lmrl's are drop-in)."""
+    import trl
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    grpo_script(trl.GRPOConfig, trl.GRPOTrainer, model_dir, PROMPTS, tmp_path / "trl-grpo")
+    model = AutoModelForCausalLM.from_pretrained(model_dir)
+    dpo_script(trl.DPOConfig, trl.DPOTrainer, model, AutoTokenizer.from_pretrained(model_dir), PAIRS,
+               tmp_path / "trl-dpo")
