@@ -176,8 +176,19 @@ def _model_path_and_policy(model, processing_class, peft_config):
     return str(policy.hf_model.config.name_or_path), policy
 
 
-def _rows(dataset) -> int:
-    return len(dataset) if hasattr(dataset, "__len__") else sum(1 for _ in dataset)
+def _translate(args: TRLArgs, model, processing_class, peft_config, train_dataset, rows: str):
+    """(args, the lmrl Config they describe, a ready policy or None) for a TRL-style trainer."""
+    if train_dataset is None:
+        raise ValueError(f"{type(args).__name__[:-6]}Trainer needs train_dataset= ({rows})")
+    path, policy = _model_path_and_policy(model, processing_class, peft_config)
+    size = len(train_dataset) if hasattr(train_dataset, "__len__") else sum(1 for _ in train_dataset)
+    config = args.to_config(model_path=path, train_rows=size, peft_config=peft_config if policy is None else None)
+    return args, config, policy
+
+
+def _note_ignored(trainer) -> None:
+    if trainer.args.ignored:
+        trainer.info(f"TRL arguments that change nothing here: {', '.join(trainer.args.ignored)}")
 
 
 class GRPOTrainer(_LmrlGRPOTrainer):
@@ -190,20 +201,14 @@ class GRPOTrainer(_LmrlGRPOTrainer):
     def __init__(self, model, reward_funcs, args: GRPOConfig | None = None, train_dataset=None, eval_dataset=None,
                  processing_class=None, reward_processing_classes=None, callbacks=None, optimizers=(None, None),
                  peft_config=None):
-        if train_dataset is None:
-            raise ValueError("GRPOTrainer needs train_dataset= (the prompts to sample from)")
         if optimizers != (None, None) or reward_processing_classes is not None:
             raise ValueError("optimizers= and reward_processing_classes= are not supported: lmrl builds AdamW from "
                              "the args, and reward models come through reward.model")
-        args = args if args is not None else GRPOConfig()
-        path, policy = _model_path_and_policy(model, processing_class, peft_config)
-        config = args.to_config(model_path=path, train_rows=_rows(train_dataset),
-                                peft_config=peft_config if policy is None else None)
-        self.args = args
+        self.args, config, policy = _translate(args or GRPOConfig(), model, processing_class, peft_config,
+                                               train_dataset, "the prompts to sample from")
         super().__init__(config, model=policy, reward_funcs=reward_funcs, train_dataset=train_dataset,
                          eval_dataset=eval_dataset, callbacks=callbacks)
-        if args.ignored:
-            self.info(f"TRL arguments that change nothing here: {', '.join(args.ignored)}")
+        _note_ignored(self)
 
 
 class DPOTrainer(_LmrlDPOTrainer):
@@ -213,15 +218,11 @@ class DPOTrainer(_LmrlDPOTrainer):
 
     def __init__(self, model, ref_model=None, args: DPOConfig | None = None, data_collator=None, train_dataset=None,
                  eval_dataset=None, processing_class=None, callbacks=None, optimizers=(None, None), peft_config=None):
-        if train_dataset is None:
-            raise ValueError("DPOTrainer needs train_dataset= (preference pairs)")
         if data_collator is not None or optimizers != (None, None):
             raise ValueError("data_collator= and optimizers= are not supported: lmrl batches pairs itself and "
                              "builds AdamW from the args")
-        args = args if args is not None else DPOConfig()
-        path, policy = _model_path_and_policy(model, processing_class, peft_config)
-        config = args.to_config(model_path=path, train_rows=_rows(train_dataset),
-                                peft_config=peft_config if policy is None else None)
+        self.args, config, policy = _translate(args or DPOConfig(), model, processing_class, peft_config,
+                                               train_dataset, "preference pairs")
         if ref_model is not None and not isinstance(ref_model, (str, os.PathLike)):
             from .models.hf import HFPolicy
 
@@ -229,9 +230,7 @@ class DPOTrainer(_LmrlDPOTrainer):
             ref_model.eval().requires_grad_(False)
         elif ref_model is not None:
             raise ValueError("ref_model= takes a loaded model (the default: the policy as training starts)")
-        self.args = args
         super().__init__(config, model=policy, tokenizer=processing_class if policy is not None else None,
                          reference=ref_model, train_dataset=train_dataset, eval_dataset=eval_dataset,
                          callbacks=callbacks)
-        if args.ignored:
-            self.info(f"TRL arguments that change nothing here: {', '.join(args.ignored)}")
+        _note_ignored(self)
