@@ -10,7 +10,8 @@
     lmrl data word-problems OUT_DIR [--train N] [--test N] [--kinds add,sub,mul] [--max-value N]
     lmrl data preferences OUT_DIR [--train N] [--test N]  synthetic preference pairs (preferences-sft: SFT rows)
     lmrl data sql-demos OUT_DIR [--train N] [--test N] [--config sql-agent-smollm2]  the SQL agent's demonstrations
-    lmrl prepare-data --datasets hh-rlhf belle alpaca-chinese [--hf NAME] [--from PATH] [--max-samples N]
+    lmrl prepare-data --datasets hh-rlhf gsm8k belle alpaca-chinese [--hf NAME] [--from PATH] [--max-samples N]
+                      [--skip-bad-rows] [--rg-tasks NAME ... --size N --seed S --rg-config KEY=VALUE ...]
     lmrl plot RUN_DIR [--out DIR]                        PNG curves from metrics.jsonl (default RUN_DIR/plots)
     lmrl presets
 """
@@ -114,6 +115,7 @@ def main(argv: list[str] | None = None) -> int:
     args = _parse(sys.argv[1:] if argv is None else list(argv))
     from .config import ConfigError
     from .data import DataError
+    from .errors import MissingPackage
     from .checkpoint import CheckpointError
     from .train.inspect import PromptError
     from .errors import TrainingError
@@ -124,7 +126,7 @@ def main(argv: list[str] | None = None) -> int:
                     "data": _data, "presets": _presets, "plot": _plot, "prepare-data": _prepare_data}
         return commands[args.command](args)
     except (ConfigError, PromptError, TrainingError, RewardError, DataError, CheckpointError, FileNotFoundError,
-            NotADirectoryError, PermissionError) as e:
+            NotADirectoryError, PermissionError, MissingPackage) as e:
         print(f"lmrl {args.command}: error: {e}", file=sys.stderr)
         return 2 if isinstance(e, ConfigError) else 1
 
