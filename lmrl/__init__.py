@@ -10,7 +10,8 @@ __version__ = "0.1.0"
 _LAZY = {"AdderRLConfig": "config", "MultiplierRLConfig": "config", "Config": "config", "load_config": "config",
          "RLTrainer": "train.rl_trainer", "ReinforceTrainer": "train.trainers", "RLOOTrainer": "train.trainers",
          "GRPOTrainer": "train.trainers", "PPOTrainer": "train.trainers", "SFTTrainer": "train.sft_trainer",
-         "DPOTrainer": "train.dpo_trainer", "RewardTrainer": "train.reward_trainer", "build_trainer": "train.trainers"}
+         "DPOTrainer": "train.dpo_trainer", "RewardTrainer": "train.reward_trainer", "build_trainer": "train.trainers",
+         "evaluate_file": "train.file_eval"}
 
 
 def __getattr__(name):

@@ -5,12 +5,15 @@
     lmrl train --help                                    the flags, then every config key with its default
     lmrl config [PRESET] [key=value ...]                 every key with the preset's value and help text (YAML)
     lmrl eval RUN_DIR [--checkpoint best|latest|step_N] [--size N]
+    lmrl eval RUN_DIR|MODEL TEST_FILE [--limit N] [--max-new-tokens N] [--batch-size N] [--out FILE] [--no-chat]
+                                      [--system-prompt S] [--prompt-template T] [--require-format] [--temperature T]
     lmrl generate RUN_DIR "123+456=" [...] [--checkpoint ...] [--temperature T]
     lmrl export RUN_DIR [--out DIR] [--checkpoint ...]   a merged model transformers loads
     lmrl data word-problems OUT_DIR [--train N] [--test N] [--kinds add,sub,mul] [--max-value N]
     lmrl data preferences OUT_DIR [--train N] [--test N]  synthetic preference pairs (preferences-sft: SFT rows)
     lmrl data sql-demos OUT_DIR [--train N] [--test N] [--config sql-agent-smollm2]  the SQL agent's demonstrations
-    lmrl prepare-data --datasets hh-rlhf belle alpaca-chinese [--hf NAME] [--from PATH] [--max-samples N]
+    lmrl prepare-data --datasets hh-rlhf gsm8k belle alpaca-chinese [--hf NAME] [--from PATH] [--max-samples N]
+                      [--skip-bad-rows] [--rg-tasks NAME ... --size N --seed S --rg-config KEY=VALUE ...]
     lmrl plot RUN_DIR [--out DIR]                        PNG curves from metrics.jsonl (default RUN_DIR/plots)
     lmrl presets
 """
@@ -54,10 +57,33 @@ def _parser(key_reference: bool = False) -> argparse.ArgumentParser:
     c.add_argument("config", nargs="?", default=None, help="preset name or YAML path (default: the defaults)")
     c.add_argument("overrides", nargs="*", help="config overrides such as train.steps=50")
 
-    e = sub.add_parser("eval", help="held-out accuracy of a run's model")
-    e.add_argument("run_dir", type=Path)
+    e = sub.add_parser("eval", help="held-out accuracy of a run's model, or any model's (or run's) accuracy on a "
+                                    "JSONL test file")
+    e.add_argument("source", metavar="RUN_DIR|MODEL", help="a run dir; with TEST_FILE also any Hugging Face model: a "
+                                                           "local dir, a .gguf file, smollm2-135m-instruct")
+    e.add_argument("test_file", nargs="?", type=Path, default=None, metavar="TEST_FILE",
+                   help="JSONL rows to answer and check: math {prompt, ground_truth} (e.g. prepare-data --datasets "
+                        "gsm8k), reasoning-gym rows (prepare-data --rg-tasks), DBBench records (SQL episodes)")
     e.add_argument("--checkpoint", default="latest", help="latest (default), best, step_N, or a checkpoint path")
-    e.add_argument("--size", type=int, default=None, help="number of held-out problems (default: eval.size)")
+    e.add_argument("--size", type=int, default=None, help="without TEST_FILE: number of held-out problems "
+                                                          "(default: eval.size)")
+    f = e.add_argument_group("with TEST_FILE (defaults: the run's task and reward settings, or the config defaults "
+                             "with --no-require-format for a bare model)")
+    f.add_argument("--limit", type=int, default=None, metavar="N", help="answer the first N rows (default: all)")
+    f.add_argument("--max-new-tokens", type=int, default=None, metavar="N", help="longest completion (SQL: turn)")
+    f.add_argument("--batch-size", type=int, default=None, metavar="N", help="rows answered at once (default 16)")
+    f.add_argument("--out", type=Path, default=None, metavar="FILE",
+                   help="every completion as JSONL (default RUN_DIR/eval/NAME.completions.jsonl, or "
+                        "./MODEL-NAME.completions.jsonl)")
+    f.add_argument("--chat", action=argparse.BooleanOptionalAction, default=None,
+                   help="wrap each prompt as a user message in the model's chat template")
+    f.add_argument("--system-prompt", default=None, metavar="TEXT", help="system message before each chat prompt")
+    f.add_argument("--prompt-template", default=None, metavar="TEXT", help="how a row's prompt is asked; holds {prompt}")
+    f.add_argument("--require-format", action=argparse.BooleanOptionalAction, default=None,
+                   help="count an answer only inside a well-formed <think>...</think> <answer>...</answer>")
+    f.add_argument("--temperature", type=float, default=None, help="0 = greedy (default)")
+    f.add_argument("--seed", type=int, default=None, help="sampling seed when --temperature > 0 (default 0)")
+    f.add_argument("--device", default=None, help="auto (default) | cpu | cuda | cuda:N")
 
     g = sub.add_parser("generate", help="complete prompts with a run's model")
     g.add_argument("run_dir", type=Path)
@@ -114,6 +140,7 @@ def main(argv: list[str] | None = None) -> int:
     args = _parse(sys.argv[1:] if argv is None else list(argv))
     from .config import ConfigError
     from .data import DataError
+    from .errors import MissingPackage
     from .checkpoint import CheckpointError
     from .train.inspect import PromptError
     from .errors import TrainingError
@@ -124,7 +151,7 @@ def main(argv: list[str] | None = None) -> int:
                     "data": _data, "presets": _presets, "plot": _plot, "prepare-data": _prepare_data}
         return commands[args.command](args)
     except (ConfigError, PromptError, TrainingError, RewardError, DataError, CheckpointError, FileNotFoundError,
-            NotADirectoryError, PermissionError) as e:
+            NotADirectoryError, PermissionError, MissingPackage) as e:
         print(f"lmrl {args.command}: error: {e}", file=sys.stderr)
         return 2 if isinstance(e, ConfigError) else 1
 
@@ -208,11 +235,35 @@ def _config(args) -> int:
     return 0
 
 
-def _eval(args) -> int:
-    from .train.inspect import load_run
+# `lmrl eval` options that need a TEST_FILE, and their evaluate_file keywords
+_FILE_OPTIONS = ("limit", "max_new_tokens", "batch_size", "out", "chat", "system_prompt", "prompt_template",
+                 "require_format", "temperature", "seed", "device")
 
-    run = load_run(args.run_dir, args.checkpoint)
-    print(json.dumps(run.evaluate(args.size), indent=2))
+
+def _eval(args) -> int:
+    from .config import ConfigError
+
+    given = [name for name in _FILE_OPTIONS if getattr(args, name) is not None]
+    if args.test_file is None:
+        if given:
+            raise ConfigError(f"--{given[0].replace('_', '-')} needs a TEST_FILE (lmrl eval RUN_DIR|MODEL FILE); "
+                              f"a run's held-out set takes --size and --checkpoint only")
+        if not (Path(args.source) / "config.yaml").exists():
+            raise FileNotFoundError(f"{args.source} is not a run dir (no config.yaml); to evaluate a model, name a "
+                                    f"JSONL test file: lmrl eval MODEL FILE")
+        from .train.inspect import load_run
+
+        run = load_run(args.source, args.checkpoint)
+        print(json.dumps(run.evaluate(args.size), indent=2))
+        return 0
+    if args.size is not None:
+        raise ConfigError("--size is the size of a run's held-out set; with a TEST_FILE use --limit N")
+    from .train.file_eval import default_completions_path, evaluate_file
+
+    options = {name: getattr(args, name) for name in given}
+    options.setdefault("out", default_completions_path(args.source, args.test_file))
+    result = evaluate_file(args.source, args.test_file, checkpoint=args.checkpoint, **options)
+    print(json.dumps(result.as_dict(), indent=2))
     return 0
 
 

@@ -70,9 +70,15 @@ def iter_jsonl(path: str | os.PathLike) -> Iterator[tuple[str, dict]]:
 
 
 def _read_lines(path: str | os.PathLike) -> list[bytes]:
-    """The file's lines as bytes, a gzip file decompressed whole first (so a truncated one fails before
-    any of its rows is used); an unreadable path (a directory, no permission) or a damaged gzip file is
-    a DataError. A missing file stays a FileNotFoundError, whose message names it."""
+    """The file's lines as bytes (see `read_bytes`)."""
+    return read_bytes(path).splitlines(keepends=True)
+
+
+def read_bytes(path: str | os.PathLike) -> bytes:
+    """A data file's bytes, a gzip file (told by gzip's magic bytes) decompressed whole first, so a
+    truncated one fails before any of its rows is used. An unreadable path (a directory, no
+    permission) or a damaged gzip file is a DataError; a missing file stays a FileNotFoundError,
+    whose message names it."""
     try:
         with open(path, "rb") as f:
             data = f.read()
@@ -88,7 +94,7 @@ def _read_lines(path: str | os.PathLike) -> list[bytes]:
                             f"copy or download it again") from None
         except (gzip.BadGzipFile, zlib.error) as e:
             raise DataError(f"{path}: the gzip file is corrupt ({e}); copy or download it again") from None
-    return data.splitlines(keepends=True)
+    return data
 
 
 def write_jsonl(path: str | os.PathLike, rows: Iterable[dict]) -> Path:

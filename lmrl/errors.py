@@ -8,3 +8,7 @@ class ConfigError(ValueError):
 
 class TrainingError(RuntimeError):
     """The run cannot go on (e.g. repeated non-finite losses); the last checkpoint is intact."""
+
+
+class MissingPackage(ImportError):
+    """An optional package a feature needs is not installed; the message says what to install."""

@@ -1,9 +1,11 @@
 import argparse
+import gzip
 import json
+from pathlib import Path
 
 import pytest
 
-from lmrl.data import DataError, read_jsonl
+from lmrl.data import DataError, iter_jsonl
 from lmrl.tasks.prepare_data import PreparedFile, add_parser, detect_format, prepare, run
 
 
@@ -11,6 +13,11 @@ def write_jsonl_rows(path, rows):
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows), encoding="utf-8")
     return path
+
+
+def rows_of(path) -> list[dict]:
+    """A written file's rows as JSON says them (no format checks)."""
+    return [row for _, row in iter_jsonl(path)]
 
 
 def hh(*turns: str) -> str:
@@ -33,33 +40,55 @@ INSTRUCTION_ROWS = [
 ]
 
 
-def test_hh_rlhf_becomes_conversation_prompts_and_final_replies(tmp_path):
-    src = write_jsonl_rows(tmp_path / "raw" / "train.jsonl", HH_ROWS)
+def test_hh_rlhf_becomes_trl_conversational_rows(tmp_path):
+    src = write_jsonl_rows(tmp_path / "raw" / "train.jsonl", HH_ROWS[:2])
     [out] = prepare(["hh-rlhf"], tmp_path / "data", from_path=src)
     assert out.path == tmp_path / "data" / "hh-rlhf.jsonl" and out.kind == "preference"
-    assert read_jsonl(out.path) == [
-        {"messages": [{"role": "user", "content": "What is 2+2?"}], "chosen": "4.", "rejected": "5."},
-        {"messages": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello! How can I help?"},
-                      {"role": "user", "content": "Name a fruit."}],
-         "chosen": "An apple.", "rejected": "A carrot."},
+    assert rows_of(out.path) == [
+        {"prompt": [{"role": "user", "content": "What is 2+2?"}],
+         "chosen": [{"role": "assistant", "content": "4."}], "rejected": [{"role": "assistant", "content": "5."}]},
+        {"prompt": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello! How can I help?"},
+                    {"role": "user", "content": "Name a fruit."}],
+         "chosen": [{"role": "assistant", "content": "An apple."}],
+         "rejected": [{"role": "assistant", "content": "A carrot."}]},
     ]
 
 
-def test_unconvertible_rows_are_skipped_and_counted_by_reason(tmp_path):
+def test_a_bad_row_stops_the_conversion_naming_its_file_and_line(tmp_path):
     src = write_jsonl_rows(tmp_path / "hh.jsonl", HH_ROWS)
-    [out] = prepare(["hh-rlhf"], tmp_path, from_path=src)
+    with pytest.raises(DataError) as e:
+        prepare(["hh-rlhf"], tmp_path / "data", from_path=src)
+    message = str(e.value)
+    assert message.startswith(f"{src}:3: 'chosen' and 'rejected' are the same text") and "\n" not in message
+    assert message.endswith("(pass --skip-bad-rows to skip such rows and count them)")
+    assert not (tmp_path / "data" / "hh-rlhf.jsonl").exists()
+
+
+def test_an_hh_pair_whose_dialogues_share_no_turn_is_an_error_naming_it(tmp_path):
+    src = write_jsonl_rows(tmp_path / "hh.jsonl", [HH_ROWS[0], HH_ROWS[4]])
+    with pytest.raises(DataError, match=f"^{src}:2: 'chosen' and 'rejected' share no turns up to an "
+                                        f"'\\\\n\\\\nAssistant:' reply, so there is no prompt"):
+        prepare(["hh-rlhf"], tmp_path / "data", from_path=src)
+
+
+def test_with_skip_bad_rows_unconvertible_rows_are_skipped_and_counted_by_reason(tmp_path):
+    src = write_jsonl_rows(tmp_path / "hh.jsonl", HH_ROWS)
+    [out] = prepare(["hh-rlhf"], tmp_path, from_path=src, skip_bad_rows=True)
     assert (out.rows_written, out.rows_skipped) == (2, 3)
-    assert out.skipped_because == {"chosen same as rejected": 1, "empty reply": 1,
-                                   "chosen and rejected follow different conversations": 1}
+    assert out.skipped_because == {
+        "'chosen' and 'rejected' are the same text ([{\"role\": \"assistant\", \"content\": \"Yes.\"}]); a pair must "
+        "differ to say which is preferred": 1,
+        "the chosen reply is empty": 1,
+        "'chosen' and 'rejected' share no turns up to an '\\n\\nAssistant:' reply, so there is no prompt": 1}
     assert str(out).startswith(f"wrote {out.path}: 2 preference rows, 3 skipped (")
 
 
 def test_belle_json_list_joins_instruction_and_input(tmp_path):
     src = tmp_path / "Belle_open_source_0.5M.json"
     src.write_text(json.dumps(INSTRUCTION_ROWS, ensure_ascii=False), encoding="utf-8")
-    [out] = prepare(["belle"], tmp_path / "data", from_path=src)
+    [out] = prepare(["belle"], tmp_path / "data", from_path=src, skip_bad_rows=True)
     assert out == PreparedFile(tmp_path / "data" / "belle.jsonl", "sft", 2, 1, {"empty reply": 1})
-    assert read_jsonl(out.path) == [{"prompt": "把这句话翻译成英文。\n你好", "response": "Hello"},
+    assert rows_of(out.path) == [{"prompt": "把这句话翻译成英文。\n你好", "response": "Hello"},
                                     {"prompt": "写一个关于春天的句子。", "response": "春天来了，花开了。"}]
 
 
@@ -70,7 +99,7 @@ def test_several_data_sets_from_one_directory_and_max_samples(tmp_path):
     hh_out, alpaca_out = prepare(["hh-rlhf", "alpaca-chinese"], tmp_path / "data", from_path=tmp_path / "raw",
                                  max_samples=1)
     assert (hh_out.rows_written, hh_out.rows_skipped) == (1, 0)
-    assert read_jsonl(alpaca_out.path) == [{"prompt": "把这句话翻译成英文。\n你好", "response": "Hello"}]
+    assert rows_of(alpaca_out.path) == [{"prompt": "把这句话翻译成英文。\n你好", "response": "Hello"}]
     [test_out] = prepare(["hh-rlhf"], tmp_path / "test", from_path=tmp_path / "raw", split="test")
     assert test_out.rows_written == 1
 
@@ -85,6 +114,7 @@ def test_a_named_data_set_with_other_columns_is_an_error_naming_them(tmp_path):
 @pytest.mark.parametrize("columns, fmt", [
     (["prompt", "chosen", "rejected", "score"], "pairs"),
     (["chosen", "rejected"], "transcripts"),
+    (["messages", "chosen", "rejected"], "pairs"),
     (["conversations", "id"], "conversation"),
     (["messages"], "conversation"),
     (["instruction", "output"], "instruction"),
@@ -109,16 +139,17 @@ def test_generic_formats_convert_to_training_rows(tmp_path):
     }
     expected = {
         "pairs.jsonl": [{"prompt": "2+2?", "chosen": "4", "rejected": "5"},
-                        {"messages": [user], "chosen": "Hello", "rejected": "Go away"},
-                        {"prompt": "Hi", "chosen": "Hello", "rejected": "No"}],  # the repeated prompt is dropped
+                        {"prompt": [user], "chosen": [bot], "rejected": [{"role": "assistant", "content": "Go away"}]},
+                        {"prompt": [user], "chosen": [bot],  # the repeated prompt is dropped
+                         "rejected": [{"role": "assistant", "content": "No"}]}],
         "sharegpt.jsonl": [{"messages": [user, bot]}],
         "completions.jsonl": [{"prompt": "1+1=", "response": "2"}, {"messages": [user, bot]}],
     }
     for name, rows in sources.items():
         src = write_jsonl_rows(tmp_path / "raw" / name, rows)
-        [out] = prepare([], tmp_path / "data", hf=[f"someone/{src.stem}"], from_path=src)
+        [out] = prepare([], tmp_path / "data", hf=[f"someone/{src.stem}"], from_path=src, skip_bad_rows=True)
         assert out.path.name == f"{src.stem}.jsonl"
-        assert read_jsonl(out.path) == expected[name], name
+        assert rows_of(out.path) == expected[name], name
     assert out.kind == "sft"
 
 
@@ -142,7 +173,7 @@ def test_unknown_columns_are_an_error_naming_the_data_set_and_columns(tmp_path):
 def test_a_data_set_with_no_convertible_row_is_an_error(tmp_path):
     src = write_jsonl_rows(tmp_path / "hh.jsonl", HH_ROWS[2:4])
     with pytest.raises(DataError, match="no row of hh-rlhf could be converted .2 skipped"):
-        prepare(["hh-rlhf"], tmp_path, from_path=src)
+        prepare(["hh-rlhf"], tmp_path, from_path=src, skip_bad_rows=True)
     assert not (tmp_path / "hh-rlhf.jsonl").exists()
 
 
@@ -184,3 +215,132 @@ def test_cli_parser_and_run_print_a_line_per_file(tmp_path, capsys):
         f"wrote {tmp_path / 'data' / 'belle.jsonl'}: 2 sft rows, none skipped"]
     with pytest.raises(SystemExit):
         parser.parse_args(["prepare-data", "--datasets", "imagenet"])
+
+
+# -- real data (../shared/data beside the repo) and the readers added for it --------------------------------
+
+SHARED_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
+
+
+def shared(*parts: str) -> Path:
+    path = SHARED_DATA.joinpath(*parts)
+    if not path.exists():
+        pytest.skip(f"{path} is absent (the real data sets live in ../shared/data beside the repo)")
+    return path
+
+
+def test_real_hh_rlhf_gzip_becomes_conversational_rows_split_where_the_dialogues_part(tmp_path):
+    src = shared("hh-rlhf", "harmless-base-test.jsonl.gz")
+    [out] = prepare(["hh-rlhf"], tmp_path, from_path=src, max_samples=3)
+    rows, raw = rows_of(out.path), [row for _, row in iter_jsonl(src)][:3]
+    assert out.rows_written == 3
+    for row, pair in zip(rows, raw):
+        # the prompt is the shared dialogue as turns, each reply the rest of its side
+        turns = "".join(f"\n\n{'Human' if m['role'] == 'user' else 'Assistant'}: {m['content']}" for m in row["prompt"])
+        assert [m["role"] for m in row["prompt"]][::2] == ["user"] * ((len(row["prompt"]) + 1) // 2)
+        for side in ("chosen", "rejected"):
+            [reply] = row[side]
+            assert reply["role"] == "assistant" and pair[side].endswith(reply["content"])
+            assert " ".join((turns + "\n\nAssistant: " + reply["content"]).split()) == " ".join(pair[side].split())
+
+
+def test_real_hh_rlhf_rows_with_an_empty_reply_stop_the_conversion_unless_skipped(tmp_path):
+    src = shared("hh-rlhf", "harmless-base-test.jsonl.gz")
+    with pytest.raises(DataError, match=rf"^{src}:\d+: the (chosen|rejected) reply is empty \(pass --skip-bad-rows"):
+        prepare(["hh-rlhf"], tmp_path, from_path=src)
+    [out] = prepare(["hh-rlhf"], tmp_path, from_path=src, skip_bad_rows=True)
+    assert out.rows_written + out.rows_skipped == 2312 and out.rows_skipped == 4
+    assert set(out.skipped_because) <= {"the chosen reply is empty", "the rejected reply is empty"}
+
+
+def test_a_truncated_gzip_file_is_an_error_naming_it(tmp_path):
+    src = tmp_path / "train.jsonl.gz"
+    src.write_bytes(gzip.compress("".join(json.dumps(r) + "\n" for r in HH_ROWS).encode())[:-12])
+    with pytest.raises(DataError, match=f"^{src}: the gzip file is truncated"):
+        prepare(["hh-rlhf"], tmp_path / "data", from_path=src)
+
+
+GSM8K_ROWS = [
+    {"question": "Tom has 3 apples and buys 1,200 more. How many now?",
+     "answer": "He has 3 + 1,200 = <<3+1200=1203>>1,203 apples.\n#### 1,203"},
+    {"question": "A debt of 5 grows by 2. What is the balance?", "answer": "0 - 5 - 2 = <<0-5-2=-7>>-7\n#### -7"},
+]
+
+
+def test_gsm8k_rows_become_prompt_ground_truth_and_the_solution_without_calculator_notes(tmp_path):
+    src = write_jsonl_rows(tmp_path / "gsm8k" / "train.jsonl", GSM8K_ROWS)
+    [out] = prepare(["gsm8k"], tmp_path / "data", from_path=src)
+    assert (out.kind, out.rows_written) == ("math", 2)
+    assert str(out) == f"wrote {out.path}: 2 math rows, none skipped"
+    assert rows_of(out.path) == [
+        {"prompt": GSM8K_ROWS[0]["question"], "ground_truth": "1203", "solution": "He has 3 + 1,200 = 1,203 apples."},
+        {"prompt": GSM8K_ROWS[1]["question"], "ground_truth": "-7", "solution": "0 - 5 - 2 = -7"}]
+
+
+@pytest.mark.parametrize("answer, message", [
+    ("He has 4 apples.", "'answer' has no '#### ' final answer"),
+    ("He has 4 apples.\n#### four", "the final answer after '####' is not a number: 'four'"),
+])
+def test_a_gsm8k_row_without_a_numeric_final_answer_is_an_error_naming_its_line(tmp_path, answer, message):
+    src = write_jsonl_rows(tmp_path / "test.jsonl", [GSM8K_ROWS[0], {"question": "How many?", "answer": answer}])
+    with pytest.raises(DataError) as e:
+        prepare(["gsm8k"], tmp_path / "data", from_path=src, split="test")
+    assert str(e.value).startswith(f"{src}:2: {message}")
+    [out] = prepare(["gsm8k"], tmp_path / "data", from_path=src, split="test", skip_bad_rows=True)
+    assert (out.rows_written, out.rows_skipped) == (1, 1)
+
+
+def test_real_gsm8k_test_split_converts_every_row(tmp_path):
+    src = shared("gsm8k")
+    [out] = prepare(["gsm8k"], tmp_path, from_path=src, split="test")  # only test.jsonl: train.jsonl is another split
+    rows, raw = rows_of(out.path), [row for _, row in iter_jsonl(src / "test.jsonl")]
+    assert out.rows_written == len(raw) == 1319 and out.rows_skipped == 0
+    assert rows[0] == {"prompt": raw[0]["question"], "ground_truth": "18",
+                       "solution": "Janet sells 16 - 3 - 4 = 9 duck eggs a day.\n"
+                                   "She makes 9 * 2 = $18 every day at the farmer’s market."}
+    assert all(float(r["ground_truth"]) == float(q["answer"].split("#### ")[-1].replace(",", ""))
+               for r, q in zip(rows, raw))
+    assert not any("<<" in r["solution"] or "####" in r["solution"] for r in rows)
+
+
+def test_reasoning_gym_sets_are_generated_by_name_size_seed_and_config(tmp_path, capsys):
+    parser = argparse.ArgumentParser(prog="lmrl")
+    add_parser(parser.add_subparsers(dest="command"))
+    args = parser.parse_args(["prepare-data", "--rg-tasks", "leg_counting", "basic_arithmetic", "--size", "3",
+                              "--seed", "4", "--rg-config", "leg_counting.max_animals=4", "basic_arithmetic.max_terms=3",
+                              "--output-dir", str(tmp_path)])
+    assert run(args) == 0
+    path = tmp_path / "reasoning-gym.jsonl"
+    assert capsys.readouterr().out == f"wrote {path}: 6 math rows, none skipped\n"
+    rows = rows_of(path)
+    assert [r["task"] for r in rows] == ["leg_counting"] * 3 + ["basic_arithmetic"] * 3
+    assert rows[0]["rg_config"] == {"seed": 4, "size": 3, "max_animals": 4}
+    assert rows[3]["rg_config"] == {"seed": 4, "size": 3, "max_terms": 3}
+    assert all(r["metadata"]["num_animals"] <= 4 for r in rows[:3])
+
+
+def test_reasoning_gym_entries_from_a_file_become_the_same_rows(tmp_path):
+    import reasoning_gym
+
+    entries = list(reasoning_gym.create_dataset("leg_counting", size=2, seed=1))
+    src = write_jsonl_rows(tmp_path / "entries.jsonl", entries)
+    [from_file] = prepare(["reasoning-gym"], tmp_path / "a", from_path=src)
+    [generated] = prepare([], tmp_path / "b", rg_tasks=["leg_counting"], size=2, seed=1)
+    made = rows_of(generated.path)
+    assert rows_of(from_file.path) == [{**row, "rg_config": {}} for row in made]  # no config: the defaults'
+
+
+def test_an_unknown_reasoning_gym_name_fails_before_anything_is_written(tmp_path):
+    with pytest.raises(DataError, match="unknown reasoning-gym data set 'gsm_symbolc'; did you mean gsm_symbolic"):
+        prepare(["gsm8k"], tmp_path / "data", from_path=tmp_path / "nowhere", rg_tasks=["gsm_symbolc"])
+    assert not (tmp_path / "data").exists()
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"datasets": ["reasoning-gym"]}, "reasoning-gym: name its data sets with --rg-tasks"),
+    ({"datasets": [], "rg_tasks": ["leg_counting"], "from_path": "x.jsonl"}, "give --rg-tasks .generated by name. "
+                                                                            "or --from"),
+])
+def test_reasoning_gym_needs_names_or_a_file_not_both(tmp_path, kwargs, message):
+    with pytest.raises(DataError, match=message):
+        prepare(output_dir=tmp_path, **kwargs)

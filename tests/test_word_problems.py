@@ -1,10 +1,9 @@
 import re
-import sys
 
 import pytest
 
 from lmrl.data import read_jsonl
-from lmrl.tasks.word_problems import generate_reasoning_gym, generate_word_problems, write_splits
+from lmrl.tasks.word_problems import generate_word_problems, write_splits
 
 ALL_KINDS = ("add", "sub", "mul", "div")
 
@@ -75,19 +74,3 @@ def test_write_splits_has_no_prompt_in_both(tmp_path):
     # deterministic: the same call writes the same files
     again = write_splits(tmp_path / "wp2", n_train=400, n_test=100, seed=7)
     assert again[0].read_text() == train_path.read_text() and again[1].read_text() == test_path.read_text()
-
-
-def test_reasoning_gym_missing_is_a_clear_error(monkeypatch):
-    monkeypatch.setitem(sys.modules, "reasoning_gym", None)  # makes `import reasoning_gym` fail
-    with pytest.raises(ImportError, match=r"pip install 'lmrl\[reasoning-gym\]'"):
-        generate_reasoning_gym("basic_arithmetic", 3, seed=0)
-
-
-def test_reasoning_gym_rows():
-    rows = generate_reasoning_gym("basic_arithmetic", 20, seed=1)
-    assert rows == generate_reasoning_gym("basic_arithmetic", 20, seed=1)
-    assert len(rows) == 20 and all(set(r) == {"prompt", "ground_truth"} for r in rows)
-    for row in rows:  # "Calculate 5 - 3 - 6." -> "-4"
-        expression = re.fullmatch(r"Calculate (.*)\.", row["prompt"]).group(1)
-        assert re.fullmatch(r"[\d\s+\-*/().]+", expression)
-        assert float(row["ground_truth"]) == pytest.approx(eval(expression))

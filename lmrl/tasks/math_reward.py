@@ -54,6 +54,8 @@ import time
 from dataclasses import dataclass
 from typing import Sequence
 
+from ..errors import MissingPackage
+
 _TAGS = ("<think>", "</think>", "<answer>", "</answer>")
 _FORMAT = re.compile(r"\s*<think>.*</think>\s*<answer>.*</answer>\s*", re.DOTALL)
 _MATH_GROUP = re.compile(r"\$\$(.+?)\$\$|\$(.+?)\$|\\\((.+?)\\\)|\\\[(.+?)\\\]", re.DOTALL)
@@ -175,7 +177,7 @@ class MathReward:
     def __init__(self, format_weight: float = 0.0, correct_weight: float = 1.0, require_format: bool = True,
                  timeout_s: float = 5.0, max_parallel: int = 32):
         if importlib.util.find_spec("math_verify") is None:
-            raise ImportError("MathReward needs math-verify: pip install 'lmrl[math]'")
+            raise MissingPackage("MathReward needs math-verify: pip install 'lmrl[math]'")
         if max_parallel < 1:
             raise ValueError(f"max_parallel must be at least 1 (got {max_parallel})")
         self.__name__ = "math_reward"  # TRL names reward functions in its logs by __name__

@@ -4,7 +4,9 @@
     ro = task.rollout(policy, task.sample_train_ids(8, gen), temperature=1.0)
     rewards, correct, extras = task.score_rollout(ids, ro)          # extras: {"format_rate": (B,) 0/1}
 
-Rows are `{"prompt": str, "ground_truth": str}` or `{"messages": [...], "ground_truth": str}`.
+Rows are `{"prompt": str, "ground_truth": str}` or `{"messages": [...], "ground_truth": str}`, checked
+with math-verify, or reasoning-gym rows (`lmrl prepare-data --rg-tasks`, marked by their
+`rg_config`), checked with their data set's own scorer (`lmrl.tasks.reasoning_gym`).
 A plain prompt is put into `prompt_template` and, with `chat`, becomes the user message of a
 conversation (after `system_prompt`, if any) rendered by the tokenizer's chat template; a
 prompt that already holds the template's special tokens (e.g. `<|im_start|>`) is used as it is.
@@ -12,11 +14,13 @@ prompt that already holds the template's special tokens (e.g. `<|im_start|>`) is
 
 Ids. Training rows are numbered 0..T-1 and test rows T..T+H-1, so, as for the arithmetic tasks,
 a problem id says which split it belongs to: `sample_train_ids` draws from the first range only
-and `heldout_ids` is the second.
+and `heldout_ids` is the second. Without a train file (evaluation only, `lmrl eval MODEL FILE`)
+T is 0.
 
 Scoring. `MathReward` gives the reward (format and correctness weights from the config) and the
 exact-match flag we report as accuracy: the answer is correct, and well-formed when the reward
-requires it. Custom rewards (`reward.funcs`, `reward.cls`) replace the reward only; accuracy stays
+requires it. A reasoning-gym row's reward is the same sum with its scorer's score (in [0, 1]) for
+correctness, and it is correct at a full score. Custom rewards (`reward.funcs`, `reward.cls`) replace the reward only; accuracy stays
 math-verify's. They get the row's other columns (`reward_kwargs`) and, called as TRL calls them,
 a chat row's prompt and completion as message lists (`conversations`).
 """
@@ -29,19 +33,25 @@ import torch
 
 from ..data import read_jsonl
 from ..rollout.local import Rollout, sample_text
+from . import reasoning_gym
+from .math_reward import RewardInfo
 
 FORMAT_INSTRUCTION = ("{prompt}\nThink it through inside <think> </think>, then write only the final number "
                       "inside <answer> </answer>.")
 
 
+def read_rows(path: str) -> list[dict]:
+    """A math task's JSONL rows: each with a ground_truth and a prompt or messages (path:line errors)."""
+    return read_jsonl(path, ["ground_truth"], alternatives=[["prompt"], ["messages"]])
+
+
 class MathTask:
-    def __init__(self, train_file: str, test_file: str, tokenizer, *, max_new_tokens: int = 256, chat: bool = True,
+    def __init__(self, train_file: str | None, test_file: str, tokenizer, *, max_new_tokens: int = 256, chat: bool = True,
                  system_prompt: str = "", prompt_template: str = "{prompt}", reward=None):
         if "{prompt}" not in prompt_template:
             raise ValueError(f"task.prompt_template must contain {{prompt}}, got {prompt_template!r}")
-        required, alternatives = ["ground_truth"], [["prompt"], ["messages"]]
-        train = read_jsonl(train_file, required, alternatives=alternatives)
-        test = read_jsonl(test_file, required, alternatives=alternatives)
+        train = read_rows(train_file) if train_file is not None else []
+        test = read_rows(test_file)
         self.tokenizer, self.max_new_tokens = tokenizer, max_new_tokens
         self.chat, self.system_prompt, self.prompt_template = chat, system_prompt, prompt_template
         self.rows = train + test
@@ -89,6 +99,8 @@ class MathTask:
 
     def sample_train_ids(self, n: int, generator: torch.Generator) -> torch.Tensor:
         """`n` training rows drawn uniformly with replacement (never a test row)."""
+        if not self.n_train:
+            raise ValueError("this math task has no training rows (it was built without a train file)")
         return torch.randint(self.n_train, (n,), generator=generator)
 
     # -- the trainer's task protocol -------------------------------------------------------------
@@ -131,8 +143,24 @@ class MathTask:
 
     def score_rollout(self, ids: torch.Tensor, rollout: Rollout) -> tuple[torch.Tensor, torch.Tensor, dict]:
         """Rewards (B,), correct flags (B,) and {"format_rate": (B,) well-formed flags}."""
-        infos = self.reward.score(self.completion_texts(rollout), self.reward_kwargs(ids)["ground_truth"])
+        infos = self.check(ids.tolist(), self.completion_texts(rollout))
         require = getattr(self.reward, "require_format", True)
         rewards = torch.tensor([i.reward for i in infos], dtype=torch.float32)
         correct = torch.tensor([float(i.correct and (i.format_ok or not require)) for i in infos])
         return rewards, correct, {"format_rate": torch.tensor([float(i.format_ok) for i in infos])}
+
+    def check(self, ids: list[int], completions: list[str]) -> list[RewardInfo]:
+        """A RewardInfo per completion of rows `ids`: math-verify (`self.reward`, one batch) for math
+        rows, the data set's scorer for reasoning-gym rows, with the same format and weights."""
+        infos: list[RewardInfo | None] = [None] * len(ids)
+        math_rows = [k for k, i in enumerate(ids) if not reasoning_gym.is_reasoning_gym_row(self.rows[i])]
+        if math_rows:
+            checked = self.reward.score([completions[k] for k in math_rows], [self.ground_truths[ids[k]] for k in math_rows])
+            for k, info in zip(math_rows, checked):
+                infos[k] = info
+        weights = {name: getattr(self.reward, name) for name in ("format_weight", "correct_weight", "require_format")
+                   if hasattr(self.reward, name)}
+        for k, i in enumerate(ids):
+            if infos[k] is None:
+                infos[k] = reasoning_gym.check(completions[k], self.rows[i], **weights)
+        return infos

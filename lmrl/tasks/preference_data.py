@@ -3,6 +3,7 @@ formats TRL users already have, checked row by row with `where: what is wrong` e
 
     pairs = read_preference("pairs.jsonl")        # a JSONL file (.jsonl.gz too)
     pairs = read_preference(dataset)              # or rows: a datasets.Dataset, a list of dicts
+    trl_preference(preference_row(row))           # one row read the same way, written back as TRL's JSON row
     rows = read_sft("sft.jsonl")
     counter = TruncationCounter()
     prompt_ids, response_ids = counter.truncate(prompt_ids, response_ids, max_len=1024)
@@ -104,6 +105,28 @@ def read_sft(source: Source) -> list[SFTRow]:
     axolotl): an assistant turn that is context, not loss (a worked example). A conversation needs an
     assistant turn to train on; a prompt, response, text or assistant turn must not be empty."""
     return [_located(where, _sft_row, row) for where, row in iter_rows(source)]
+
+
+def preference_row(row: Mapping, *, dialogue: str = "auto") -> PreferenceRow:
+    """One preference row as `read_preference` reads it (None values count as absent keys); a row that
+    cannot be used is a DataError saying what is wrong, for the caller to put its location in front."""
+    if dialogue not in DIALOGUES:
+        raise ValueError(f"dialogue must be one of {', '.join(DIALOGUES)}, got {dialogue!r}")
+    try:
+        return _preference_row({k: v for k, v in row.items() if v is not None}, dialogue)
+    except _Bad as e:
+        raise DataError(str(e)) from None
+
+
+def trl_preference(pair: PreferenceRow) -> dict:
+    """A pair as the JSON row TRL reads: {"prompt", "chosen", "rejected"} as strings (standard), or, when
+    the prompt is a conversation, as message lists (conversational: each reply a list of assistant
+    messages; a reply given as text becomes one such message); "margin" when the pair has one."""
+    chosen, rejected = pair.chosen, pair.rejected
+    if isinstance(pair.prompt, list) and isinstance(chosen, str):
+        chosen, rejected = ([{"role": "assistant", "content": reply}] for reply in (chosen, rejected))
+    row = {"prompt": pair.prompt, "chosen": chosen, "rejected": rejected}
+    return row if pair.margin is None else {**row, "margin": pair.margin}
 
 
 def iter_rows(source: Source) -> Iterator[tuple[str, dict]]:

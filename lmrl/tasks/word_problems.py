@@ -101,19 +101,6 @@ def _write_pair(out_dir: str | Path, rows: list[dict], n_train: int) -> tuple[Pa
     return write_jsonl(out / "train.jsonl", rows[:n_train]), write_jsonl(out / "test.jsonl", rows[n_train:])
 
 
-def generate_reasoning_gym(name: str, n: int, seed: int, **config) -> list[dict]:
-    """`n` rows of a reasoning-gym data set (e.g. "basic_arithmetic", "gsm_symbolic") in the same
-    `{"prompt", "ground_truth"}` form. Needs `pip install 'lmrl[reasoning-gym]'`. MathReward suits
-    the numeric ones; others (word sorting, puzzles) need the data set's own `score_answer`."""
-    try:
-        import reasoning_gym
-    except ImportError:
-        raise ImportError("generate_reasoning_gym needs the reasoning-gym package: "
-                          "pip install 'lmrl[reasoning-gym]'") from None
-    data = reasoning_gym.create_dataset(name, size=n, seed=seed, **config)
-    return [{"prompt": row["question"], "ground_truth": str(row["answer"])} for row in data]
-
-
 def _problem(rng: random.Random, kind: str, max_value: int) -> tuple[str, int]:
     name, pronoun = rng.choice(NAMES)
     one, many = rng.choice(OBJECTS)

@@ -2,9 +2,20 @@
 
 from __future__ import annotations
 
+from typing import Iterator
+
 import torch
 
 from ..distributed.ddp import all_reduce_sum
+
+
+def scored_batches(model, task, ids: torch.Tensor, *, batch_size: int, greedy: bool = True, temperature: float = 1.0,
+                   generator: torch.Generator | None = None) -> Iterator[tuple]:
+    """(ids, rollout, rewards, exact, extras) for each batch of `ids`: the task's rollout by `model`
+    (greedy unless told otherwise) and its `score_rollout`."""
+    for chunk in ids.split(batch_size):
+        ro = task.rollout(model, chunk, greedy=greedy, temperature=temperature, generator=generator)
+        yield (chunk, ro, *task.score_rollout(chunk, ro))
 
 
 @torch.no_grad()
@@ -17,9 +28,7 @@ def evaluate(model, task, ids: torch.Tensor, *, batch_size: int = 500, device="c
     rank returns the same numbers."""
     ids = ids[rank::world_size]
     sums: dict[str, float] = {}
-    for chunk in ids.split(batch_size):
-        ro = task.rollout(model, chunk, greedy=True)
-        rewards, exact, extras = task.score_rollout(chunk, ro)
+    for chunk, ro, rewards, exact, extras in scored_batches(model, task, ids, batch_size=batch_size):
         rows = {"accuracy": exact, "reward": rewards.float().reshape(len(chunk), -1).mean(1),
                 "length_mean": ro.mask.sum(1).cpu(), **extras}
         for k, v in rows.items():

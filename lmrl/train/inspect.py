@@ -69,20 +69,31 @@ class LoadedRun:
 
 
 def load_run(run_dir: Path, which: str = "latest") -> LoadedRun:
+    return LoadedRun(*_load(run_dir, which, with_task=True))
+
+
+def load_run_model(run_dir: Path, which: str = "latest") -> tuple[Config, Path, torch.nn.Module]:
+    """(config, checkpoint dir, model with that checkpoint's weights, in eval mode) of a run. An hf
+    run's own task (and its data files) is not built."""
+    cfg, path, model, _ = _load(run_dir, which, with_task=False)
+    return cfg, path, model
+
+
+def _load(run_dir: Path, which: str, with_task: bool) -> tuple:
     run_dir = Path(run_dir)
     if not (run_dir / "config.yaml").exists():
         raise FileNotFoundError(f"{run_dir} is not a run dir (no config.yaml)")
     cfg = load_config(run_dir / "config.yaml")
     if cfg.model.type == "hf":  # the base model from model.path, then the checkpoint's weights (or adapter)
         model = build_model(cfg.model, lora=cfg.lora)
-        task = build_task(cfg.task, tokenizer=model.tokenizer, reward=cfg.reward, env=cfg.env)
-    else:
+        task = build_task(cfg.task, tokenizer=model.tokenizer, reward=cfg.reward, env=cfg.env) if with_task else None
+    else:  # the GPT's vocabulary is its task's
         task = build_task(cfg.task)
         model = build_model(cfg.model, task.tokenizer.vocab_size)
     path = resolve_checkpoint(run_dir, which)
     ckpt.load_checkpoint(path, model=model, restore_rng=False)
     model.eval()
-    return LoadedRun(cfg, path, model, task)
+    return cfg, path, model, task
 
 
 def export_run(run_dir: Path, out_dir: Path | None = None, which: str = "latest") -> Path:

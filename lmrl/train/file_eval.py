@@ -1,0 +1,222 @@
+"""A model's answers to a JSONL test file, checked by the task that trains on such rows: `lmrl eval MODEL FILE`.
+
+    result = evaluate_file("smollm2-135m-instruct", "data/gsm8k-test/gsm8k.jsonl", limit=50,
+                           out="gsm8k.completions.jsonl")
+    print(result.overall)              # 12/50 right = 24.0% (95% CI 14.3-37.4%)
+    result.by_type["leg_counting"]     # a Tally per value of the rows' `task` (or `type`) column
+    result.records[0]                  # {"index", "prompt", "completion", "ground_truth", "correct", "reward", ...}
+
+The model is any Hugging Face causal LM `load_hf_policy` loads (a local dir, a .gguf file, the packaged
+`smollm2-135m-instruct`) or a run dir, whose checkpoint (`checkpoint`: latest, best, step_N) is loaded on
+its base model. The rows go through the task that trains on them, so prompts are rendered and answers
+checked as in training:
+
+    math rows {prompt | messages, ground_truth}        MathTask: math-verify
+    reasoning-gym rows {prompt, ground_truth, task,    MathTask: the data set's own scorer, correct at a full
+        metadata, rg_config}                           score (see lmrl.tasks.reasoning_gym)
+    DBBench records {description, label, table, type}  SQLAgentTask: multi-turn SQL episodes in the sandbox,
+                                                       correct when the answer (or the table) matches
+
+The prompt settings (chat template, system prompt, prompt template, max new tokens) and the math
+reward's format rule come from the run's `task` and `reward` sections; for a bare model from the
+config defaults, except `require_format`, which is off: a completion's answer is its `<answer>` block
+if it has one, else its last number (math) or its last line (reasoning-gym). Decoding is greedy
+unless `temperature` > 0. Accuracy comes with its 95% Wilson score interval, overall and per type.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from statistics import NormalDist
+
+import torch
+
+from ..config import EnvConfig, RewardConfig, TaskConfig
+from ..data import iter_jsonl, write_jsonl
+from ..distributed.ddp import DistInfo, resolve_device
+from ..errors import ConfigError
+from ..models.hf import load_hf_policy
+from ..tasks.math_reward import MathReward
+from ..tasks.math_task import MathTask, read_rows
+from ..tasks.sql.agent_task import SQLAgentTask
+from ..tasks.sql.env import SQLEnvConfig
+from ..tasks.sql.tasks import load_dbbench
+from .evaluate import scored_batches
+from .inspect import load_run_model
+
+DBBENCH_KEYS = ("description", "label", "table")  # a file whose first row has these is played as SQL episodes
+
+
+def wilson_interval(correct: int, n: int, confidence: float = 0.95) -> tuple[float, float]:
+    """The Wilson score interval of the proportion correct / n:
+
+        (p + z²/2n ± z·√(p(1 − p)/n + z²/4n²)) / (1 + z²/n),   z = the standard normal's (1 + confidence)/2 quantile
+
+    Unlike p ± z·√(p(1 − p)/n) it stays inside [0, 1] and has a width at p = 0 or 1. (0, 1) when n = 0."""
+    if n == 0:
+        return 0.0, 1.0
+    z = NormalDist().inv_cdf((1 + confidence) / 2)
+    p = correct / n
+    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
+    half = z / (1 + z * z / n) * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n))
+    return max(0.0, centre - half), min(1.0, centre + half)
+
+
+@dataclass(frozen=True)
+class Tally:
+    """`correct` right answers among `rows`."""
+    correct: int
+    rows: int
+
+    @property
+    def accuracy(self) -> float:
+        return self.correct / self.rows if self.rows else 0.0
+
+    @property
+    def ci95(self) -> tuple[float, float]:
+        return wilson_interval(self.correct, self.rows)
+
+    def as_dict(self) -> dict:
+        return {"rows": self.rows, "correct": self.correct, "accuracy": self.accuracy, "ci95": list(self.ci95)}
+
+    def __str__(self) -> str:
+        low, high = self.ci95
+        return (f"{self.correct}/{self.rows} right = {100 * self.accuracy:.1f}% "
+                f"(95% CI {100 * low:.1f}-{100 * high:.1f}%)")
+
+
+@dataclass
+class FileEvaluation:
+    model: str                   # what answered: a model path or name, or a run dir
+    checkpoint: str | None       # the run's checkpoint dir; None for a bare model
+    file: str
+    overall: Tally
+    by_type: dict[str, Tally]    # per value of the rows' task / type column (SQL: skill); empty without one
+    metrics: dict[str, float]    # means over rows: reward, completion tokens, the task's extras (format_rate, turns)
+    completions_file: str | None
+    records: list[dict] = field(repr=False)  # one per row, as written to completions_file
+
+    def as_dict(self) -> dict:
+        """The report `lmrl eval` prints (records left out: they are in the completions file)."""
+        return {"model": self.model, "checkpoint": self.checkpoint, "file": self.file, **self.overall.as_dict(),
+                "by_type": {name: tally.as_dict() for name, tally in self.by_type.items()}, **self.metrics,
+                "completions": self.completions_file}
+
+
+def evaluate_file(model: str | Path, test_file: str | Path, *, checkpoint: str = "latest", limit: int | None = None,
+                  max_new_tokens: int | None = None, batch_size: int = 16, out: str | Path | None = None,
+                  chat: bool | None = None, system_prompt: str | None = None, prompt_template: str | None = None,
+                  require_format: bool | None = None, temperature: float = 0.0, seed: int = 0,
+                  device: str = "auto", dtype: str = "fp32") -> FileEvaluation:
+    """Answers of `model` (a Hugging Face model or a run dir, see the module docstring) to the first
+    `limit` rows of `test_file` (all when None), `batch_size` rows at a time, checked by the rows'
+    task; every row's record is written to `out` as JSONL when given. None settings take the run's
+    (or the defaults'); `dtype` is a bare model's (a run keeps its own)."""
+    for name, value, low in (("limit", limit, 1), ("batch_size", batch_size, 1), ("max_new_tokens", max_new_tokens, 1)):
+        if value is not None and value < low:
+            raise ConfigError(f"{name} must be at least {low}, got {value}")
+    if not temperature >= 0:
+        raise ConfigError(f"temperature must be >= 0 (0: greedy), got {temperature}")
+    test_file = Path(test_file)
+    _, first = next(iter_jsonl(test_file))
+    sql = all(key in first for key in DBBENCH_KEYS)
+    (load_dbbench if sql else read_rows)(test_file)  # a bad row fails here, naming it, before the model loads
+    policy, checkpoint_dir, task_cfg, reward_cfg, env_cfg = _load(model, checkpoint, dtype)
+    policy.to(resolve_device(device, DistInfo()))
+    max_new_tokens = max_new_tokens or task_cfg.max_new_tokens
+    if sql:
+        task = SQLAgentTask(policy.tokenizer, SQLEnvConfig.from_section(env_cfg), n_train=0, test_file=str(test_file),
+                            max_new_tokens=max_new_tokens, max_context=env_cfg.max_context)
+    else:
+        scorer = MathReward(format_weight=reward_cfg.format_weight, correct_weight=reward_cfg.correct_weight,
+                            require_format=reward_cfg.require_format if require_format is None else require_format,
+                            timeout_s=reward_cfg.timeout_s)
+        task = MathTask(None, str(test_file), policy.tokenizer, max_new_tokens=max_new_tokens,
+                        chat=task_cfg.chat if chat is None else chat,
+                        system_prompt=task_cfg.system_prompt if system_prompt is None else system_prompt,
+                        prompt_template=task_cfg.prompt_template if prompt_template is None else prompt_template,
+                        reward=scorer)
+    ids = task.heldout_ids[:limit]
+    try:
+        records, sums = _answer(policy, task, ids, batch_size, temperature, seed)
+    finally:
+        if isinstance(task, MathTask):
+            task.reward.close()  # the math checker's server process
+    types: dict[str, list[int]] = {}
+    for r in records:
+        if r.get("type") is not None:
+            types.setdefault(str(r["type"]), []).append(r["correct"])
+    if out is not None:
+        out = Path(out)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        write_jsonl(out, records)
+    return FileEvaluation(
+        model=str(model), checkpoint=None if checkpoint_dir is None else str(checkpoint_dir), file=str(test_file),
+        overall=Tally(sum(r["correct"] for r in records), len(records)),
+        by_type={name: Tally(sum(flags), len(flags)) for name, flags in sorted(types.items())},
+        metrics={name: total / max(len(records), 1) for name, total in sums.items()},
+        completions_file=None if out is None else str(out), records=records)
+
+
+def default_completions_path(model: str | Path, test_file: str | Path) -> Path:
+    """Where `lmrl eval` writes completions when not told: RUN_DIR/eval/<file>.completions.jsonl for a
+    run, ./<model>-<file>.completions.jsonl for a model."""
+    stem = Path(test_file).name
+    for suffix in (".gz", ".jsonl", ".json"):
+        stem = stem.removesuffix(suffix)
+    if _is_run_dir(model):
+        return Path(model) / "eval" / f"{stem}.completions.jsonl"
+    return Path(f"{Path(str(model).rstrip('/')).stem}-{stem}.completions.jsonl")
+
+
+@torch.no_grad()
+def _answer(policy, task, ids: torch.Tensor, batch_size: int, temperature: float,
+            seed: int) -> tuple[list[dict], dict[str, float]]:
+    """A record per row and the sums of the metrics averaged over rows."""
+    records, sums = [], {}
+    generator = torch.Generator().manual_seed(seed)
+    for chunk, ro, rewards, exact, extras in scored_batches(policy, task, ids, batch_size=batch_size,
+                                                            greedy=temperature == 0, temperature=temperature or 1.0,
+                                                            generator=generator):
+        _, completions = task.texts(chunk, ro)
+        per_row = {"reward": rewards.float().reshape(len(chunk), -1).mean(1), "length": ro.mask.sum(1).float().cpu(),
+                   **{name: values.float() for name, values in extras.items()}}
+        for k, i in enumerate(chunk.tolist()):
+            prompt, truth, kind = _row(task, i)
+            record = {"index": i - task.n_train, "prompt": prompt, "completion": completions[k], "ground_truth": truth,
+                      "correct": bool(exact[k] > 0.5), **({"type": kind} if kind is not None else {}),
+                      **{name: values[k].item() for name, values in per_row.items()}}
+            records.append(record)
+        for name, values in per_row.items():
+            key = {"reward": "reward_mean", "length": "length_mean"}.get(name, name)
+            sums[key] = sums.get(key, 0.0) + values.sum().item()
+    return records, sums
+
+
+def _row(task, i: int) -> tuple:
+    """(prompt as the file has it, ground truth, type or None) of problem i."""
+    if isinstance(task, SQLAgentTask):
+        sql = task.tasks[i]
+        return sql.description, list(sql.label), sql.skill
+    row = task.rows[i]
+    kind = row.get("task", row.get("type"))
+    return row.get("prompt", row.get("messages")), task.ground_truths[i], kind if isinstance(kind, str) else None
+
+
+def _load(model: str | Path, checkpoint: str, dtype: str) -> tuple:
+    """(policy, checkpoint dir or None, task, reward and env sections) for a run dir or a bare model."""
+    if _is_run_dir(model):
+        cfg, path, policy = load_run_model(Path(model), checkpoint)
+        if cfg.model.type != "hf":
+            raise ConfigError(f"{model}: its model is the built-in GPT (model.type: gpt); evaluating a JSONL file "
+                              f"needs a Hugging Face model (model.type: hf)")
+        return policy, path, cfg.task, cfg.reward, cfg.env
+    policy, _ = load_hf_policy(str(model), dtype=dtype)
+    policy.eval()
+    return policy, None, TaskConfig(), RewardConfig(require_format=False), EnvConfig()
+
+
+def _is_run_dir(model: str | Path) -> bool:
+    return (Path(model) / "config.yaml").is_file()

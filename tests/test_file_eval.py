@@ -1,0 +1,163 @@
+"""`lmrl eval MODEL|RUN_DIR FILE`: a model's greedy answers to a JSONL test file, checked by the rows' task,
+with accuracy, its Wilson interval, a per-type breakdown and every completion written out.
+
+The model is a "parrot": the tiny Llama of tests/test_hf.py with every layer's output projection zeroed
+and unit-norm tied embeddings, so each position's logits peak at its own input token and greedy decoding
+repeats the prompt's last token. A prompt ending in " 7" is answered " 7": which rows come out right is
+known in advance, with a real Hugging Face model going through lmrl's real sampling and checkers."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from lmrl.cli import main
+from lmrl.data import DataError, iter_jsonl
+from lmrl.tasks.reasoning_gym import generate
+from lmrl.train.file_eval import Tally, evaluate_file, wilson_interval
+from tests.test_hf import save_tiny_llama
+
+SHARED_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
+
+
+def shared(*parts: str) -> Path:
+    path = SHARED_DATA.joinpath(*parts)
+    if not path.exists():
+        pytest.skip(f"{path} is absent (the real data sets live in ../shared/data beside the repo)")
+    return path
+
+
+@pytest.fixture(scope="module")
+def parrot(tmp_path_factory) -> Path:
+    """A tiny Llama dir whose greedy completion repeats the prompt's last token."""
+    directory = tmp_path_factory.mktemp("parrot") / "model"
+    model, _ = save_tiny_llama(directory, max_positions=256)
+    with torch.no_grad():
+        for layer in model.model.layers:  # the residual stream keeps the input token's embedding
+            layer.self_attn.o_proj.weight.zero_()
+            layer.mlp.down_proj.weight.zero_()
+        embedding = model.model.embed_tokens.weight  # tied to the head: its own token scores highest
+        embedding.copy_(embedding / embedding.norm(dim=1, keepdim=True).clamp(min=1e-6))
+    model.save_pretrained(directory)
+    return directory
+
+
+def rg_row_answered_by_its_last_token() -> dict:
+    """A real reasoning-gym row with a one-digit answer, the answer put at the end of its prompt."""
+    rows = generate(["basic_arithmetic"], size=40, seed=0, config={"max_terms": 2, "max_digits": 1})
+    row = next(r for r in rows if len(r["ground_truth"]) == 1 and r["ground_truth"].isdigit())
+    return {**row, "prompt": f"{row['prompt']} {row['ground_truth']}"}
+
+
+@pytest.fixture(scope="module")
+def test_file(tmp_path_factory) -> Path:
+    rows = [{"prompt": "3 + 4 = 7", "ground_truth": "7", "type": "sums"},   # answered " 7": right
+            {"prompt": "2 + 2 = 5", "ground_truth": "4", "type": "sums"},   # answered " 5": wrong
+            rg_row_answered_by_its_last_token()]                          # right, by reasoning-gym's scorer
+    path = tmp_path_factory.mktemp("eval") / "mixed.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def test_eval_of_a_model_on_a_jsonl_file_reports_accuracy_interval_types_and_completions(parrot, test_file, tmp_path,
+                                                                                          capsys):
+    out = tmp_path / "completions.jsonl"
+    assert main(["eval", str(parrot), str(test_file), "--no-chat", "--max-new-tokens", "1", "--out", str(out)]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert (report["rows"], report["correct"]) == (3, 2) and report["accuracy"] == pytest.approx(2 / 3)
+    assert report["ci95"] == pytest.approx(list(wilson_interval(2, 3)))
+    assert report["by_type"] == {"basic_arithmetic": Tally(1, 1).as_dict(), "sums": Tally(1, 2).as_dict()}
+    assert report["checkpoint"] is None and report["completions"] == str(out)
+
+    records = [row for _, row in iter_jsonl(out)]
+    assert [(r["prompt"], r["completion"], r["ground_truth"], r["correct"]) for r in records[:2]] == [
+        ("3 + 4 = 7", " 7", "7", True), ("2 + 2 = 5", " 5", "4", False)]
+    rg = records[2]
+    assert rg["correct"] and rg["type"] == "basic_arithmetic" and rg["completion"].strip() == rg["ground_truth"]
+    assert [r["index"] for r in records] == [0, 1, 2]
+
+
+def test_the_python_api_takes_the_first_limit_rows_and_returns_the_records(parrot, test_file):
+    result = evaluate_file(parrot, test_file, limit=2, chat=False, max_new_tokens=1)
+    assert str(result.overall) == "1/2 right = 50.0% (95% CI 9.5-90.5%)"
+    assert result.by_type == {"sums": Tally(1, 2)} and result.completions_file is None
+    assert [r["correct"] for r in result.records] == [True, False]
+    assert result.metrics["length_mean"] == 1.0 and result.metrics["format_rate"] == 0.0
+
+
+def test_requiring_the_answer_format_makes_untagged_answers_wrong(parrot, test_file):
+    result = evaluate_file(parrot, test_file, chat=False, max_new_tokens=1, require_format=True)
+    assert result.overall == Tally(0, 3)
+
+
+def test_a_chat_prompt_is_rendered_by_the_chat_template(parrot, test_file):
+    # the template ends with "<|im_start|>assistant\n": the parrot repeats the newline, so nothing is right
+    result = evaluate_file(parrot, test_file, max_new_tokens=2)
+    assert result.overall == Tally(0, 3) and all(r["completion"] == "\n\n" for r in result.records)
+
+
+def test_dbbench_records_are_played_as_sql_episodes(parrot, tmp_path):
+    dev = shared("dbbench", "dev.jsonl")
+    result = evaluate_file(parrot, dev, limit=2, max_new_tokens=2, out=tmp_path / "sql.jsonl")
+    records = [row for _, row in iter_jsonl(tmp_path / "sql.jsonl")]
+    first = json.loads(dev.read_text().splitlines()[0])
+    assert result.overall.rows == 2 and records[0]["prompt"] == first["description"]
+    assert records[0]["ground_truth"] == first["label"] and records[0]["type"] == first["type"][0]
+    assert "[assistant]" in records[0]["completion"] and "turns" in result.metrics
+
+
+@pytest.mark.parametrize("correct, n", [(0, 1), (2, 3), (7, 10), (50, 50), (123, 1319)])
+def test_wilson_interval_matches_scipy(correct, n):
+    stats = pytest.importorskip("scipy.stats")
+    expected = stats.binomtest(correct, n).proportion_ci(confidence_level=0.95, method="wilson")
+    assert wilson_interval(correct, n) == pytest.approx((expected.low, expected.high), abs=1e-9)
+
+
+def test_wilson_interval_of_no_rows_is_everything():
+    assert wilson_interval(0, 0) == (0.0, 1.0)
+
+
+@pytest.mark.parametrize("args, message", [
+    (["eval", "runs/x", "--limit", "3"], "--limit needs a TEST_FILE"),
+    (["eval", "smollm2-135m-instruct"], "smollm2-135m-instruct is not a run dir (no config.yaml); to evaluate a "
+                                        "model, name a JSONL test file"),
+])
+def test_eval_options_that_need_a_file_or_a_run_are_one_line_errors(args, message, capsys):
+    assert main(args) in (1, 2)
+    err = capsys.readouterr().err
+    assert err.startswith(f"lmrl eval: error: {message}") and len(err.splitlines()) == 1
+
+
+def test_a_test_file_that_is_missing_or_damaged_fails_before_the_model_loads(tmp_path, capsys):
+    assert main(["eval", "no-such-model", str(tmp_path / "missing.jsonl")]) == 1
+    assert "missing.jsonl" in capsys.readouterr().err
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"prompt": "1+1", "ground_truth": "2"}\n{"prompt": \n')
+    with pytest.raises(DataError, match=f"^{bad}:2: invalid JSON"):
+        evaluate_file("no-such-model", bad)
+
+
+def test_eval_of_a_run_dir_loads_its_checkpoint_and_its_task_settings(parrot, test_file, tmp_path, capsys):
+    from lmrl.config import load_config
+    from lmrl.tasks.word_problems import write_addition_chat
+    from lmrl.train.rl_trainer import RLTrainer
+
+    write_addition_chat(tmp_path / "data", n_train=8, n_test=4, seed=0)
+    run = tmp_path / "run"
+    RLTrainer(load_config("math-grpo-smollm2", [
+        f"model.path={parrot}", f"task.train_file={tmp_path / 'data' / 'train.jsonl'}",
+        f"task.test_file={tmp_path / 'data' / 'test.jsonl'}", f"run.dir={run}", "lora.r=2", "task.chat=false",
+        "task.max_new_tokens=1", "train.steps=1", "train.rollout_size=4", "algo.group_size=2", "eval.size=2",
+        "eval.batch_size=2", "run.progress=false", "run.tensorboard=false", "run.threads=1", "optim.lr=0"])).train()
+    assert main(["eval", str(run), str(test_file)]) == 0
+    report = json.loads(capsys.readouterr().out)
+    # the preset's prompt template ends every prompt with "</answer>", whose last token the parrot repeats
+    assert report["checkpoint"].endswith("step_1") and report["correct"] == 0
+    assert report["completions"] == str(run / "eval" / "mixed.completions.jsonl")
+    completions = [row for _, row in iter_jsonl(run / "eval" / "mixed.completions.jsonl")]
+    assert len(completions) == 3 and len({c["completion"] for c in completions}) == 1
+    assert main(["eval", str(run), str(test_file), "--prompt-template", "{prompt}"]) == 0
+    assert json.loads(capsys.readouterr().out)["correct"] == 2  # lr 0: the checkpoint is still the parrot
