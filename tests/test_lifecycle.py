@@ -87,3 +87,13 @@ def test_resume_from_names_the_checkpoint_another_run_continues_from(tiny_config
     rows = {d: [{k: v for k, v in r.items() if not k.startswith(volatile)} for r in read_metrics(tmp_path / d)]
             for d in ("a", "b")}
     assert rows["b"][0]["step"] == 7 and rows["b"] == [r for r in rows["a"] if r["step"] > 6]
+
+
+def test_every_logged_row_carries_the_runs_wall_time_so_far(tiny_config):
+    cfg = tiny_config("train.steps=4", "train.log_every=1")
+    RLTrainer(cfg).train()
+    rows = [json.loads(line) for line in (cfg.run_dir / "metrics.jsonl").read_text().splitlines()]
+    elapsed = [r["time/elapsed_s"] for r in rows]
+    assert len(elapsed) == len(rows) and elapsed == sorted(elapsed) and elapsed[0] > 0
+    summary = json.loads((cfg.run_dir / "summary.json").read_text())
+    assert elapsed[-1] <= summary["time_s"]["total"]

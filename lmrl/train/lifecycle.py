@@ -361,6 +361,8 @@ class Trainer:
             metrics.update(self.run_evaluation())
             self.stage_evaluated(stage, metrics)
         if stage_step % cfg.train.log_every == 0 or stage_step == 1 or last or any(k.startswith("eval/") for k in metrics):
+            self._tick()
+            metrics["time/elapsed_s"] = self.state["time"]["wall"]  # the run's wall time so far (resumes add on)
             self.log_metrics(step, metrics, stage=stage.name, stage_step=stage_step, stage_total=stage.steps)
         if self.log is not None:
             self.log.advance(step)
