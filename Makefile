@@ -5,7 +5,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 ARGS   ?=
 
-.PHONY: setup train test test-slow test-vllm bench clean
+.PHONY: setup train train-gsm8k-gpu test test-slow test-vllm bench clean
 
 # --system-site-packages: a torch the user already installed (e.g. a CUDA build) is used as it is.
 $(BIN)/python:
@@ -21,6 +21,14 @@ setup: $(VENV)/.installed
 
 train: setup
 	$(BIN)/lmrl train adder $(ARGS)
+
+# The GPU recipe in one command: Qwen2.5-Math-1.5B-Instruct downloaded once to QWEN_DIR, then GRPO + LoRA on
+# GSM8K (math-grpo-qwen-gpu writes data/gsm8k/ from the hub on first use; GSM8K_FROM=DIR converts local files).
+QWEN_DIR   ?= models/qwen2.5-math-1.5b
+GSM8K_FROM ?=
+train-gsm8k-gpu: setup
+	test -f $(QWEN_DIR)/config.json || $(BIN)/hf download Qwen/Qwen2.5-Math-1.5B-Instruct --local-dir $(QWEN_DIR)
+	$(BIN)/lmrl train math-grpo-qwen-gpu model.path=$(QWEN_DIR) $(if $(GSM8K_FROM),task.generate_from=$(GSM8K_FROM)) $(ARGS)
 
 test: setup
 	$(BIN)/python -m pytest -q $(ARGS)

@@ -7,6 +7,7 @@
     lmrl eval RUN_DIR [--checkpoint best|latest|step_N] [--size N]
     lmrl eval RUN_DIR|MODEL TEST_FILE [--limit N] [--max-new-tokens N] [--batch-size N] [--out FILE] [--no-chat]
                                       [--system-prompt S] [--prompt-template T] [--require-format] [--temperature T]
+                                      [--adapter DIR]      a PEFT LoRA adapter on MODEL (a TRL run's output)
     lmrl generate RUN_DIR "123+456=" [...] [--checkpoint ...] [--temperature T]
     lmrl export RUN_DIR [--out DIR] [--checkpoint ...]   a merged model transformers loads
     lmrl data word-problems OUT_DIR [--train N] [--test N] [--kinds add,sub,mul] [--max-value N]
@@ -84,6 +85,9 @@ def _parser(key_reference: bool = False) -> argparse.ArgumentParser:
     f.add_argument("--temperature", type=float, default=None, help="0 = greedy (default)")
     f.add_argument("--seed", type=int, default=None, help="sampling seed when --temperature > 0 (default 0)")
     f.add_argument("--device", default=None, help="auto (default) | cpu | cuda | cuda:N")
+    f.add_argument("--adapter", type=Path, default=None, metavar="DIR",
+                   help="a PEFT LoRA adapter (adapter_config.json + weights: a TRL output, an lmrl LoRA checkpoint) "
+                        "put on MODEL, merged, before answering")
 
     g = sub.add_parser("generate", help="complete prompts with a run's model")
     g.add_argument("run_dir", type=Path)
@@ -237,7 +241,7 @@ def _config(args) -> int:
 
 # `lmrl eval` options that need a TEST_FILE, and their evaluate_file keywords
 _FILE_OPTIONS = ("limit", "max_new_tokens", "batch_size", "out", "chat", "system_prompt", "prompt_template",
-                 "require_format", "temperature", "seed", "device")
+                 "require_format", "temperature", "seed", "device", "adapter")
 
 
 def _eval(args) -> int:

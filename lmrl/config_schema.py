@@ -26,7 +26,7 @@ from .models.heads import VALUE_MODELS
 from .rollout.engines import ENGINES
 from .rollout.vllm_engine import unsupported_reason as vllm_unsupported_reason
 from .schedules import SCHEDULES
-from .tasks import GENERATORS as TASK_GENERATORS, TASKS
+from .tasks import GENERATORS as TASK_GENERATORS, READS_SOURCE, TASKS
 from .tasks.arithmetic import OPS as ARITHMETIC_TASKS, REWARDS as ARITHMETIC_REWARDS, answer_length
 from .tasks.sql.procedural import SKILLS as SQL_SKILLS
 
@@ -157,8 +157,11 @@ class TaskConfig(Section):
     train_file: str | None = _f(None, "math: JSONL rows {prompt or messages, ground_truth} to train on; "
                                       "sql: DBBench-format JSONL (default: procedural tasks)")
     generate: str = _f("", "math: when train_file / test_file do not exist, write them first with "
-                           "`lmrl data <generate>`'s defaults: word-problems | addition-chat | preferences (empty: never)",
+                           "`lmrl data <generate>`'s defaults: word-problems | addition-chat | preferences, or "
+                           "gsm8k: GSM8K's train and test splits as `lmrl prepare-data` converts them (empty: never)",
                        choices=("", *TASK_GENERATORS))
+    generate_from: str = _f("", "task.generate=gsm8k: a local directory of the data set's train*/test* .jsonl or "
+                                ".parquet files to convert (empty: download it from the Hugging Face hub)")
     test_file: str | None = _f(None, "math: JSONL rows held out for evaluation; sql: DBBench-format JSONL")
     max_new_tokens: int = _f(256, "math: longest completion sampled; sql: longest agent turn", ge=1)
     chat: bool = _f(True, "math: wrap plain-text prompts as a user message in the model's chat template")
@@ -173,6 +176,9 @@ class TaskConfig(Section):
              "task.reward=per_step checks scratchpad steps: it needs task.scratchpad=true"),
             ("{prompt}" in self.prompt_template,
              f"task.prompt_template must contain {{prompt}}, got {self.prompt_template!r}"),
+            (not self.generate_from or self.generate in READS_SOURCE,
+             f"task.generate_from is the source of a generator that converts a data set ({', '.join(READS_SOURCE)}); "
+             f"task.generate={self.generate!r} reads none"),
         ] if not ok]
 
 

@@ -161,3 +161,43 @@ def test_eval_of_a_run_dir_loads_its_checkpoint_and_its_task_settings(parrot, te
     assert len(completions) == 3 and len({c["completion"] for c in completions}) == 1
     assert main(["eval", str(run), str(test_file), "--prompt-template", "{prompt}"]) == 0
     assert json.loads(capsys.readouterr().out)["correct"] == 2  # lr 0: the checkpoint is still the parrot
+
+
+def _adapter_on_the_parrot(parrot, directory):
+    """A LoRA adapter on the parrot's attention output (all zero without it) that changes its answers,
+    saved as PEFT writes it, and the same model merged into a plain transformers dir."""
+    from lmrl.models.hf import load_hf_policy
+    from lmrl.models.lora import add_lora, export_merged, save_adapter
+
+    policy = load_hf_policy(str(parrot))[0]
+    add_lora(policy, r=4, alpha=8, target_modules=["o_proj"])
+    torch.manual_seed(0)
+    with torch.no_grad():
+        for name, p in policy.model.named_parameters():
+            if "lora_B" in name:
+                p.normal_(0, 2.0)
+    return save_adapter(policy, directory / "adapter"), export_merged(policy, policy.tokenizer, directory / "merged")
+
+
+def test_an_adapter_on_a_bare_model_answers_as_the_merged_model(parrot, test_file, tmp_path, capsys):
+    adapter, merged = _adapter_on_the_parrot(parrot, tmp_path)
+    options = ["--no-chat", "--max-new-tokens", "3"]
+    for name, args in (("base", [str(parrot)]), ("adapter", [str(parrot), "--adapter", str(adapter)]),
+                       ("merged", [str(merged)])):
+        assert main(["eval", *args[:1], str(test_file), *options, *args[1:], "--out", str(tmp_path / f"{name}.jsonl")]) == 0
+        report = json.loads(capsys.readouterr().out)
+        assert report["checkpoint"] == (str(adapter) if name == "adapter" else None)
+    texts = {name: [row["completion"] for _, row in iter_jsonl(tmp_path / f"{name}.jsonl")]
+             for name in ("base", "adapter", "merged")}
+    assert texts["adapter"] == texts["merged"] != texts["base"]
+
+
+def test_an_adapter_needs_a_peft_dir_and_a_bare_model(parrot, test_file, tmp_path, capsys):
+    assert main(["eval", str(parrot), str(test_file), "--adapter", str(tmp_path)]) == 1
+    err = capsys.readouterr().err
+    assert "holds no adapter_config.json" in err and len(err.splitlines()) == 1
+    adapter, _ = _adapter_on_the_parrot(parrot, tmp_path)
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "config.yaml").write_text("{}\n")
+    assert main(["eval", str(tmp_path / "run"), str(test_file), "--adapter", str(adapter)]) == 2
+    assert "an adapter goes on a bare model" in capsys.readouterr().err

@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 from lmrl.data import DataError, iter_jsonl
-from lmrl.tasks.prepare_data import PreparedFile, add_parser, detect_format, prepare, run
+from lmrl.tasks.prepare_data import PreparedFile, add_parser, detect_format, prepare, run, write_gsm8k_splits
 
 
 def write_jsonl_rows(path, rows):
@@ -288,6 +288,67 @@ def test_a_gsm8k_row_without_a_numeric_final_answer_is_an_error_naming_its_line(
     assert str(e.value).startswith(f"{src}:2: {message}")
     [out] = prepare(["gsm8k"], tmp_path / "data", from_path=src, split="test", skip_bad_rows=True)
     assert (out.rows_written, out.rows_skipped) == (1, 1)
+
+
+def test_gsm8k_splits_become_a_tasks_train_and_test_files(tmp_path):
+    raw = tmp_path / "raw"
+    write_jsonl_rows(raw / "train.jsonl", GSM8K_ROWS)
+    write_jsonl_rows(raw / "test.jsonl", GSM8K_ROWS[1:])
+    train, test = write_gsm8k_splits(tmp_path / "data", raw)
+    assert (train, test) == (tmp_path / "data" / "train.jsonl", tmp_path / "data" / "test.jsonl")
+    assert [r["ground_truth"] for r in rows_of(train)] == ["1203", "-7"] and len(rows_of(test)) == 1
+    assert sorted(p.name for p in (tmp_path / "data").iterdir()) == ["test.jsonl", "train.jsonl"]
+
+
+def test_a_gsm8k_split_that_fails_leaves_neither_file(tmp_path):
+    raw = tmp_path / "raw"
+    write_jsonl_rows(raw / "train.jsonl", GSM8K_ROWS)
+    write_jsonl_rows(raw / "test.jsonl", [{"question": "How many?", "answer": "four"}])
+    with pytest.raises(DataError, match="test.jsonl:1: 'answer' has no"):
+        write_gsm8k_splits(tmp_path / "data", raw)
+    assert list((tmp_path / "data").iterdir()) == []
+
+
+def test_the_gpu_recipe_trains_on_gsm8k_and_writes_its_splits_on_first_use(tmp_path):
+    from lmrl.config import load_config
+    from lmrl.tasks import _ensure_data
+
+    preset = load_config("math-grpo-qwen-gpu")
+    assert (preset.task.train_file, preset.task.test_file) == ("data/gsm8k/train.jsonl", "data/gsm8k/test.jsonl")
+    assert (preset.task.generate, preset.task.generate_from, preset.eval.size) == ("gsm8k", "", 500)
+    raw = write_jsonl_rows(tmp_path / "raw" / "train.jsonl", GSM8K_ROWS).parent
+    write_jsonl_rows(raw / "test.jsonl", GSM8K_ROWS[:1])
+    cfg = load_config("math-grpo-qwen-gpu", [f"task.train_file={tmp_path / 'gsm8k' / 'train.jsonl'}",
+                                             f"task.test_file={tmp_path / 'gsm8k' / 'test.jsonl'}",
+                                             f"task.generate_from={raw}"])
+    _ensure_data(cfg.task)
+    assert len(rows_of(tmp_path / "gsm8k" / "train.jsonl")) == 2 and len(rows_of(tmp_path / "gsm8k" / "test.jsonl")) == 1
+
+
+def test_generate_from_is_only_for_a_generator_that_converts_a_data_set():
+    from lmrl.config import ConfigError, load_config
+
+    with pytest.raises(ConfigError, match="task.generate_from is the source of a generator that converts"):
+        load_config("math-grpo-smollm2", ["task.generate_from=raw/gsm8k"])
+
+
+def test_gsm8k_generation_offline_without_a_source_names_generate_from(tmp_path, monkeypatch):
+    import datasets.config
+    import huggingface_hub.constants
+
+    from lmrl.config import load_config
+    from lmrl.tasks import _ensure_data
+
+    monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", True)
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", tmp_path / "cache")
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    cfg = load_config("math-grpo-qwen-gpu", [f"task.train_file={tmp_path / 'd' / 'train.jsonl'}",
+                                             f"task.test_file={tmp_path / 'd' / 'test.jsonl'}"])
+    with pytest.raises(DataError) as e:
+        _ensure_data(cfg.task)
+    assert "could not reach the Hugging Face hub" in str(e.value) and "task.generate_from=DIR" in str(e.value)
+    assert "\n" not in str(e.value)
 
 
 def test_real_gsm8k_test_split_converts_every_row(tmp_path):

@@ -39,7 +39,8 @@ def resolve_model_path(path: str, gguf_file: str | None = None) -> tuple[Path, s
         return _packaged_gguf(path)
     if not p.exists():
         raise FileNotFoundError(f"model path {str(path)!r} does not exist (lmrl loads Hugging Face models from "
-                                f"local directories only; packaged names: {', '.join(PACKAGED_GGUF)})")
+                                f"local directories only: download one first, e.g. `hf download ORG/NAME --local-dir "
+                                f"{path}`; packaged names: {', '.join(PACKAGED_GGUF)})")
     if p.is_file() and p.suffix == ".gguf" and gguf_file is None:
         return p.parent, p.name
     if not p.is_dir():

@@ -86,10 +86,18 @@ def _prompt_task(cfg, *, tokenizer, reward, device, **_):
 TASKS = {"addition": _arithmetic_task, "multiplication": _arithmetic_task, "math": _math_task, "sql": _sql_task,
          "prompts": _prompt_task}
 
+def _write_gsm8k(out_dir, *, source=None):
+    from .prepare_data import write_gsm8k_splits
+
+    return write_gsm8k_splits(out_dir, source)
+
+
 # `task.generate` -> the writer of DIR/train.jsonl and DIR/test.jsonl and its (train, test) sizes, as
-# `lmrl data <name>` writes them by default.
+# `lmrl data <name>` writes them by default; gsm8k converts the real data set's splits whole.
 GENERATORS = {"word-problems": (write_splits, (2000, 200)), "addition-chat": (write_addition_chat, (2000, 200)),
-              "preferences": (write_preference_splits, (600, 100))}
+              "preferences": (write_preference_splits, (600, 100)), "gsm8k": (_write_gsm8k, ())}
+# the generators that read a data set (`task.generate_from`, else the Hugging Face hub) instead of making one
+READS_SOURCE = ("gsm8k",)
 
 
 def _ensure_data(cfg) -> None:
@@ -105,7 +113,17 @@ def _ensure_data(cfg) -> None:
         raise FileNotFoundError(f"task.generate writes DIR/train.jsonl and DIR/test.jsonl; task.train_file="
                                 f"{train} and task.test_file={test} are not such a pair")
     writer, sizes = GENERATORS[cfg.generate]
-    writer(train.parent, *sizes, seed=0)
+    if cfg.generate not in READS_SOURCE:
+        writer(train.parent, *sizes, seed=0)
+        return
+    from ..data import DataError
+
+    try:
+        writer(train.parent, source=cfg.generate_from or None)
+    except DataError as e:
+        where = f"task.generate_from={cfg.generate_from}" if cfg.generate_from else "the Hugging Face hub"
+        raise DataError(f"task.generate={cfg.generate} could not write {train.parent}/ from {where}: {e} (set "
+                        f"task.generate_from=DIR to a local copy of the data set's files)") from None
 
 
 def __getattr__(name):
@@ -116,4 +134,4 @@ def __getattr__(name):
     raise AttributeError(f"module 'lmrl.tasks' has no attribute {name!r}")
 
 
-__all__ = ["ArithmeticTask", "GENERATORS", "TASKS", "build_task"]
+__all__ = ["ArithmeticTask", "GENERATORS", "READS_SOURCE", "TASKS", "build_task"]

@@ -7,9 +7,10 @@
     result.records[0]                  # {"index", "prompt", "completion", "ground_truth", "correct", "reward", ...}
 
 The model is any Hugging Face causal LM `load_hf_policy` loads (a local dir, a .gguf file, the packaged
-`smollm2-135m-instruct`) or a run dir, whose checkpoint (`checkpoint`: latest, best, step_N) is loaded on
-its base model. The rows go through the task that trains on them, so prompts are rendered and answers
-checked as in training:
+`smollm2-135m-instruct`), optionally with a PEFT LoRA `adapter` dir put on it and merged (what TRL's
+trainers and lmrl's LoRA checkpoints write), or a run dir, whose checkpoint (`checkpoint`: latest, best,
+step_N) is loaded on its base model. The rows go through the task that trains on them, so prompts are
+rendered and answers checked as in training:
 
     math rows {prompt | messages, ground_truth}        MathTask: math-verify
     reasoning-gym rows {prompt, ground_truth, task,    MathTask: the data set's own scorer, correct at a full
@@ -90,7 +91,7 @@ class Tally:
 @dataclass
 class FileEvaluation:
     model: str                   # what answered: a model path or name, or a run dir
-    checkpoint: str | None       # the run's checkpoint dir; None for a bare model
+    checkpoint: str | None       # the run's checkpoint dir, or the adapter on a bare model; None for a bare model alone
     file: str
     overall: Tally
     by_type: dict[str, Tally]    # per value of the rows' task / type column (SQL: skill); empty without one
@@ -109,11 +110,11 @@ def evaluate_file(model: str | Path, test_file: str | Path, *, checkpoint: str =
                   max_new_tokens: int | None = None, batch_size: int = 16, out: str | Path | None = None,
                   chat: bool | None = None, system_prompt: str | None = None, prompt_template: str | None = None,
                   require_format: bool | None = None, temperature: float = 0.0, seed: int = 0,
-                  device: str = "auto", dtype: str = "fp32") -> FileEvaluation:
+                  device: str = "auto", dtype: str = "fp32", adapter: str | Path | None = None) -> FileEvaluation:
     """Answers of `model` (a Hugging Face model or a run dir, see the module docstring) to the first
     `limit` rows of `test_file` (all when None), `batch_size` rows at a time, checked by the rows'
     task; every row's record is written to `out` as JSONL when given. None settings take the run's
-    (or the defaults'); `dtype` is a bare model's (a run keeps its own)."""
+    (or the defaults'); `dtype` and `adapter` are a bare model's (a run keeps its own)."""
     for name, value, low in (("limit", limit, 1), ("batch_size", batch_size, 1), ("max_new_tokens", max_new_tokens, 1)):
         if value is not None and value < low:
             raise ConfigError(f"{name} must be at least {low}, got {value}")
@@ -123,7 +124,10 @@ def evaluate_file(model: str | Path, test_file: str | Path, *, checkpoint: str =
     _, first = next(iter_jsonl(test_file))
     sql = all(key in first for key in DBBENCH_KEYS)
     (load_dbbench if sql else read_rows)(test_file)  # a bad row fails here, naming it, before the model loads
-    policy, checkpoint_dir, task_cfg, reward_cfg, env_cfg = _load(model, checkpoint, dtype)
+    if adapter is not None and not (Path(adapter) / "adapter_config.json").is_file():
+        raise FileNotFoundError(f"adapter {str(adapter)!r} holds no adapter_config.json (a PEFT adapter dir: what "
+                                f"TRL's trainer.save_model or an lmrl LoRA checkpoint writes)")
+    policy, checkpoint_dir, task_cfg, reward_cfg, env_cfg = _load(model, checkpoint, dtype, adapter)
     policy.to(resolve_device(device, DistInfo()))
     max_new_tokens = max_new_tokens or task_cfg.max_new_tokens
     if sql:
@@ -153,7 +157,8 @@ def evaluate_file(model: str | Path, test_file: str | Path, *, checkpoint: str =
         out.parent.mkdir(parents=True, exist_ok=True)
         write_jsonl(out, records)
     return FileEvaluation(
-        model=str(model), checkpoint=None if checkpoint_dir is None else str(checkpoint_dir), file=str(test_file),
+        model=str(model), checkpoint=None if (checkpoint_dir or adapter) is None else str(checkpoint_dir or adapter),
+        file=str(test_file),
         overall=Tally(sum(r["correct"] for r in records), len(records)),
         by_type={name: Tally(sum(flags), len(flags)) for name, flags in sorted(types.items())},
         metrics={name: total / max(len(records), 1) for name, total in sums.items()},
@@ -205,15 +210,24 @@ def _row(task, i: int) -> tuple:
     return row.get("prompt", row.get("messages")), task.ground_truths[i], kind if isinstance(kind, str) else None
 
 
-def _load(model: str | Path, checkpoint: str, dtype: str) -> tuple:
-    """(policy, checkpoint dir or None, task, reward and env sections) for a run dir or a bare model."""
+def _load(model: str | Path, checkpoint: str, dtype: str, adapter: str | Path | None = None) -> tuple:
+    """(policy, checkpoint dir or None, task, reward and env sections) for a run dir or a bare model
+    (with its adapter merged in, if given)."""
     if _is_run_dir(model):
+        if adapter is not None:
+            raise ConfigError(f"{model} is a run dir, which evaluates its own checkpoint (--checkpoint); an adapter "
+                              f"goes on a bare model: lmrl eval MODEL FILE --adapter DIR")
         cfg, path, policy = load_run_model(Path(model), checkpoint)
         if cfg.model.type != "hf":
             raise ConfigError(f"{model}: its model is the built-in GPT (model.type: gpt); evaluating a JSONL file "
                               f"needs a Hugging Face model (model.type: hf)")
         return policy, path, cfg.task, cfg.reward, cfg.env
     policy, _ = load_hf_policy(str(model), dtype=dtype)
+    if adapter is not None:
+        from ..models.lora import load_adapter
+
+        load_adapter(policy, adapter, trainable=False)
+        policy.model = policy.model.merge_and_unload()  # plain linear layers: the sampling loop's fast path
     policy.eval()
     return policy, None, TaskConfig(), RewardConfig(require_format=False), EnvConfig()
 
