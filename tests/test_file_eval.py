@@ -17,7 +17,8 @@ import torch
 from lmrl.cli import main
 from lmrl.data import DataError, iter_jsonl
 from lmrl.tasks.reasoning_gym import generate
-from lmrl.train.file_eval import Tally, evaluate_file, wilson_interval
+from lmrl.train.file_eval import (Tally, difference_interval, evaluate_file, paired_difference_interval,
+                                  wilson_interval)
 from tests.test_hf import save_tiny_llama
 
 SHARED_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
@@ -109,6 +110,16 @@ def test_dbbench_records_are_played_as_sql_episodes(parrot, tmp_path):
     assert "[assistant]" in records[0]["completion"] and "turns" in result.metrics
 
 
+def test_dbbench_episodes_are_played_in_the_environment_passed(parrot):
+    # the parrot never writes an action: an episode lasts as many rounds as it may (or its context holds)
+    from lmrl.config import EnvConfig
+
+    dev = shared("dbbench", "dev.jsonl")
+    assert evaluate_file(parrot, dev, limit=1, max_new_tokens=2).metrics["turns"] > 2  # a bare model: 15 rounds
+    result = evaluate_file(parrot, dev, limit=1, max_new_tokens=2, env=EnvConfig(max_rounds=2))
+    assert result.metrics["turns"] == 2 and result.metrics["timeout_rate"] == 1.0
+
+
 @pytest.mark.parametrize("correct, n", [(0, 1), (2, 3), (7, 10), (50, 50), (123, 1319)])
 def test_wilson_interval_matches_scipy(correct, n):
     stats = pytest.importorskip("scipy.stats")
@@ -118,6 +129,42 @@ def test_wilson_interval_matches_scipy(correct, n):
 
 def test_wilson_interval_of_no_rows_is_everything():
     assert wilson_interval(0, 0) == (0.0, 1.0)
+
+
+def test_difference_interval_by_hand():
+    # Wilson (z = 1.96): 1/2 -> 0.5 ± 0.40547 = (0.09453, 0.90547); 0/2 -> 0.32881 ± 0.32881 = (0, 0.65762).
+    # low = 0.5 − √((0.5 − 0.09453)² + (0.65762 − 0)²) = 0.5 − 0.77257; high = 0.5 + √((0.90547 − 0.5)² + 0²)
+    assert difference_interval(1, 2, 0, 2) == pytest.approx((-0.27257, 0.90547), abs=1e-5)
+
+
+@pytest.mark.parametrize("a, n_a, b, n_b, published", [  # Newcombe (1998), Stat Med 17:873, table II, method 10
+    (56, 70, 48, 80, (0.0524, 0.3339)), (9, 10, 3, 10, (0.1705, 0.8090)), (5, 56, 0, 29, (-0.0381, 0.1926)),
+    (0, 10, 0, 20, (-0.1611, 0.2775)), (10, 10, 0, 20, (0.6791, 1.0)),
+])
+def test_difference_interval_of_independent_proportions_matches_newcombe(a, n_a, b, n_b, published):
+    assert difference_interval(a, n_a, b, n_b) == pytest.approx(published, abs=5e-5)
+
+
+def test_paired_difference_interval_matches_the_published_worked_example():
+    # Cavo et al. (2012) in Fagerland, Lydersen & Laake, "Statistical Analysis of Contingency Tables", ch. 8:
+    # 59 items right both times, 6 only in the first, 16 only in the second, 80 in neither:
+    # −0.0621 (95% CI −0.1186 to −0.0046)
+    first = [True] * 59 + [True] * 6 + [False] * 16 + [False] * 80
+    second = [True] * 59 + [False] * 6 + [True] * 16 + [False] * 80
+    assert paired_difference_interval(first, second) == pytest.approx((-0.1186, -0.0046), abs=5e-5)
+    # the correlation narrows it: the same counts as independent samples give a wider interval
+    low, high = difference_interval(65, 161, 75, 161)
+    assert low < -0.1186 and high > -0.0046
+
+
+def test_paired_difference_interval_without_correlation_is_the_independent_one():
+    # both right r = 1, only first s = 1, only second t = 1, neither u = 2: ru − st = 1 <= N/2, so φ = 0
+    first, second = [True, True, False, False, False], [True, False, True, False, False]
+    assert paired_difference_interval(first, second) == difference_interval(2, 5, 2, 5)
+    # a margin empty (the second all wrong): φ = 0
+    assert paired_difference_interval([True] * 4, [False] * 4) == difference_interval(4, 4, 0, 4)
+    with pytest.raises(ValueError, match="one of each per item: got 2 and 1"):
+        paired_difference_interval([True, False], [True])
 
 
 @pytest.mark.parametrize("args, message", [

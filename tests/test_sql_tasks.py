@@ -10,9 +10,10 @@ from pathlib import Path
 
 import pytest
 
+from lmrl.config import load_config
 from lmrl.data import DataError
-from lmrl.tasks.sql import (SKILLS, InProcessSandbox, ProceduralSQLTasks, SQLEnv, answers_match, build_task,
-                            group_by_skill, is_heldout, load_dbbench, parse_answer_md5, table_md5)
+from lmrl.tasks.sql import (SKILLS, InProcessSandbox, ProceduralSQLTasks, Sandbox, SQLEnv, SQLEnvConfig, answers_match,
+                            build_task, group_by_skill, is_heldout, load_dbbench, parse_answer_md5, table_md5)
 from lmrl.tasks.sql.procedural import content_hash
 
 DEV = Path("/work/shared/data/dbbench/dev.jsonl")
@@ -67,6 +68,28 @@ def test_every_dev_task_is_solved_in_the_env_by_its_reference_sql_or_label():
         turns = [run_sql(task.reference_sql), final([])] if task.is_modification else [final(list(task.label))]
         obs, reward, done, info = play(task, *turns)
         assert info["outcome"] == "correct", (task.id, obs)
+
+
+@needs_dev
+def test_all_60_dev_records_load_whole_into_the_sandbox_and_their_checks_tell_right_from_wrong():
+    # As benchmarks/sql_agent.py plays them: a sandbox worker per episode, the sql-agent-smollm2 environment
+    # (3 rounds, 300-character observations). Modifications are checked by the table's hash, questions by the label.
+    env_config = SQLEnvConfig.from_section(load_config("sql-agent-smollm2").env)
+    tasks = load_dbbench(DEV)
+    assert len(tasks) == 60
+    for task in tasks:
+        with Sandbox(task.table, env_config.limits()) as db:
+            as_text = [tuple(None if v is None else str(v) for v in row) for row in task.table.rows]
+            assert sorted(db.table_rows(), key=repr) == sorted(as_text, key=repr), task.id  # every row, as written
+        if task.is_modification:
+            assert play(task, final([]), config=env_config)[3]["outcome"] == "wrong", task.id  # the table untouched
+            solved = play(task, run_sql(task.reference_sql), final([]), config=env_config)
+        else:
+            assert task.label and all(isinstance(v, str) and v.strip() for v in task.label), task.id
+            assert play(task, final(["not the answer"]), config=env_config)[3]["outcome"] == "wrong", task.id
+            assert play(task, final([]), config=env_config)[3]["outcome"] == "wrong", task.id
+            solved = play(task, final(list(task.label)), config=env_config)  # the label, written as the prompt asks
+        assert solved[3]["outcome"] == "correct", (task.id, solved[0])
 
 
 @needs_dev
@@ -174,8 +197,8 @@ def task_of(skill: str, seed: int):
     return task
 
 
-def play(task, *turns):
-    env = SQLEnv()
+def play(task, *turns, config: SQLEnvConfig | None = None):
+    env = SQLEnv(config)
     env.reset(task)
     for turn in turns:
         obs, reward, done, info = env.step(turn)

@@ -18,11 +18,13 @@ rendered and answers checked as in training:
     DBBench records {description, label, table, type}  SQLAgentTask: multi-turn SQL episodes in the sandbox,
                                                        correct when the answer (or the table) matches
 
-The prompt settings (chat template, system prompt, prompt template, max new tokens) and the math
-reward's format rule come from the run's `task` and `reward` sections; for a bare model from the
-config defaults, except `require_format`, which is off: a completion's answer is its `<answer>` block
-if it has one, else its last number (math) or its last line (reasoning-gym). Decoding is greedy
-unless `temperature` > 0. Accuracy comes with its 95% Wilson score interval, overall and per type.
+The prompt settings (chat template, system prompt, prompt template, max new tokens), the math
+reward's format rule and the SQL environment (rounds, observation size, context) come from the run's
+`task`, `reward` and `env` sections; for a bare model from the config defaults, except
+`require_format`, which is off: a completion's answer is its `<answer>` block if it has one, else its
+last number (math) or its last line (reasoning-gym). Decoding is greedy unless `temperature` > 0.
+Accuracy comes with its 95% Wilson score interval, overall and per type; two models' verdicts on the
+same rows compare with `paired_difference_interval`.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from statistics import NormalDist
+from typing import Sequence
 
 import torch
 
@@ -63,6 +66,53 @@ def wilson_interval(correct: int, n: int, confidence: float = 0.95) -> tuple[flo
     centre = (p + z * z / (2 * n)) / (1 + z * z / n)
     half = z / (1 + z * z / n) * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n))
     return max(0.0, centre - half), min(1.0, centre + half)
+
+
+def difference_interval(correct_a: int, n_a: int, correct_b: int, n_b: int, confidence: float = 0.95,
+                        phi: float = 0.0) -> tuple[float, float]:
+    """Newcombe's square-and-add interval of the difference p_a − p_b, from the Wilson intervals
+    (l_a, u_a) and (l_b, u_b) of the two proportions:
+
+        low  = d − √((p_a − l_a)² − 2φ(p_a − l_a)(u_b − p_b) + (u_b − p_b)²)
+        high = d + √((u_a − p_a)² − 2φ(u_a − p_a)(p_b − l_b) + (p_b − l_b)²),   d = p_a − p_b
+
+    φ = 0: two independent samples (Newcombe 1998, Stat Med 17:873, method 10). Two scorings of the
+    same items correlate: `paired_difference_interval` passes their φ. Inside [−1, 1]; an empty side
+    gives its proportion the whole of [0, 1]."""
+    p_a, p_b = correct_a / n_a if n_a else 0.0, correct_b / n_b if n_b else 0.0
+    l_a, u_a = wilson_interval(correct_a, n_a, confidence)
+    l_b, u_b = wilson_interval(correct_b, n_b, confidence)
+    d = p_a - p_b
+    below_a, above_b = p_a - l_a, u_b - p_b
+    above_a, below_b = u_a - p_a, p_b - l_b
+    low = d - math.sqrt(max(0.0, below_a ** 2 - 2 * phi * below_a * above_b + above_b ** 2))
+    high = d + math.sqrt(max(0.0, above_a ** 2 - 2 * phi * above_a * below_b + below_b ** 2))
+    return max(-1.0, low), min(1.0, high)
+
+
+def paired_difference_interval(a: Sequence[bool], b: Sequence[bool],
+                               confidence: float = 0.95) -> tuple[float, float]:
+    """The interval of p_a − p_b when a[i] and b[i] are the same item's verdicts under two scorings
+    (two models on one test set): Newcombe's square-and-add interval for paired proportions
+    (Newcombe 1998, Stat Med 17:2635, method 10), `difference_interval` with φ the correlation of the
+    2×2 table (both right r, only a s, only b t, neither u; N items):
+
+        φ = (A − N/2) / √((r+s)(t+u)(r+t)(s+u))  where A = ru − st > N/2,   0 where 0 ≤ A ≤ N/2,
+            A / √(...) where A < 0,   and 0 when a margin is empty."""
+    if len(a) != len(b):
+        raise ValueError(f"paired verdicts need one of each per item: got {len(a)} and {len(b)}")
+    n = len(a)
+    r = sum(1 for x, y in zip(a, b) if x and y)
+    s = sum(1 for x, y in zip(a, b) if x and not y)
+    t = sum(1 for x, y in zip(a, b) if y and not x)
+    u = n - r - s - t
+    margins = (r + s) * (t + u) * (r + t) * (s + u)
+    agreement = r * u - s * t
+    if margins == 0 or 0 <= agreement <= n / 2:
+        phi = 0.0
+    else:
+        phi = (agreement - n / 2 if agreement > 0 else agreement) / math.sqrt(margins)
+    return difference_interval(r + s, n, r + t, n, confidence, phi)
 
 
 @dataclass(frozen=True)
@@ -110,11 +160,14 @@ def evaluate_file(model: str | Path, test_file: str | Path, *, checkpoint: str =
                   max_new_tokens: int | None = None, batch_size: int = 16, out: str | Path | None = None,
                   chat: bool | None = None, system_prompt: str | None = None, prompt_template: str | None = None,
                   require_format: bool | None = None, temperature: float = 0.0, seed: int = 0,
-                  device: str = "auto", dtype: str = "fp32", adapter: str | Path | None = None) -> FileEvaluation:
+                  device: str = "auto", dtype: str = "fp32", adapter: str | Path | None = None,
+                  env: EnvConfig | None = None) -> FileEvaluation:
     """Answers of `model` (a Hugging Face model or a run dir, see the module docstring) to the first
     `limit` rows of `test_file` (all when None), `batch_size` rows at a time, checked by the rows'
     task; every row's record is written to `out` as JSONL when given. None settings take the run's
-    (or the defaults'); `dtype` and `adapter` are a bare model's (a run keeps its own)."""
+    (or the defaults'); `dtype` and `adapter` are a bare model's (a run keeps its own). `env`, an
+    `env` config section, is the environment DBBench episodes are played in: models compared on one
+    file are then scored alike, whatever their runs said."""
     for name, value, low in (("limit", limit, 1), ("batch_size", batch_size, 1), ("max_new_tokens", max_new_tokens, 1)):
         if value is not None and value < low:
             raise ConfigError(f"{name} must be at least {low}, got {value}")
@@ -128,6 +181,7 @@ def evaluate_file(model: str | Path, test_file: str | Path, *, checkpoint: str =
         raise FileNotFoundError(f"adapter {str(adapter)!r} holds no adapter_config.json (a PEFT adapter dir: what "
                                 f"TRL's trainer.save_model or an lmrl LoRA checkpoint writes)")
     policy, checkpoint_dir, task_cfg, reward_cfg, env_cfg = _load(model, checkpoint, dtype, adapter)
+    env_cfg = env if env is not None else env_cfg
     policy.to(resolve_device(device, DistInfo()))
     max_new_tokens = max_new_tokens or task_cfg.max_new_tokens
     if sql:
