@@ -135,7 +135,6 @@ def test_a_reward_class_that_raises_stops_with_its_name_and_the_sample(tiny_hf, 
 @pytest.mark.parametrize("overrides, message", [
     (["task.name=addition"], "model.type must be gpt"),
     (["model.path="], "needs model.path"),
-    (["task.test_file="], "task.train_file and task.test_file"),
     (["sft.steps=5"], "sft.steps"),
     (["reward.cls=no_colon"], "package.module:ClassName"),
     (["task.prompt_template=no placeholder"], "{prompt}"),
@@ -143,6 +142,12 @@ def test_a_reward_class_that_raises_stops_with_its_name_and_the_sample(tiny_hf, 
 def test_bad_hf_config_is_one_line_naming_the_key(tiny_hf, tmp_path, overrides, message):
     with pytest.raises(ConfigError, match=message.replace("{", r"\{").replace("}", r"\}").replace(".", r"\.")):
         _config(tiny_hf, tmp_path / "run", *overrides)
+
+
+def test_a_text_task_without_its_files_is_one_line_from_the_trainer_before_the_model_loads(tiny_hf, tmp_path):
+    cfg = _config(tiny_hf, tmp_path / "run", "task.test_file=", "model.path=/nonexistent")  # no model is loaded
+    with pytest.raises(ConfigError, match=r"set task\.train_file and task\.test_file .*or pass train_dataset="):
+        RLTrainer(cfg)
 
 
 def test_missing_data_file_names_it_and_the_command_that_writes_one(tiny_hf, tmp_path):
