@@ -14,6 +14,7 @@ from lmrl.config import ConfigError, load_config
 from lmrl.data import write_jsonl
 from lmrl.models.reference import is_reference_view
 from lmrl.tasks.rewards import RewardModelScorer
+from lmrl.tasks.text_batches import pair_batch
 from lmrl.train.dpo_trainer import DPOTrainer
 from lmrl.train.reward_trainer import RewardTrainer
 from lmrl.train.sft_trainer import SFTTrainer
@@ -109,6 +110,16 @@ def test_dpo_starts_at_log2_with_a_reference_view_and_learns_the_preference(data
     assert summary["best"]["value"] == 1.0
 
 
+def test_dpo_resumes_exactly_with_micro_batches_sorted_by_length(data, tmp_path):
+    over = ["lora.r=4", "train.ga_steps=2", "train.max_steps=4", "train.eval_every=2"]
+    DPOTrainer(_cfg(data, tmp_path / "full", "dpo", *over)).train()
+    DPOTrainer(_cfg(data, tmp_path / "part", "dpo", *over, "train.max_steps=2")).train()
+    DPOTrainer(_cfg(data, tmp_path / "part", "dpo", *over, "run.resume=auto")).train()
+    full, part = _metrics(tmp_path / "full"), _metrics(tmp_path / "part")
+    assert len(full) == 4 and [r["dpo/loss"] for r in full] == [r["dpo/loss"] for r in part]
+    assert [r.get("eval/loss") for r in full] == [r.get("eval/loss") for r in part]
+
+
 def test_dpo_without_lora_uses_a_frozen_copy(data, tmp_path):
     trainer = DPOTrainer(_cfg(data, tmp_path / "run", "dpo", "train.max_steps=2", "dpo.loss_type=ipo"))
     assert not is_reference_view(trainer.reference) and trainer.reference is not trainer.model
@@ -123,11 +134,16 @@ def test_reward_model_learns_pairs_and_exports_a_model_transformers_loads(data, 
     rows = _metrics(tmp_path / "run")
     assert rows[-1]["eval/accuracy"] == 1.0 and "rm/margin_mean" in rows[0]
     loaded = AutoModelForSequenceClassification.from_pretrained(summary["exported"])
-    batch = trainer.collate(trainer.eval_rows)
+    ids, attention, _ = pair_batch([pair for pair, _ in trainer.eval_rows], trainer.pad_id, "cpu")  # a row per side
     with torch.no_grad():
-        ours = trainer.model(batch[0], batch[1])
-        theirs = loaded(input_ids=batch[0], attention_mask=batch[1]).logits[:, 0]
+        ours = trainer.model(ids, attention)
+        theirs = loaded(input_ids=ids, attention_mask=attention).logits[:, 0]
+        # the training layout (one row per pair) scores each side as the loaded model does
+        trained = trainer.compute_loss(trainer.collate(trainer.eval_rows))[1]
     assert torch.allclose(ours, theirs, atol=1e-5)
+    n = len(trainer.eval_rows)
+    assert trained["rm/chosen_mean"] == pytest.approx(theirs[:n].mean().item(), abs=1e-5)
+    assert trained["rm/rejected_mean"] == pytest.approx(theirs[n:].mean().item(), abs=1e-5)
     scorer = RewardModelScorer(summary["exported"])
     chosen, rejected = scorer([PAIRS[0]["prompt"]] * 2, [PAIRS[0]["chosen"], PAIRS[0]["rejected"]])
     assert chosen > rejected

@@ -391,9 +391,9 @@ def test_dpo_trains_two_steps_on_hh_rlhf_gzip_and_conversational_pairs(model_dir
     trainer = DPOTrainer(_cfg(model_dir, tmp_path / "run", "dpo", train, held_out))
     assert len(trainer.train_rows) == 8 and len(trainer.eval_rows) == 4
     assert f"{train}: 8 of 8 rows truncated (100.0%)" in trainer.data_notes  # 64 tokens: every dialogue is cut
-    ids, _, loss_mask = trainer.collate(trainer.eval_rows[:1])  # chosen row, then rejected row
-    assert [trainer.tokenizer.decode(row[m.bool()]) for row, m in zip(ids, loss_mask)] == \
-        ["yes 1<|im_end|>", "no 1<|im_end|>"]
+    batch = trainer.collate(trainer.eval_rows[:1])  # one row: the prompt, then each reply after it
+    assert [trainer.tokenizer.decode(batch.targets[batch.sides == side]) for side in (0, 1)] == \
+        ["yes 1<|im_end|>", "no 1<|im_end|>"]  # the tokens scored: each reply and its end of turn
     summary = trainer.train()
     rows = _metrics(tmp_path / "run")
     assert summary["steps_done"] == 2 and rows[0]["dpo/loss"] == pytest.approx(math.log(2), abs=1e-6)

@@ -281,6 +281,7 @@ def test_margin_column_is_read_and_checked():
 def test_reward_trainer_loss_on_rows_with_margins_is_trls(tmp_path):
     from lmrl.config import load_config
     from lmrl.data import write_jsonl
+    from lmrl.tasks.text_batches import pair_batch
     from lmrl.train.reward_trainer import RewardTrainer
     from tests.test_hf import save_tiny_llama
 
@@ -295,8 +296,9 @@ def test_reward_trainer_loss_on_rows_with_margins_is_trls(tmp_path):
     trainer = RewardTrainer(cfg)
     batch = trainer.collate(trainer.train_rows)
     ours, stats = trainer.compute_loss(batch)
+    ids, attention, _ = pair_batch([pair for pair, _ in trainer.train_rows], trainer.pad_id, "cpu")
     with torch.no_grad():
-        scores = trainer.model(batch[0], batch[1])
+        scores = trainer.model(ids, attention)  # each side in its own row, as TRL scores it
     n = len(rows)
     margin = torch.tensor([r["margin"] for r in rows])
     theirs, trl_stats = trl_reward_loss(scores[:n], scores[n:], margin)

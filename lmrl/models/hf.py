@@ -9,6 +9,7 @@ is re-exported here; LoRA lives in `lora.py`.
 from __future__ import annotations
 
 import contextlib
+import functools
 import sys
 
 import torch
@@ -87,6 +88,38 @@ def _seeded_from(generator: torch.Generator | None, device: torch.device):
         yield
 
 
+# ------------------------------------------------------------------------------------------ custom masks
+
+CUSTOM_MASK_ATTENTION = ("sdpa", "eager")  # transformers attention implementations that run a 4-D mask as given
+
+
+def takes_custom_mask(model: nn.Module) -> bool:
+    """Whether the transformers model's attention runs a 4-D mask (B, 1, T, T) as given (sdpa and eager
+    do; flash attention takes padding masks only)."""
+    return getattr(model.config, "_attn_implementation", None) in CUSTOM_MASK_ATTENTION
+
+
+def custom_attention_mask(model: nn.Module, allowed: torch.Tensor) -> torch.Tensor:
+    """`allowed` (B, 1, T, T) bool, True where a query may attend a key, in the form the model's
+    attention takes: as it is for sdpa, additive (0, or the dtype's most negative number) for eager."""
+    implementation = getattr(model.config, "_attn_implementation", None)
+    if implementation == "sdpa":
+        return allowed
+    if implementation == "eager":
+        dtype = model.dtype
+        return torch.zeros(allowed.shape, dtype=dtype, device=allowed.device).masked_fill_(~allowed,
+                                                                                            torch.finfo(dtype).min)
+    raise ValueError(f"{implementation} attention takes no custom 4-D mask (sdpa and eager do)")
+
+
+@functools.cache
+def _keeps_masked_positions(model_class) -> bool:
+    """Whether the model's forward takes `logits_to_keep` as a (B, T) bool mask (its modeling file uses
+    transformers' `slice_logits_to_keep`, which does); older ones take a 1-D list of columns."""
+    module = next((c.__module__ for c in model_class.__mro__ if c.__module__.startswith("transformers.models.")), "")
+    return hasattr(sys.modules.get(module), "slice_logits_to_keep")
+
+
 MIN_SHARED_PREFIX = 16  # tokens: a shorter common start is not worth a second forward call
 
 
@@ -142,13 +175,23 @@ class HFPolicy(nn.Module):
 
         return full_parameters(self)
 
+    @property
+    def takes_pair_rows(self) -> bool:
+        """Whether it scores `tasks.text_batches.pair_rows` batches (a custom 4-D mask; see `forward`)."""
+        return takes_custom_mask(self.hf_model)
+
     def forward(self, ids: torch.Tensor, return_hidden: bool = False, attention_mask: torch.Tensor | None = None,
-                logits_to_keep: int = 0):
+                logits_to_keep: int | torch.Tensor = 0, position_ids: torch.Tensor | None = None):
         """ids (B, T) -> logits (B, T, V) (the last `logits_to_keep` positions' only, if > 0: the
         learner needs completion positions alone, and a 49k-word vocabulary makes the rest costly),
         or (logits, final hidden states (B, T, C)). Rows may be left-padded: pass their
-        `attention_mask`, and positions then count from each row's first real token."""
-        position_ids = None
+        `attention_mask`, and positions then count from each row's first real token.
+
+        A custom layout (`pair_rows`: a pair's two replies after its prompt in one row) passes a 4-D
+        `attention_mask` (B, 1, T, T), True where a query may attend a key, its `position_ids` (B, T),
+        and `logits_to_keep` as a (B, T) bool mask: the logits of those positions, (K, V) row by row."""
+        if attention_mask is not None and attention_mask.dim() == 4:
+            return self._forward_custom(ids, attention_mask, position_ids, logits_to_keep)
         if attention_mask is not None:  # the same positions `generate` gives a left-padded row
             position_ids = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
         if logits_to_keep and not return_hidden and self.share_prompts:
@@ -158,6 +201,17 @@ class HFPolicy(nn.Module):
         out = self.model(input_ids=ids, attention_mask=attention_mask, position_ids=position_ids,
                          use_cache=False, output_hidden_states=return_hidden, logits_to_keep=logits_to_keep)
         return (out.logits, out.hidden_states[-1]) if return_hidden else out.logits
+
+    def _forward_custom(self, ids, allowed, position_ids, keep):
+        """Logits (K, V) at the positions `keep` (B, T) marks, with the 4-D mask `allowed`."""
+        if position_ids is None or not (torch.is_tensor(keep) and keep.dtype == torch.bool and keep.dim() == 2):
+            raise ValueError("a 4-D attention mask needs position_ids and logits_to_keep as a (B, T) bool mask")
+        run = dict(input_ids=ids, attention_mask=custom_attention_mask(self.hf_model, allowed),
+                   position_ids=position_ids, use_cache=False)
+        if _keeps_masked_positions(type(self.hf_model)):
+            return self.model(**run, logits_to_keep=keep).logits
+        columns = keep.any(0).nonzero().squeeze(1)  # every row's logits at the columns any row keeps
+        return self.model(**run, logits_to_keep=columns).logits[keep[:, columns]]
 
     def _forward_shared_prompts(self, ids, attention_mask, position_ids, n: int):
         """Logits of the last `n` positions, with the rows' common head (everything before those

@@ -16,6 +16,10 @@ class AdapterDisabledView(nn.Module):
         super().__init__()
         object.__setattr__(self, "_policy", policy)  # not a submodule
 
+    @property
+    def takes_pair_rows(self) -> bool:
+        return bool(getattr(self._policy, "takes_pair_rows", False))
+
     def forward(self, *args, **kwargs):
         from .lora import adapter_disabled
 

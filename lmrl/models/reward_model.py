@@ -36,8 +36,35 @@ class RewardModel(nn.Module):
     def hf_model(self) -> nn.Module:
         return self.model.get_base_model() if hasattr(self.model, "get_base_model") else self.model
 
-    def forward(self, ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
-        return self.model(input_ids=ids, attention_mask=attention_mask, use_cache=False).logits[:, 0].float()
+    @property
+    def takes_pair_rows(self) -> bool:
+        """Whether it scores `tasks.text_batches.pair_rows` batches: a trunk with a `score` head (transformers'
+        sequence classifiers on decoder LMs) whose attention takes a custom 4-D mask."""
+        from .hf import takes_custom_mask
+
+        hf = self.hf_model
+        return takes_custom_mask(hf) and isinstance(getattr(hf, "score", None), nn.Module) and \
+            isinstance(getattr(hf, hf.base_model_prefix, None), nn.Module)
+
+    def forward(self, ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
+                position_ids: torch.Tensor | None = None, score_at: torch.Tensor | None = None) -> torch.Tensor:
+        """Scores (B,): each row's at its last token that is not the pad token (transformers' rule).
+
+        A custom layout (`pair_rows`: a pair's two replies after its prompt in one row) passes a 4-D
+        `attention_mask` (B, 1, T, T), True where a query may attend a key, its `position_ids`, and
+        `score_at` (N,), the flat positions (row * T + column) to score: scores (N,). The trunk runs
+        once and the score head reads only those positions, as the sequence classifier's own
+        forward does at its one position per row."""
+        if score_at is None:
+            return self.model(input_ids=ids, attention_mask=attention_mask, position_ids=position_ids,
+                              use_cache=False).logits[:, 0].float()
+        from .hf import custom_attention_mask
+
+        hf = self.hf_model
+        trunk = getattr(hf, hf.base_model_prefix)  # peft's LoRA layers sit inside it; `score` is its trained copy
+        hidden = trunk(input_ids=ids, attention_mask=custom_attention_mask(hf, attention_mask),
+                       position_ids=position_ids, use_cache=False).last_hidden_state  # (B, T, C)
+        return hf.score(hidden.flatten(0, 1)[score_at])[:, 0].float()
 
     def num_params(self) -> int:
         return sum(p.numel() for p in self.parameters())

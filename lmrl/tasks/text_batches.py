@@ -4,6 +4,8 @@ the policy's tokenizer, truncated to `max_length` with every cut counted, and pa
     codec = TextCodec(tokenizer, chat=True)             # an HF tokenizer, or the GPT's CharTokenizer
     rows = encode_sft(read_sft("sft.jsonl"), codec, max_length=256, counter=counter)
     ids, attention, loss_mask = pad_sequences([r.ids for r in rows], [r.mask for r in rows])
+    batch = pair_rows(encode_preferences(pairs, codec, 256, counter), pad_id, "cpu")  # one row per pair
+    logps, counted = pair_logps(policy, batch)                                          # (2B,) chosen, rejected
 
 The text a model is trained on is the text it will be prompted with: a plain-text prompt goes into
 the tokenizer's chat template as a user message (when it has one and `chat` is on), a response is
@@ -20,6 +22,7 @@ from dataclasses import dataclass
 import torch
 
 from ..algos.preference_losses import sequence_logps
+from ..algos.token_logprobs import token_logprobs
 from ..data import DataError
 from .preference_data import PreferenceRow, SFTRow, TruncationCounter, truncate_pair
 
@@ -176,12 +179,114 @@ def pad_sequences(ids: list[list[int]], masks: list[list[int]], pad_id: int = 0,
 
 
 def pair_batch(pairs: list[PairExample], pad_id: int, device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Chosen rows first, then rejected rows (2B rows), as `pad_sequences` output: one forward pass
-    scores both sides, and the loss mask covers the responses."""
+    """The plain layout: chosen rows first, then rejected rows (2B rows), as `pad_sequences` output,
+    each side a right-padded row of its own (so its prompt runs twice); the loss mask covers the
+    responses. For models that take no custom attention mask (the built-in GPT); `pair_rows` otherwise."""
     seqs = [p.prompt + p.chosen for p in pairs] + [p.prompt + p.rejected for p in pairs]
     masks = [[0] * len(p.prompt) + (p.chosen_mask or [1] * len(p.chosen)) for p in pairs] + \
             [[0] * len(p.prompt) + (p.rejected_mask or [1] * len(p.rejected)) for p in pairs]
     return pad_sequences(seqs, masks, pad_id, device)
+
+
+@dataclass(frozen=True)
+class PairRows:
+    """A preference batch of B pairs, one row each (see `pair_rows`). A side is one reply with its
+    prompt: side i is pair i's chosen reply, side B + i its rejected one."""
+    ids: torch.Tensor        # (B, L) [prompt[:-1] | prompt[-1], chosen | prompt[-1], rejected | pads]
+    positions: torch.Tensor  # (B, L) position ids: each reply's segment goes on from its prompt
+    attention: torch.Tensor  # (B, 1, L, L) bool, True where a query may attend a key
+    scored: torch.Tensor     # (B, L) bool: the positions whose logits predict a reply token with loss
+    targets: torch.Tensor    # (K,) the token each scored position predicts, in row-major order
+    sides: torch.Tensor      # (K,) the side each scored position belongs to
+    ends: torch.Tensor       # (2B,) flat index (row * L + column) of each side's last token that is not pad
+
+
+def pair_length(pair: PairExample) -> int:
+    """A pair's tokens: what its row costs (micro-batches of similar lengths waste little padding)."""
+    return len(pair.prompt) + len(pair.chosen) + len(pair.rejected)
+
+
+def pair_rows(pairs: list[PairExample], pad_id: int, device) -> PairRows:
+    """One row per pair: the prompt but its last token (the head), then two segments, the prompt's
+    last token and the chosen reply, the prompt's last token and the rejected reply; right-padded to
+    the longest row. A segment attends to the head and to itself (causally), never to the other
+    segment, and its position ids go on from the head's, so every token sees exactly the context,
+    at exactly the positions, it has in a row of its own (`pair_batch`): the same numbers, with each
+    prompt run once, forward and backward, and no reply padded to the other's length. The prompt's
+    last token opens both segments because its logits predict each reply's first token. Pads
+    attend to the head and to pads, so no row of the mask is empty (an empty one gives NaN in some
+    attention kernels). `ends` holds where transformers' sequence classifiers read a row's score:
+    its last token that is not `pad_id` (its first token if none is), here per side."""
+    heads = [max(len(p.prompt) - 1, 0) for p in pairs]
+    width = max(h + 2 * (len(p.prompt) - h) + len(p.chosen) + len(p.rejected) for h, p in zip(heads, pairs))
+    B = len(pairs)
+    ids = torch.full((B, width), pad_id, dtype=torch.long)
+    positions = torch.zeros((B, width), dtype=torch.long)
+    segment = torch.full((B, width), 3, dtype=torch.long)  # 0 head, 1 chosen, 2 rejected, 3 pad
+    sources, targets, sides, ends = [], [], [], [0] * (2 * B)
+    for i, (h, p) in enumerate(zip(heads, pairs)):
+        ids[i, :h], positions[i, :h], segment[i, :h] = torch.tensor(p.prompt[:h], dtype=torch.long), \
+            torch.arange(h), 0
+        start = h  # the column of the segment being laid out
+        for s, (reply, mask) in enumerate(((p.chosen, p.chosen_mask), (p.rejected, p.rejected_mask))):
+            side = p.prompt + reply
+            loss = [0] * len(p.prompt) + (mask or [1] * len(reply))
+            n = len(side) - h
+            ids[i, start:start + n] = torch.tensor(side[h:], dtype=torch.long)
+            positions[i, start:start + n], segment[i, start:start + n] = torch.arange(h, len(side)), s + 1
+
+            def column(t):  # the column of the side's token t
+                return t if t < h else start + t - h
+
+            for t in range(1, len(side)):
+                if loss[t]:  # token t is predicted by the logits at token t - 1 (never in the head: t > prompt)
+                    sources.append(column(t - 1))
+                    targets.append(side[t])
+                    sides.append(s * B + i)
+            last = max((t for t, token in enumerate(side) if token != pad_id), default=0)
+            ends[s * B + i] = i * width + column(last)
+            start += n
+    scored = torch.zeros((B, width), dtype=torch.bool)
+    rows = torch.tensor([side % B for side in sides], dtype=torch.long)
+    scored[rows, torch.tensor(sources, dtype=torch.long)] = True  # row-major order = the order appended
+    causal = torch.ones((width, width), dtype=torch.bool).tril()
+    query, key = segment[:, :, None], segment[:, None, :]
+    attention = (causal & ((key == 0) | (key == query)))[:, None]  # (B, 1, L, L)
+    return PairRows(ids.to(device), positions.to(device), attention.to(device), scored.to(device),
+                    torch.tensor(targets, dtype=torch.long, device=device),
+                    torch.tensor(sides, dtype=torch.long, device=device),
+                    torch.tensor(ends, dtype=torch.long, device=device))
+
+
+def pair_logps(model, batch, call=None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(log π(reply | prompt) per side (2B,), the reply tokens with loss per side (2B,)), chosen sides
+    first, of a `pair_rows` batch (the model takes its custom mask, position ids and the positions to
+    keep logits of: `takes_pair_rows`) or a `pair_batch` one (ids, attention, loss mask). `call`
+    runs the forward instead of `model` (its DDP wrapper)."""
+    if not isinstance(batch, PairRows):
+        logps, _, _, counted = response_logps(model, *batch, call=call)
+        return logps, counted.sum(1)
+    call = model if call is None else call
+    logits = call(batch.ids, attention_mask=batch.attention, position_ids=batch.positions,
+                  logits_to_keep=batch.scored)  # (K, V): the scored positions only
+    logp, _ = token_logprobs(logits, batch.targets)
+    sides = 2 * batch.ids.size(0)
+    return logp.new_zeros(sides).index_add(0, batch.sides, logp), torch.bincount(batch.sides, minlength=sides)
+
+
+def pair_scores(model, batch, call=None) -> torch.Tensor:
+    """A reward model's scores per side (2B,), chosen sides first, of a `pair_rows` batch or a
+    `pair_batch` one; `call` as in `pair_logps`."""
+    call = model if call is None else call
+    if not isinstance(batch, PairRows):
+        return call(batch[0], batch[1])
+    return call(batch.ids, batch.attention, position_ids=batch.positions, score_at=batch.ends)
+
+
+def takes_pair_rows(model) -> bool:
+    """Whether `model` scores `pair_rows` batches (HF policies and reward models whose attention
+    takes a custom mask); the others get `pair_batch`'s plain layout."""
+    return bool(getattr(model, "takes_pair_rows", False))
 
 
 def model_logits(model, ids: torch.Tensor, attention: torch.Tensor, call=None, keep: int = 0) -> torch.Tensor:

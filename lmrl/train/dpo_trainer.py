@@ -5,10 +5,11 @@ the IPO, hinge and robust variants and conservative-DPO label smoothing (see `al
 
 The reference is the policy as training starts: with a LoRA adapter, the same model with the
 adapter switched off (no second copy in memory); otherwise a frozen copy. Both sides of every pair
-go through one forward pass. Metrics follow TRL's names: dpo/loss, rewards/chosen,
-rewards/rejected, rewards/margins, rewards/accuracies (the fraction of pairs whose implicit reward
-β·log(π/π_ref) prefers the chosen response), logps/chosen, logps/rejected; evaluation reports
-them as eval/... with eval/accuracy = the held-out preference accuracy.
+go through one forward pass, one row per pair with its prompt run once (`pair_rows`). Metrics
+follow TRL's names: dpo/loss, rewards/chosen, rewards/rejected, rewards/margins,
+rewards/accuracies (the fraction of pairs whose implicit reward β·log(π/π_ref) prefers the chosen
+response), logps/chosen, logps/rejected; evaluation reports them as eval/... with eval/accuracy =
+the held-out preference accuracy.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import torch
 from ..algos.preference_losses import dpo_loss
 from ..config import Config
 from ..models.reference import is_reference_view, reference_view
-from ..tasks.text_batches import response_logps
+from ..tasks.text_batches import pair_logps
 from .offline import PairTrainer
 from .offline_setup import build_policy, export_policy
 
@@ -44,13 +45,15 @@ class DPOTrainer(PairTrainer):
     def build_model(self):
         return build_policy(self.config)
 
+    def scorers(self) -> list:
+        return [self.model, self.reference]
+
     def compute_loss(self, batch) -> tuple[torch.Tensor, dict]:
-        ids, attention, loss_mask = batch
-        n = ids.size(0) // 2
-        logps, _, _, counted = response_logps(self.model, ids, attention, loss_mask, call=self._call())
+        logps, lengths = pair_logps(self.model, batch, call=self._call())  # lengths: response tokens (IPO's averages)
+        n = logps.size(0) // 2
         with torch.no_grad():
-            ref = response_logps(self.reference, ids, attention, loss_mask)[0]
-        d, lengths = self.config.dpo, counted.sum(1)  # response tokens per row (IPO's averages)
+            ref = pair_logps(self.reference, batch)[0]
+        d = self.config.dpo
         loss, stats = dpo_loss(logps[:n], logps[n:], ref[:n], ref[n:], beta=d.beta, loss_type=d.loss_type,
                                label_smoothing=d.label_smoothing, chosen_lengths=lengths[:n],
                                rejected_lengths=lengths[n:], ipo_length_normalize=d.ipo_length_normalize)

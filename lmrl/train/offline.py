@@ -29,7 +29,8 @@ import torch
 from ..config import Config
 from ..errors import ConfigError
 from ..tasks.preference_data import TruncationCounter, read_preference
-from ..tasks.text_batches import TextCodec, encode_preferences, pair_batch
+from ..tasks.text_batches import (PairExample, TextCodec, encode_preferences, pair_batch, pair_length, pair_rows,
+                                  takes_pair_rows)
 from .lifecycle import Stage, Trainer
 from .offline_setup import ensure_data
 
@@ -137,11 +138,15 @@ class OfflineTrainer(Trainer):
             rows.append(self.train_rows[perms[epoch][offset].item()])
         return rows
 
-    def train_step(self, stage: Stage) -> None:
-        """One optimizer step over `train.ga_steps` micro-batches, each weighted by its share of the rows."""
-        t0 = time.perf_counter()
-        self.model.train()
-        rows = self.batch_rows(self.state["step"])
+    def ordered(self, rows: list) -> list:
+        """The order in which `rows` are cut into micro-batches: as given (SFT's loss is a token mean per
+        micro-batch, so which rows share one changes it; a pair trainer's mean over pairs does not)."""
+        return rows
+
+    def accumulate(self, rows: list) -> tuple[torch.Tensor, dict]:
+        """Forward and backward of one optimizer step's `rows` in `train.ga_steps` micro-batches, each
+        weighted by its share of the rows: (the step's loss, its metrics)."""
+        rows = self.ordered(rows)
         micro = max(1, math.ceil(len(rows) / self.config.train.ga_steps))
         chunks = [rows[i:i + micro] for i in range(0, len(rows), micro)]
         total, sums = torch.zeros((), device=self.device), {}
@@ -152,6 +157,13 @@ class OfflineTrainer(Trainer):
             total += loss.detach() * len(chunk) / len(rows)
             for key, v in metrics.items():
                 sums[key] = sums.get(key, 0.0) + v * len(chunk) / len(rows)
+        return total, sums
+
+    def train_step(self, stage: Stage) -> None:
+        """One optimizer step over `train.ga_steps` micro-batches (`accumulate`)."""
+        t0 = time.perf_counter()
+        self.model.train()
+        total, sums = self.accumulate(self.batch_rows(self.state["step"]))
         lr = self.optimizer.param_groups[0]["lr"]
         stats = self.optimizer_step(total)
         stats.pop("loss")  # the subclass's metrics carry its loss under its own name
@@ -172,8 +184,9 @@ class OfflineTrainer(Trainer):
         self.model.eval()
         size = max(1, self.config.data.batch_size // self.config.train.ga_steps)
         sums, n = {}, 0
-        for i in range(0, len(self.eval_rows), size):
-            chunk = self.eval_rows[i:i + size]
+        rows = self.ordered(self.eval_rows)
+        for i in range(0, len(rows), size):
+            chunk = rows[i:i + size]
             loss, metrics = self.compute_loss(self.collate(chunk))
             metrics = {**metrics, f"{self.name}/loss": loss.item()}
             for key, v in metrics.items():
@@ -199,15 +212,38 @@ class OfflineTrainer(Trainer):
 
 class PairTrainer(OfflineTrainer):
     """An offline trainer over preference pairs {prompt|messages, chosen, rejected} (DPO, reward
-    models): rows encoded once with `self.codec`, each batch chosen rows first, then rejected."""
+    models): rows encoded once with `self.codec`. A batch is one row per pair with its prompt run
+    once (`pair_rows`) where every model it runs takes that layout (`scorers`), else each side a
+    row of its own (`pair_batch`). A step's rows are cut into micro-batches in order of length,
+    so rows of similar lengths are padded together; the loss, a mean over pairs weighted by each
+    micro-batch's share of them, is the same whichever pairs share a micro-batch."""
 
     encoder = staticmethod(encode_preferences)
+    share_prompts = True   # False: the plain layout (`pair_batch`) whatever the models take
+    sort_by_length = True  # False: micro-batches in data order
 
     def read(self, source) -> list:
         return read_preference(source, dialogue="auto" if self.config.data.chat else "text")
 
+    def scorers(self) -> list:
+        """The models a batch runs through."""
+        return [self.model]
+
+    def uses_pair_rows(self) -> bool:
+        return self.share_prompts and all(takes_pair_rows(m) for m in self.scorers())
+
+    @staticmethod
+    def pair(row) -> PairExample:
+        """A row's pair (a subclass may keep more beside it)."""
+        return row
+
+    def ordered(self, rows: list) -> list:
+        return sorted(rows, key=lambda row: pair_length(self.pair(row))) if self.sort_by_length else rows
+
     def collate(self, rows):
-        return pair_batch(rows, self.pad_id, self.device)
+        pairs = [self.pair(row) for row in rows]
+        layout = pair_rows if self.uses_pair_rows() else pair_batch
+        return layout(pairs, self.pad_id, self.device)
 
 
 def source_name(source) -> str:

@@ -5,10 +5,11 @@ with m a row's `margin` (TRL's column) where the data has one, else 0.
 
 The model is a sequence-classification head (one number) on the trunk of `model.path` (see
 `lmrl.models.reward_model`), the whole model trained or, with `lora.r > 0`, an adapter plus the
-head. Both sides of a pair are scored in one forward pass. Metrics: rm/loss, rm/accuracy (pairs
-ranked right), rm/margin_mean, rm/chosen_mean, rm/rejected_mean; evaluation: eval/... with
-eval/accuracy the held-out preference accuracy. The exported reward model (the best one by
-train.best_metric) is what `reward.model: <run dir>/reward_model` scores RL completions with.
+head. Both sides of a pair are scored in one forward pass, one row per pair with its prompt run
+once (`pair_rows`). Metrics: rm/loss, rm/accuracy (pairs ranked right), rm/margin_mean,
+rm/chosen_mean, rm/rejected_mean; evaluation: eval/... with eval/accuracy the held-out preference
+accuracy. The exported reward model (the best one by train.best_metric) is what
+`reward.model: <run dir>/reward_model` scores RL completions with.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import torch
 
 from ..algos.preference_losses import bradley_terry_loss
 from ..models.reward_model import build_reward_model
+from ..tasks.text_batches import pair_scores
 from .offline import PairTrainer
 
 
@@ -32,17 +34,21 @@ class RewardTrainer(PairTrainer):
         """Each pair's tokens with its row's margin (None when the row has none)."""
         return list(zip(super().encode(rows, name), (row.margin for row in rows)))
 
+    @staticmethod
+    def pair(row):
+        return row[0]
+
     def collate(self, rows):
-        """(ids, attention, loss mask, margins (B,) or None): a row without a margin counts as margin 0."""
+        """(the pairs' batch, margins (B,) or None): a row without a margin counts as margin 0."""
         margins = [m for _, m in rows]
         margin = None if all(m is None for m in margins) else \
             torch.tensor([m or 0.0 for m in margins], dtype=torch.float32, device=self.device)
-        return (*super().collate([pair for pair, _ in rows]), margin)
+        return super().collate(rows), margin
 
     def compute_loss(self, batch) -> tuple[torch.Tensor, dict]:
-        ids, attention, _, margin = batch
-        n = ids.size(0) // 2
-        scores = self._call()(ids, attention)
+        pairs, margin = batch
+        scores = pair_scores(self.model, pairs, call=self._call())  # (2B,): chosen, then rejected
+        n = scores.size(0) // 2
         loss, stats = bradley_terry_loss(scores[:n], scores[n:], margin)
         return loss, {"rm/loss": loss.item(), **stats, "rm/chosen_mean": scores[:n].mean().item(),
                       "rm/rejected_mean": scores[n:].mean().item()}
