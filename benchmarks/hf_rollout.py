@@ -24,15 +24,37 @@ tokens (their sampling does not depend on the batch's make-up), `generate` draws
 
 Before timing, greedy decoding by `generate` and by the lean loop (defaults) is compared token for
 token. `--convert DIR` writes a GGUF model once as a plain directory there and loads that (faster).
+
+  vllm                  `--vllm-python PATH` (the interpreter of the environment `make test-vllm` builds,
+                        e.g. .venv-vllm/bin/python): `vllm.LLM` (eager, prefix caching off) on the same
+                        model directory (`--convert`), dtype, token ids, batch, token budget, temperature 1
+                        and threads, in a child process of its own, timed after the other arms (its own
+                        warm-up call first; each request seeded). Its tokens/s are real tokens as above.
+
+Roofline: a decode step reads every weight once and does 2 x parameters x B floating-point
+operations at batch B, so it can go no faster than the slower of memory (weight bytes / bandwidth)
+and arithmetic (2 x parameters x B / matmul rate). Both rates are measured in the same run, before
+the arms, with the benchmark's threads: the bandwidth as the best of five passes of `torch.sum` over
+a 1 GiB fp32 tensor (reads only, as a decode step's weights are; a copy, read and write counted, is
+printed beside it), the matmul rate as the best of five 1024 x 1024 fp32 (or bf16) products. Each
+arm's tokens/s is printed as a fraction of the bandwidth roofline (B steps' tokens per weight read)
+and of the binding one (the lower of the two). Both are upper bounds: finished rows still cost a
+step until the batch ends, the KV cache and activations are read too, and a decode step's thin
+matrix products run below a square product's rate.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import os
 import random
 import statistics
+import subprocess
 import sys
+import tempfile
 import time
+from pathlib import Path
 
 import torch
 from transformers import GenerationConfig
@@ -53,6 +75,95 @@ def real_tokens(completion: torch.Tensor, eos_ids: list[int]) -> int:
     return int(((is_eos.cumsum(1) - is_eos) == 0).sum())
 
 
+RESULT = "vllm-arm-result:"  # the worker's result line, among whatever else vLLM prints
+
+
+def memory_bandwidth(repeats: int = 5, gib: float = 1.0) -> tuple[float, float]:
+    """(read bandwidth, copy bandwidth) in bytes/s, the best of `repeats` passes over a `gib` GiB
+    fp32 tensor with torch's current threads: `sum` reads it; `copy_` reads and writes it (counted twice)."""
+    x = torch.ones(int(gib * 2**30) // 4)
+    y = torch.empty_like(x)
+    best_read = best_copy = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        x.sum()
+        best_read = min(best_read, time.perf_counter() - start)
+        start = time.perf_counter()
+        y.copy_(x)
+        best_copy = min(best_copy, time.perf_counter() - start)
+    return x.numel() * 4 / best_read, 2 * x.numel() * 4 / best_copy
+
+
+def matmul_rate(dtype: torch.dtype = torch.float32, n: int = 1024, repeats: int = 5) -> float:
+    """Floating-point operations per second of the best of `repeats` n x n matrix products."""
+    a, b = torch.randn(n, n).to(dtype), torch.randn(n, n).to(dtype)
+    a @ b
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        a @ b
+        best = min(best, time.perf_counter() - start)
+    return 2 * n**3 / best
+
+
+def weight_bytes(model: torch.nn.Module) -> int:
+    """Bytes of every distinct parameter and buffer tensor (a tied embedding counts once)."""
+    seen, total = set(), 0
+    for t in [*model.parameters(), *model.buffers()]:
+        if t.data_ptr() not in seen:
+            seen.add(t.data_ptr())
+            total += t.numel() * t.element_size()
+    return total
+
+
+def vllm_worker(args) -> None:
+    """In the vLLM environment: time `vllm.LLM.generate` on the token ids in `--vllm-job`; print JSON."""
+    os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", f"0-{args.threads - 1}")
+    import torch as _torch
+    from vllm import LLM, SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    job = json.loads(Path(args.vllm_job).read_text())
+    llm = LLM(model=job["model"], dtype={"fp32": "float32", "bf16": "bfloat16"}[job["dtype"]], seed=0,
+              enforce_eager=True, enable_prefix_caching=False, generation_config="vllm",
+              gpu_memory_utilization=job["memory_fraction"])
+    prompts = [TokensPrompt(prompt_token_ids=row) for row in job["prompts"]]
+
+    def run(seed: int, rows: list, max_tokens: int) -> tuple[int, float]:
+        params = [SamplingParams(temperature=1.0, top_k=-1, top_p=1.0, max_tokens=max_tokens, seed=seed * 1000 + i,
+                                 stop_token_ids=job["eos"], detokenize=False) for i in range(len(rows))]
+        start = time.perf_counter()
+        outputs = llm.generate(rows, params, use_tqdm=False)
+        seconds = time.perf_counter() - start
+        return sum(len(o.outputs[0].token_ids) for o in outputs), seconds  # up to and including the EOS
+
+    run(12345, prompts[:4], 8)  # warm-up, as the other arms'
+    results = [run(r, prompts, job["max_new_tokens"]) for r in range(job["repeats"])]
+    print(RESULT, json.dumps({"results": results, "torch_threads": _torch.get_num_threads()}), flush=True)
+
+
+def vllm_arm(args, model_dir: str, ids: torch.Tensor, mask: torch.Tensor, eos: list[int]) -> list[tuple[int, float]]:
+    """The vLLM arm's (tokens, seconds) per repeat, from a child process in `args.vllm_python`'s environment."""
+    rows = [row[m.bool()].tolist() for row, m in zip(ids, mask)]
+    with tempfile.TemporaryDirectory() as tmp:
+        job = Path(tmp) / "job.json"
+        job.write_text(json.dumps({"model": model_dir, "dtype": args.dtype, "prompts": rows, "eos": eos,
+                                   "max_new_tokens": args.max_new_tokens, "repeats": args.repeats,
+                                   "memory_fraction": args.vllm_memory_fraction}))
+        cmd = [args.vllm_python, str(Path(__file__).resolve()), "--vllm-worker", "--vllm-job", str(job),
+               "--threads", str(args.threads)]
+        proc = subprocess.run(cmd, capture_output=True, text=True, cwd=Path(__file__).resolve().parents[1])
+    if proc.returncode != 0:
+        sys.exit(f"the vLLM arm failed (exit {proc.returncode}):\n{proc.stderr[-3000:]}")
+    lines = [line for line in proc.stdout.splitlines() if line.startswith(RESULT)]
+    if not lines:
+        sys.exit(f"the vLLM arm printed no result:\n{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}")
+    out = json.loads(lines[-1].removeprefix(RESULT))
+    for r, (tokens, seconds) in enumerate(out["results"]):
+        print(f"  repeat {r}: vllm: {tokens} tokens in {seconds:.2f}s", file=sys.stderr, flush=True)
+    return [tuple(x) for x in out["results"]]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", default="smollm2-135m-instruct", help="model directory, .gguf or packaged name")
@@ -64,7 +175,18 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2, help="torch intra-op threads (default 2)")
     parser.add_argument("--arms", default="", help="comma-separated arms to time besides `generate` (default: all)")
     parser.add_argument("--no-greedy-check", action="store_true", help="skip comparing greedy outputs")
+    parser.add_argument("--vllm-python", default=None,
+                        help="interpreter of a vLLM environment (e.g. .venv-vllm/bin/python): adds the vllm arm; "
+                             "needs --convert (vLLM loads the model directory)")
+    parser.add_argument("--vllm-memory-fraction", type=float, default=0.1,
+                        help="vLLM's gpu_memory_utilization: on its CPU build the share of host RAM it reserves")
+    parser.add_argument("--vllm-worker", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--vllm-job", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.vllm_worker:
+        return vllm_worker(args)
+    if args.vllm_python and not args.convert:
+        parser.error("--vllm-python needs --convert DIR: vLLM loads the converted model directory")
     torch.set_num_threads(args.threads)
 
     path = str(convert_gguf(args.model, None, args.convert)) if args.convert else args.model
@@ -76,6 +198,15 @@ def main() -> None:
     n = args.max_new_tokens
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, {args.model} ({args.dtype}): "
           f"{policy.num_params() / 1e6:.0f}M params, prompts {tuple(ids.shape)}, max_new_tokens {n}, eos {eos}")
+    read_bw, copy_bw = memory_bandwidth()
+    flops = matmul_rate(torch.bfloat16 if args.dtype == "bf16" else torch.float32)
+    weights = weight_bytes(model)
+    memory_roof = args.batch * read_bw / weights  # tokens/s if each step only read the weights
+    compute_roof = flops / (2 * policy.num_params())  # tokens/s if each step only did its matrix products
+    roofline = min(memory_roof, compute_roof)
+    print(f"memory bandwidth {read_bw / 1e9:.1f} GB/s read (sum), {copy_bw / 1e9:.1f} GB/s copy (read + write); "
+          f"weights {weights / 1e6:.0f} MB per decode step -> bandwidth roofline {memory_roof:.0f} tokens/s at "
+          f"batch {args.batch}; matmul {flops / 1e9:.0f} GFLOP/s -> compute roofline {compute_roof:.0f} tokens/s")
 
     def hf_generate(seed: int, do_sample: bool = True) -> torch.Tensor:
         sampling = {"temperature": 1.0, "top_k": 0, "top_p": 1.0} if do_sample else {}
@@ -136,12 +267,18 @@ def main() -> None:
             print(f"  repeat {r}: {name}: {results[name][-1][0]} tokens in {results[name][-1][1]:.2f}s",
                   file=sys.stderr, flush=True)
 
+    if args.vllm_python:
+        results["vllm"] = vllm_arm(args, path, ids, mask, eos)
+
     base = statistics.median(t / s for t, s in results["generate"])
-    print(f"\n{'arm':<40}{'tokens/s':>10}{'seconds':>9}{'tokens':>8}{'ratio':>7}")
+    vllm_rate = statistics.median(t / s for t, s in results["vllm"]) if "vllm" in results else None
+    print(f"\n{'arm':<40}{'tokens/s':>10}{'seconds':>9}{'tokens':>8}{'ratio':>7}{'/bw roof':>9}{'/roof':>7}"
+          + (f"{'/vllm':>7}" if vllm_rate else ""))
     for name, rs in results.items():
         rate = statistics.median(t / s for t, s in rs)
         print(f"{name:<40}{rate:>10.1f}{statistics.median(s for _, s in rs):>9.2f}"
-              f"{statistics.median(t for t, _ in rs):>8.0f}{rate / base:>7.2f}")
+              f"{statistics.median(t for t, _ in rs):>8.0f}{rate / base:>7.2f}{rate / memory_roof:>9.2f}"
+              f"{rate / roofline:>7.2f}" + (f"{rate / vllm_rate:>7.2f}" if vllm_rate else ""))
 
 
 if __name__ == "__main__":

@@ -80,11 +80,12 @@ def main() -> None:
     root = args.out or Path(tempfile.mkdtemp(prefix="lmrl-main-job-"))
     results = [run_arm(arm, root / f"arm{i}") for i, arm in enumerate(arms)]
     table = report(results, args.target)
-    print(f"{'arm':40} {'wall s':>8} {'to ' + format(args.target, '.0%') + ' s':>10} {'step':>6} "
+    width = max(len("arm"), *(len(row["arm"]) for row in table))
+    print(f"{'arm':{width}} {'wall s':>8} {'to ' + format(args.target, '.0%') + ' s':>10} {'step':>6} "
           f"{'warm-up':>8} {'final':>7} {'RL gain':>8} {'ratio':>6}")
     for row in table:
         fmt = lambda v, spec: "-" if v is None else format(v, spec)  # noqa: E731
-        print(f"{row['arm'][:40]:40} {row['wall_s']:8.1f} {fmt(row['to_target_s'], '10.1f')} "
+        print(f"{row['arm']:{width}} {row['wall_s']:8.1f} {fmt(row['to_target_s'], '10.1f')} "
               f"{fmt(row['to_target_step'], '6d')} {fmt(row['warmup_accuracy'], '8.3f')} "
               f"{row['final_accuracy']:7.3f} {fmt(row['rl_gain'], '+8.3f')} {fmt(row['ratio'], '6.3f')}")
     if args.json:

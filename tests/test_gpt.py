@@ -122,6 +122,32 @@ def test_top_k_never_draws_outside_the_k_most_likely_and_renormalises_over_them(
 
 
 # -- shape limits, weights, checkpoints ------------------------------------------------------------
+@pytest.mark.parametrize("keep", [1, 3, 7])
+def test_logits_to_keep_runs_the_last_block_on_those_positions_with_the_full_passs_logits_and_gradients(keep):
+    ids = prompts(batch=4, length=8, seed=3)
+    full, trimmed = tiny_model().train(), tiny_model().train()
+    expected = full(ids)[:, -keep:]
+    got = trimmed(ids, logits_to_keep=keep)
+    assert_close(got, expected, atol=1e-4)
+    weights = torch.randn(expected.shape, generator=torch.Generator().manual_seed(0))
+    (expected * weights).sum().backward()
+    (got * weights).sum().backward()
+    for (name, a), b in zip(full.named_parameters(), trimmed.parameters()):
+        scale = a.grad.abs().max().item()
+        assert scale > 0, name  # every weight, prompt positions' keys and values included, gets a gradient
+        assert_close(b.grad / scale, a.grad / scale, atol=1e-5)
+
+
+def test_the_trimmed_last_block_sees_only_earlier_positions():
+    model, ids = tiny_model(), prompts(batch=2, length=8, seed=4)
+    changed = ids.clone()
+    changed[:, -1] = (changed[:, -1] + 1) % VOCAB  # the last token may only change the last position's logits
+    with torch.no_grad():
+        a, b = model(ids, logits_to_keep=3), model(changed, logits_to_keep=3)
+    assert_close(a[:, :2], b[:, :2], atol=1e-6)
+    assert (a[:, 2] - b[:, 2]).abs().max() > 1e-3
+
+
 def test_forward_rejects_sequences_longer_than_n_position():
     model = tiny_model()
     model(torch.zeros(2, N_POSITION, dtype=torch.long))  # exactly n_position fits

@@ -83,12 +83,27 @@ class CausalSelfAttention(nn.Module):
         self.dropout = cfg.dropout
         self.resid_dropout = nn.Dropout(cfg.dropout)
 
-    def forward(self, x, cache: KVCache | None = None, layer: int = 0):
+    def forward(self, x, cache: KVCache | None = None, layer: int = 0, queries: int = 0):
+        """Causal self-attention over x (B, T, C) → (B, T, C); with `queries` = K > 0 (no cache), the
+        outputs of the last K positions only (B, K, C): keys and values of every position, queries
+        of those K."""
         B, T, C = x.shape
-        q, k, v = self.c_attn(x).split(C, dim=2)
-        q, k, v = (t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2) for t in (q, k, v))  # (B, nh, T, hs)
+        if queries:
+            assert cache is None, "queries are trimmed in the learner's cacheless pass only"
+            q = F.linear(x[:, -queries:], self.c_attn.weight[:C], self.c_attn.bias[:C])
+            k, v = F.linear(x, self.c_attn.weight[C:], self.c_attn.bias[C:]).split(C, dim=2)
+        else:
+            q, k, v = self.c_attn(x).split(C, dim=2)
+        Q = q.size(1)
+        q = q.view(B, Q, self.n_head, C // self.n_head).transpose(1, 2)  # (B, nh, Q, hs)
+        k, v = (t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2) for t in (k, v))  # (B, nh, T, hs)
         if cache is None:
-            y = F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=self.dropout if self.training else 0.0)
+            drop = self.dropout if self.training else 0.0
+            if Q == T:
+                y = F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=drop)
+            else:  # query i sits at position T - Q + i and sees the keys up to it
+                seen = torch.ones(Q, T, dtype=torch.bool, device=x.device).tril(diagonal=T - Q)
+                y = F.scaled_dot_product_attention(q, k, v, attn_mask=seen, dropout_p=drop)
         else:
             start = cache.length
             cache.k[layer, :, :, start : start + T] = k
@@ -99,7 +114,7 @@ class CausalSelfAttention(nn.Module):
             # Multi-token appends after a prefill are not needed by the samplers, so not supported.
             assert start == 0 or T == 1, "KV cache appends one token at a time after the prefill"
             y = F.scaled_dot_product_attention(q, k, v, is_causal=start == 0)
-        y = y.transpose(1, 2).contiguous().view(B, T, C)
+        y = y.transpose(1, 2).contiguous().view(B, Q, C)
         return self.resid_dropout(self.c_proj(y))
 
 
@@ -122,8 +137,10 @@ class Block(nn.Module):
         self.ln_2 = nn.LayerNorm(cfg.n_embd)
         self.mlp = MLP(cfg)
 
-    def forward(self, x, cache=None, layer=0):
-        x = x + self.attn(self.ln_1(x), cache, layer)
+    def forward(self, x, cache=None, layer=0, queries: int = 0):
+        """x (B, T, C) → (B, T, C), or the last `queries` positions' (B, K, C) (see the attention)."""
+        h = self.attn(self.ln_1(x), cache, layer, queries)
+        x = (x[:, -queries:] if queries else x) + h
         return x + self.mlp(self.ln_2(x))
 
 
@@ -167,8 +184,11 @@ class GPT(nn.Module):
             raise ValueError(f"sequence of {start + T} tokens exceeds model.n_position={self.config.n_position}")
         pos = torch.arange(start, start + T, device=idx.device)
         x = self.drop(self.wte(idx) + self.wpe(pos))  # (B, T, C)
+        # The learner needs the last `logits_to_keep` positions only: the last block runs their
+        # queries, MLP and output alone (the keys and values of every position are still needed).
+        trim = logits_to_keep if logits_to_keep and cache is None and not return_hidden else 0
         for i, block in enumerate(self.h):
-            x = block(x, cache, i)
+            x = block(x, cache, i, trim if i == len(self.h) - 1 else 0)
         if cache is not None:
             cache.length += T
         if last_only:  # at inference only the last position's logits are needed
