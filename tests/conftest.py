@@ -1,8 +1,9 @@
-"""Shared fixtures: a tiny arithmetic config that trains in a second or two on a CPU."""
+"""Shared fixtures: a tiny arithmetic config that trains in a second or two on a CPU; torch at one thread."""
 
 from __future__ import annotations
 
 import pytest
+import torch
 
 from lmrl.config import load_config
 
@@ -26,3 +27,12 @@ def tiny_config(tmp_path):
         return load_config("adder", TINY + [f"run.dir={dir or tmp_path / 'run'}", *overrides])
 
     return make
+
+
+@pytest.fixture
+def one_thread():
+    """torch at one thread for the test (tests comparing two computations' floats to a tight tolerance)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)

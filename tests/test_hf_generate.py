@@ -18,12 +18,7 @@ VARIANTS = [dict(compact_at=None, share_prefix=False), dict(compact_at=None), di
             dict(cache="static", compact_at=0.0), dict(cache="static", compact_at=0.0, share_prefix=False)]
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")

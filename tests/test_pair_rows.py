@@ -18,12 +18,7 @@ from tests.test_hf_generate import tiny_lora_policy
 PAD = 0
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def ragged_pairs(seed: int = 0) -> list[PairExample]:
