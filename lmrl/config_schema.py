@@ -385,6 +385,8 @@ class TrainConfig(Section):
                           "stops (0 = never)", ge=0)
     early_stop_threshold: float = _f(0.0, "early stopping: an evaluation improves when it beats the best by more than this",
                                      ge=0)
+    stopping_threshold: float | None = _f(None, "early stopping: stop once an evaluation's train.best_metric reaches "
+                                                "this value (at or above it; at or below for a loss) (null = never)")
     best_metric: str = _f("", "eval metric that picks checkpoints/best, early stopping and the plateau schedule "
                               "(empty: eval/accuracy; a name holding 'loss' is minimised, others maximised)")
     time_limit_min: float = _f(0.0, "stop RL once the run's wall time reaches this many minutes, then evaluate "

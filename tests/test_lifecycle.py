@@ -58,6 +58,22 @@ def test_rl_stops_early_after_patience_evaluations_without_a_gain(tiny_config, m
     assert ckpt.latest_checkpoint(cfg.run_dir / "checkpoints").name == "step_3"
 
 
+@pytest.mark.parametrize("metric,values,threshold", [
+    ("eval/accuracy", [0.5, 0.8, 0.95, 0.97, 0.99], 0.95),  # reached exactly at step 2
+    ("eval/loss", [0.9, 0.7, 0.3, 0.2, 0.1], 0.4),          # a loss reaches it from above
+])
+def test_rl_stops_once_the_best_metric_reaches_the_stopping_threshold(tiny_config, monkeypatch, metric, values,
+                                                                       threshold):
+    cfg = tiny_config("sft.steps=0", "train.steps=4", "train.eval_every=1", f"train.best_metric={metric}",
+                      f"train.stopping_threshold={threshold}")
+    trainer = RLTrainer(cfg)
+    scripted_evaluations(trainer, monkeypatch, values, key=metric)
+    summary = trainer.train()
+    assert summary["stopped_early"] and summary["steps_done"] == 2
+    assert summary["best"]["step"] == 2 and summary["best"]["value"] == pytest.approx(values[2])
+    assert f"early stop at step 2: {metric} is" in (cfg.run_dir / "train.log").read_text()
+
+
 def test_an_early_stopped_rl_run_resumed_stays_stopped(tiny_config, monkeypatch):
     cfg = tiny_config("sft.steps=0", "train.steps=6", "train.eval_every=1", "train.patience=1", "train.ckpt_every=1")
     trainer = RLTrainer(cfg)

@@ -20,8 +20,8 @@ What `Trainer` owns:
   and the guarded step (clip; skip and count a non-finite update; stop after
   `train.max_nonfinite` in a row);
 - the end of every step: evaluation when due, the best model (`checkpoints/best/`, maximised or
-  minimised as `train.best_metric` says), early stopping (`train.patience`), logging, callbacks,
-  checkpoints;
+  minimised as `train.best_metric` says), early stopping (`train.patience`, `train.stopping_threshold`),
+  logging, callbacks, checkpoints;
 - stopping: Ctrl-C (finish the step, save, return), `train.time_limit_min`, early stopping;
 - exact resume: weights and state when training starts, optimizer, scheduler and every RNG once
   the stage has built them (`run.resume=auto`);
@@ -398,6 +398,11 @@ class Trainer:
                 self.info(f"early stop at step {step}: {self.best_metric} has not improved on "
                           f"{self.state['best']['value']:.4f} (step {self.state['best']['step']}) for {patience} "
                           f"evaluations")
+        threshold = self.config.train.stopping_threshold
+        if threshold is not None and sign * (value - threshold) >= 0 and not self.state["stopped_early"]:
+            self.state["stopped_early"] = True
+            self.info(f"early stop at step {step}: {self.best_metric} is {value:.4f}, which reaches "
+                      f"train.stopping_threshold={threshold:g}")
         if self.scheduler is not None:
             self.scheduler.observe(value)  # schedule.name=plateau; a no-op for the others
         return metrics
