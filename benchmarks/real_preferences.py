@@ -57,7 +57,6 @@ from __future__ import annotations
 import argparse
 import gzip
 import json
-import math
 import os
 import shutil
 import statistics
@@ -143,16 +142,6 @@ def spans(numbers: list[int]) -> str:
 
 
 # ------------------------------------------------------------------------------------------- the metric
-
-def wilson_interval(successes: int, n: int, z: float = 1.96) -> tuple[float, float]:
-    """95% Wilson score interval of a binomial proportion."""
-    if n == 0:
-        return 0.0, 1.0
-    p = successes / n
-    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
-    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
-    return max(0.0, centre - half), min(1.0, centre + half)
-
 
 def heldout_margins(task: str, model_dirs: dict[str, str], base_dir: str, rows: list[dict], beta: float,
                     batch_pairs: int = 4) -> dict[str, list[float]]:
@@ -436,6 +425,8 @@ def score(args, task: str, model_dirs: dict[str, str], env: dict) -> dict:
     if rc != 0 or not result.is_file():
         error = f"scoring failed, exit {rc}; log {out / 'score.log'}:\n{tail(out / 'score.log')}"
         return {arm: {"error": error} for arm in model_dirs}
+    from lmrl.train.file_eval import wilson_interval
+
     scored = {}
     for arm, margins in json.loads(result.read_text()).items():
         right = sum(m > 0 for m in margins)
@@ -446,13 +437,18 @@ def score(args, task: str, model_dirs: dict[str, str], env: dict) -> dict:
 
 
 def verdicts(lm: dict, trl: dict) -> dict:
-    """Issue 29's targets, each (value, PASS/FAIL)."""
+    """Issue 29's targets, each (value, PASS/FAIL), and the paired 95% interval of the accuracy
+    difference in points (both arms' verdicts on the same held-out pairs)."""
+    from lmrl.train.file_eval import paired_difference_interval
+
     acc = 100 * (lm["accuracy"] - trl["accuracy"])
+    low, high = paired_difference_interval([m > 0 for m in lm["margins"]], [m > 0 for m in trl["margins"]])
     time_ratio = lm["train_s"] / trl["train_s"]
     rss_ratio = lm["peak_rss_mib"] / trl["peak_rss_mib"]
     return {"accuracy_points_vs_trl": (acc, "PASS" if acc >= -2 else "FAIL"),
             "time_ratio": (time_ratio, "PASS" if time_ratio <= 0.5 else "FAIL"),
-            "rss_ratio": (rss_ratio, "PASS" if rss_ratio <= 1.0 else "FAIL")}
+            "rss_ratio": (rss_ratio, "PASS" if rss_ratio <= 1.0 else "FAIL"),
+            "accuracy_points_ci95": ((100 * low, 100 * high), "-")}
 
 
 def print_table(args, results: dict) -> None:
@@ -482,7 +478,9 @@ def print_table(args, results: dict) -> None:
             v = verdicts(lm, trl)
             arms["targets"] = {k: {"value": val, "verdict": ok} for k, (val, ok) in v.items()}
             acc, t, rss = v["accuracy_points_vs_trl"], v["time_ratio"], v["rss_ratio"]
-            print(f"{TASKS[task][0]} targets: accuracy lmrl - TRL {acc[0]:+.1f} points (>= -2) {acc[1]}; "
+            low, high = v["accuracy_points_ci95"][0]
+            print(f"{TASKS[task][0]} targets: accuracy lmrl - TRL {acc[0]:+.1f} points (>= -2; paired 95% CI "
+                  f"{low:+.1f} to {high:+.1f}) {acc[1]}; "
                   f"train time {t[0]:.2f}x TRL (<= 0.5x) {t[1]}; peak RSS {rss[0]:.2f}x TRL (<= 1x) {rss[1]}")
 
 

@@ -38,11 +38,20 @@ def test_spans_compresses_consecutive_row_numbers():
     assert bench.spans([5]) == "5"
 
 
-def test_wilson_interval_matches_known_values():
-    low, high = bench.wilson_interval(0, 10)
-    assert low == 0.0 and high == pytest.approx(0.2775, abs=1e-4)
-    low, high = bench.wilson_interval(128, 256)
-    assert (low, high) == (pytest.approx(0.4392, abs=1e-4), pytest.approx(0.5608, abs=1e-4))
+def test_verdicts_apply_the_three_targets_and_bound_the_paired_difference():
+    trl = {"accuracy": 0.60, "margins": [1.0] * 60 + [-1.0] * 40, "train_s": 100.0, "peak_rss_mib": 1000.0}
+    worse = {"accuracy": 0.50, "margins": [1.0] * 50 + [-1.0] * 50, "train_s": 40.0, "peak_rss_mib": 1100.0}
+    v = bench.verdicts(worse, trl)
+    assert v["accuracy_points_vs_trl"] == (pytest.approx(-10.0), "FAIL")
+    assert v["time_ratio"] == (pytest.approx(0.4), "PASS")
+    assert v["rss_ratio"] == (pytest.approx(1.1), "FAIL")
+    low, high = v["accuracy_points_ci95"][0]
+    assert low < -10.0 < high < 0  # ten pairs, all lost by lmrl: a loss the interval shows
+
+    same = bench.verdicts({**trl, "train_s": 50.0}, trl)
+    assert same["accuracy_points_vs_trl"] == (0.0, "PASS") and same["time_ratio"][1] == "PASS"
+    low, high = same["accuracy_points_ci95"][0]
+    assert low < 0 < high and low == pytest.approx(-high)
 
 
 @pytest.mark.parametrize("task", ["rm", "dpo"])
