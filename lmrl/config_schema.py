@@ -113,6 +113,9 @@ class RunConfig(Section):
     tensorboard: bool = _f(True, "write TensorBoard events to <run dir>/tb")
     progress: bool = _f(True, "show a progress bar")
     threads: int = _f(0, "torch CPU threads (0 = torch's default)", ge=0)
+    mixed_precision: str = _f("", "bf16: training steps and rollouts run their matrix products in bfloat16 under "
+                                  "torch.autocast, weights and optimizer state stay fp32; held-out evaluation runs "
+                                  "in the weights' own precision ('' = off)", choices=("", "bf16"))
     resume_from: str | None = _f(None, "with run.resume=auto: resume from exactly this checkpoint dir "
                                        "(e.g. runs/x/checkpoints/step_200) instead of the run dir's newest")
 

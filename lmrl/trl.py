@@ -23,7 +23,7 @@ plus the ones that need the data or several values at once:
 - the length: `max_steps`, else `num_train_epochs` passes over the data set (GRPO: each prompt
   sampled `num_generations` times per pass);
 - `lr_scheduler_type` linear / cosine / constant(_with_warmup), decaying to 0 as TRL's do;
-  `adam_beta1` / `adam_beta2`; `bf16`; `use_cpu`; `report_to` (wandb, tensorboard); `use_vllm`;
+  `adam_beta1` / `adam_beta2`; `bf16` (`run.mixed_precision`); `use_cpu`; `report_to` (wandb, tensorboard); `use_vllm`;
   `gradient_checkpointing`; `eval_strategy` "no" (evaluation at the start and the end only);
 - `peft_config` (a `peft.LoraConfig`): its rank, alpha, dropout and target modules.
 
@@ -96,8 +96,8 @@ class TRLArgs:
             "schedule": {"name": _SCHEDULES[schedule], "min_lr_ratio": 0.0},
             "train": {"ga_steps": ga},
         }
-        if given.pop("bf16", None):
-            data["model"]["dtype"] = "bf16"
+        if given.pop("bf16", None):  # transformers' "bf16 (mixed) precision": autocast over fp32 weights
+            data["run"]["mixed_precision"] = "bf16"
         if given.pop("use_cpu", None):
             data["run"]["device"] = "cpu"
         if given.pop("gradient_checkpointing", None):

@@ -15,6 +15,7 @@ TINY = [
     "sft.steps=4", "sft.examples=40", "sft.batch_size=16", "sft.warmup_steps=1",
     "train.steps=6", "train.rollout_size=16", "train.log_every=1", "train.eval_every=3", "train.ckpt_every=2",
     "train.stopping_threshold=null",  # the preset's 99% stop is for the full job; tests set their own
+    "run.mixed_precision=",  # fp32, so tests compare floats tightly; tests/test_mixed_precision.py runs bf16
     "eval.size=50", "eval.batch_size=50",
     "run.progress=false", "run.tensorboard=false", "run.threads=1",
 ]

@@ -34,6 +34,16 @@ def test_x86_cpu_builds_of_torch_pack_weights():
     assert packing_available()
 
 
+@pytest.mark.skipif(platform.machine().lower() not in ("x86_64", "amd64"), reason="checked on x86 builds only")
+def test_packing_is_found_available_when_first_asked_under_autocast():
+    packing_available.cache_clear()  # the answer is cached: the first question must not see a bf16 F.linear
+    try:
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            assert packing_available()
+    finally:
+        packing_available.cache_clear()
+
+
 @needs_packing
 def test_wide_plain_linears_run_packed_with_the_same_outputs_and_are_restored_on_exit():
     mlp, x = _mlp(), torch.randn(5, 3, MIN_FEATURES)
@@ -102,3 +112,18 @@ def test_sampling_with_packed_weights_draws_the_same_tokens(monkeypatch):
     (c0, m0, lp0), (c1, m1, lp1) = runs[False], runs[True]
     assert torch.equal(c0, c1) and torch.equal(m0, m1)
     torch.testing.assert_close(lp1, lp0, rtol=1e-4, atol=1e-4)
+
+
+@needs_packing
+def test_under_autocast_layers_run_packed_in_its_dtype_like_autocasts_own_linear():
+    mlp, x = _mlp(), torch.randn(5, MIN_FEATURES)
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        expected = mlp(x)
+        with packed_linears(mlp, rows=5):
+            got = mlp(x)
+            packed_out = mlp[0](x)
+    assert packed_out.dtype == torch.bfloat16  # the first layer ran packed, in bf16, from an fp32 input
+    assert got.dtype == expected.dtype
+    torch.testing.assert_close(got.float(), expected.float(), rtol=0.02, atol=0.02)
+    with torch.no_grad(), packed_linears(mlp, rows=5):  # packed outside autocast: fp32 in, fp32 out
+        assert mlp[0](x).dtype == torch.float32

@@ -75,6 +75,13 @@ def test_grpo_without_max_steps_runs_num_train_epochs_over_the_prompts(model_dir
     assert (cfg.train.rollout_size, cfg.train.ga_steps, cfg.train.steps) == (16, 2, 4)
 
 
+def test_bf16_is_mixed_precision_over_the_models_own_weights(model_dir, tmp_path):
+    cfg = GRPOConfig(output_dir=str(tmp_path), bf16=True).to_config(model_path=str(model_dir), train_rows=8)
+    assert (cfg.run.mixed_precision, cfg.model.dtype) == ("bf16", "fp32")
+    cfg = GRPOConfig(output_dir=str(tmp_path), bf16=False).to_config(model_path=str(model_dir), train_rows=8)
+    assert cfg.run.mixed_precision == ""
+
+
 def test_conversational_prompts_and_columns_reach_the_reward_functions(model_dir, tmp_path):
     calls = []
 

@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import json
 import math
+from contextlib import nullcontext
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from ..algos.token_logprobs import token_logprobs
 from ..rollout.sampling import warp_logits
@@ -99,11 +101,14 @@ class CausalSelfAttention(nn.Module):
         k, v = (t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2) for t in (k, v))  # (B, nh, T, hs)
         if cache is None:
             drop = self.dropout if self.training else 0.0
-            if Q == T:
-                y = F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=drop)
-            else:  # query i sits at position T - Q + i and sees the keys up to it
-                seen = torch.ones(Q, T, dtype=torch.bool, device=x.device).tril(diagonal=T - Q)
-                y = F.scaled_dot_product_attention(q, k, v, attn_mask=seen, dropout_p=drop)
+            # The CPU flash kernel's bf16 backward is several times slower than the plain one's here.
+            plain = q.device.type == "cpu" and q.dtype == torch.bfloat16
+            with sdpa_kernel(SDPBackend.MATH) if plain else nullcontext():
+                if Q == T:
+                    y = F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=drop)
+                else:  # query i sits at position T - Q + i and sees the keys up to it
+                    seen = torch.ones(Q, T, dtype=torch.bool, device=x.device).tril(diagonal=T - Q)
+                    y = F.scaled_dot_product_attention(q, k, v, attn_mask=seen, dropout_p=drop)
         else:
             start = cache.length
             cache.k[layer, :, :, start : start + T] = k
@@ -194,7 +199,9 @@ class GPT(nn.Module):
         if last_only:  # at inference only the last position's logits are needed
             x = x[:, -1:]
         x = self.ln_f(x)
-        logits = self.lm_head(x[:, -logits_to_keep:] if logits_to_keep else x)
+        x_out = x[:, -logits_to_keep:] if logits_to_keep else x
+        with torch.autocast(idx.device.type, enabled=False):  # logits at full precision under mixed precision
+            logits = self.lm_head(x_out.to(self.lm_head.weight.dtype))
         return (logits, x) if return_hidden else logits
 
     @torch.no_grad()
@@ -222,7 +229,9 @@ class GPT(nn.Module):
         if not greedy and temperature <= 0:
             raise ValueError(f"temperature must be > 0 when sampling (got {temperature}); use greedy=True instead")
         B, T = prompt.shape
-        cache = KVCache(self.config, B, T + max_new_tokens, prompt.device, self.wte.weight.dtype) if use_cache else None
+        kind = prompt.device.type  # under autocast the keys and values come out in its dtype: store them so
+        dtype = torch.get_autocast_dtype(kind) if torch.is_autocast_enabled(kind) else self.wte.weight.dtype
+        cache = KVCache(self.config, B, T + max_new_tokens, prompt.device, dtype) if use_cache else None
         seq, tokens, logps = prompt, [], []
         step_input = prompt
         for _ in range(max_new_tokens):

@@ -37,8 +37,10 @@ def packing_available() -> bool:
         if not torch.backends.mkldnn.is_available():
             return False
         w, x = torch.randn(8, 4), torch.randn(3, 4)
-        y = torch.ops.mkldnn._linear_pointwise(x, torch.ops.mkldnn._reorder_linear_weight(w, 3), None, "none", [], "")
-        return torch.allclose(y, F.linear(x, w), atol=1e-5)
+        with torch.autocast("cpu", enabled=False):  # the answer is cached: never a bf16 F.linear to compare with
+            packed = torch.ops.mkldnn._reorder_linear_weight(w, 3)
+            y = torch.ops.mkldnn._linear_pointwise(x, packed, None, "none", [], "")
+            return torch.allclose(y, F.linear(x, w), atol=1e-5)
     except (RuntimeError, AttributeError, NotImplementedError):
         return False
 
@@ -57,25 +59,30 @@ def packed_linears(model: nn.Module, rows: int):
     `MIN_FEATURES` wide on both sides runs from a copy of its weight packed for batches of about
     `rows` rows (any batch works). For inference only: the copies are made on entry and do not
     follow later changes to the weights, and a call made with autograd on (or with an input of
-    another dtype) falls back to `F.linear` on the live weight. A no-op where packing is unavailable
-    (GPU models, builds without oneDNN). The copies take as much memory as the packed weights."""
+    another dtype) falls back to `F.linear` on the live weight. Entered under CPU autocast
+    (`run.mixed_precision`), the copies are made in autocast's dtype and inputs are cast to it, as
+    autocast's own `F.linear` would, once rather than at every call. A no-op where packing is
+    unavailable (GPU models, builds without oneDNN). The copies take as much memory as the packed weights."""
     layers = [m for m in model.modules() if _packable(m)] if packing_available() else []
+    dtype = torch.get_autocast_dtype("cpu") if torch.is_autocast_enabled("cpu") else None
     try:
         for layer in layers:
-            layer.forward = _packed_forward(layer, torch.ops.mkldnn._reorder_linear_weight(layer.weight.detach(),
-                                                                                           max(rows, 1)))
+            weight = layer.weight.detach()
+            packed = torch.ops.mkldnn._reorder_linear_weight(weight.to(dtype or weight.dtype), max(rows, 1))
+            layer.forward = _packed_forward(layer, packed, cast=dtype is not None)
         yield model
     finally:
         for layer in layers:
             vars(layer).pop("forward", None)
 
 
-def _packed_forward(layer: nn.Linear, packed: torch.Tensor):
-    weight, bias = layer.weight, layer.bias
+def _packed_forward(layer: nn.Linear, packed: torch.Tensor, cast: bool):
+    weight = layer.weight
+    bias = None if layer.bias is None else layer.bias.detach().to(packed.dtype)
 
     def forward(x: torch.Tensor) -> torch.Tensor:
-        if torch.is_grad_enabled() or x.dtype != packed.dtype:
-            return F.linear(x, weight, bias)
-        return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
+        if torch.is_grad_enabled() or (x.dtype != packed.dtype and not (cast and torch.is_autocast_enabled("cpu"))):
+            return F.linear(x, weight, layer.bias)
+        return torch.ops.mkldnn._linear_pointwise(x.to(packed.dtype), packed, bias, "none", [], "")
 
     return forward

@@ -15,6 +15,8 @@ one evaluation are, and `Trainer` does the rest.
 What `Trainer` owns:
 - set-up: torchrun's process group and device, CPU threads, seeds, the run dir (never
   overwritten), per-rank named generators;
+- mixed precision (`run.mixed_precision=bf16`): every step runs under `torch.autocast`, every
+  held-out evaluation outside it, so the evaluation measures the saved weights as they are;
 - the optimizer: AdamW on the trainable parameters, the LR schedule (every `schedule.*` key;
   plateau steered by `train.best_metric` in the direction the metric needs), DDP / FSDP wrapping,
   and the guarded step (clip; skip and count a non-finite update; stop after
@@ -267,7 +269,15 @@ class Trainer:
         """Calls `step(stage)` (which ends with `end_step`) until the stage's last step, Ctrl-C, early
         stopping or the time limit."""
         while self.state["step"] < stage.last and self._running() and not (stage.timed and self._out_of_time()):
-            step(stage)
+            with self.autocast():
+                step(stage)
+
+    def autocast(self, enabled: bool = True):
+        """With `run.mixed_precision=bf16`: `torch.autocast` in bfloat16 on the run's device, or
+        (`enabled=False`) a context that switches it off. Otherwise nothing."""
+        if self.config.run.mixed_precision != "bf16":
+            return nullcontext()
+        return torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=enabled)
 
     def request_stop(self) -> None:
         """Finish the current step, save a checkpoint and return from `train` (what Ctrl-C does)."""
@@ -373,7 +383,8 @@ class Trainer:
     def run_evaluation(self) -> dict:
         """`evaluate`, then the best model, early stopping and the plateau schedule on `train.best_metric`."""
         start = time.perf_counter()
-        metrics = self.evaluate()
+        with self.autocast(enabled=False):
+            metrics = self.evaluate()
         free_memory(self.device)
         self.state["time"]["eval"] += time.perf_counter() - start
         if self.best_metric not in metrics:

@@ -131,7 +131,7 @@ class RLTrainer(Trainer):
             t0 = time.perf_counter()
             idx = torch.randint(len(rows), (batch,), generator=self.generators["data"])
             x = rows[idx].to(self.device)
-            logits = self.train_model(x[:, :-1])[:, -n:]  # (B, N, V): answer positions only
+            logits = self.train_model(x[:, :-1], logits_to_keep=n)[:, -n:]  # (B, N, V): answer positions only
             loss = F.cross_entropy(logits.reshape(-1, logits.size(-1)).float(), x[:, -n:].reshape(-1))
             loss.backward()
             lr = self.optimizer.param_groups[0]["lr"]
