@@ -21,6 +21,9 @@ tokens (their sampling does not depend on the batch's make-up), `generate` draws
   lean+pack             linear layers from weights prepacked for oneDNN (`lmrl.rollout.packed_linear`)
   lean+share+compact(1/8)+pack   all three: the function's defaults
   lean+static+...       a preallocated StaticCache instead of the dynamic one
+  default+autocast(bf16)   the defaults under `torch.autocast(cpu, bf16)`, as `run.mixed_precision=bf16` runs
+                        rollouts: fp32 weights, wide layers packed in bf16, products in bf16 (`--dtype fp32` only)
+  generate+autocast(bf16)  `model.generate` under the same autocast; the "/roof" of both is the bf16 compute roofline
 
 Before timing, greedy decoding by `generate` and by the lean loop (defaults) is compared token for
 token. `--convert DIR` writes a GGUF model once as a plain directory there and loads that (faster).
@@ -216,6 +219,10 @@ def main() -> None:
         return generate(model, ids, mask, n, eos_token_ids=eos, pad_token_id=pad,
                         generator=torch.Generator().manual_seed(seed), **kwargs)[0]
 
+    def autocast(arm, seed: int, **kwargs) -> torch.Tensor:  # run.mixed_precision=bf16: fp32 weights, bf16 products
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            return arm(seed, **kwargs)
+
     def recorded(seed: int) -> torch.Tensor:  # HFPolicy's HF-`generate` engine, whatever its default
         engine = getattr(policy, "generation_engine", None)
         if engine is not None:
@@ -246,6 +253,8 @@ def main() -> None:
         "lean+share+compact(1/8)+pack": lambda s: lean(s, compact_at=0.125),
         "lean+share+compact(1/4)+pack": lambda s: lean(s, compact_at=0.25),
         "lean+static+share+compact(1/8)+pack": lambda s: lean(s, compact_at=0.125, cache="static"),
+        "default+autocast(bf16)": lambda s: autocast(lean, s, compact_at=0.125),
+        "generate+autocast(bf16)": lambda s: autocast(hf_generate, s),
     }
     if args.arms:
         arms = {k: v for k, v in arms.items() if k == "generate" or k in args.arms.split(",")}
@@ -267,6 +276,12 @@ def main() -> None:
     if args.vllm_python:
         results["vllm"] = vllm_arm(args, path, ids, mask, eos)
 
+    # an autocast arm's products run in bf16: its compute roofline is bf16's (the weights read stay fp32)
+    bf16_roof = None
+    if any("autocast" in name for name in results):
+        bf16_flops = matmul_rate(torch.bfloat16)
+        bf16_roof = min(memory_roof, bf16_flops / (2 * policy.num_params()))
+        print(f"bf16 matmul {bf16_flops / 1e9:.0f} GFLOP/s -> roofline {bf16_roof:.0f} tokens/s for the autocast arms")
     base = statistics.median(t / s for t, s in results["generate"])
     vllm_rate = statistics.median(t / s for t, s in results["vllm"]) if "vllm" in results else None
     print(f"\n{'arm':<40}{'tokens/s':>10}{'seconds':>9}{'tokens':>8}{'ratio':>7}{'/bw roof':>9}{'/roof':>7}"
@@ -275,7 +290,8 @@ def main() -> None:
         rate = statistics.median(t / s for t, s in rs)
         print(f"{name:<40}{rate:>10.1f}{statistics.median(s for _, s in rs):>9.2f}"
               f"{statistics.median(t for t, _ in rs):>8.0f}{rate / base:>7.2f}{rate / memory_roof:>9.2f}"
-              f"{rate / roofline:>7.2f}" + (f"{rate / vllm_rate:>7.2f}" if vllm_rate else ""))
+              f"{rate / (bf16_roof if 'autocast' in name else roofline):>7.2f}"
+              + (f"{rate / vllm_rate:>7.2f}" if vllm_rate else ""))
 
 
 if __name__ == "__main__":

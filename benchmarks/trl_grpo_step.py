@@ -6,7 +6,8 @@ Both arms train LoRA adapters (r 16, alpha 32 on q/k/v/o) on SmolLM2-135M-Instru
 CPU, with the same 2-digit addition prompts as chat user messages ("What is 23 + 58?", reward 1 when
 the completion contains the sum). One step = `--prompts` prompts x `--group-size` completions
 (8 x 4 = 32) of at most `--max-new-tokens` (64) tokens at temperature 1, then one optimizer update;
-no KL term unless `--kl` > 0.
+no KL term unless `--kl` > 0. Weights are fp32; `--bf16` runs both arms in bf16 mixed precision (TRL's
+`bf16=True`, lmrl's `run.mixed_precision=bf16`).
 
 Each arm runs in its own child process, one after the other, so its peak RSS (the child's
 ru_maxrss, from wait4) is its own: model load, generation, backward and optimizer state included.
@@ -169,7 +170,7 @@ def trl_worker(args) -> None:
 
     config = GRPOConfig(
         output_dir=str(Path(args.work_dir) / "trl-out"),
-        use_cpu=True, bf16=False, fp16=False,
+        use_cpu=True, bf16=args.bf16, fp16=False,
         per_device_train_batch_size=micro,
         gradient_accumulation_steps=completions_per_step // micro,  # one generation round per update
         num_generations=args.group_size,
@@ -226,6 +227,8 @@ def _shared_flags(args) -> list[str]:
              "--system-prompt", args.system_prompt]
     if args.gradient_checkpointing:
         flags.append("--gradient-checkpointing")
+    if args.bf16:
+        flags.append("--bf16")
     return [str(f) for f in flags]
 
 
@@ -273,6 +276,8 @@ def run_lmrl(args, env: dict) -> dict:
                  f"lora.target_modules=[{args.lora_targets}]", f"train.temperature=1.0"]
     if args.gradient_checkpointing:
         overrides.append("model.gradient_checkpointing=true")
+    if args.bf16:
+        overrides.append("run.mixed_precision=bf16")
     if args.prompt_template_given:
         overrides.append(f"task.prompt_template={args.prompt_template}")
     overrides += args.lmrl_override
@@ -312,6 +317,9 @@ def parse_args(argv=None):
                    help="TRL: completions per forward/backward (default 0 = the whole step, no accumulation)")
     p.add_argument("--gradient-checkpointing", action="store_true",
                    help="gradient checkpointing in both arms (TRL's own default is on, lmrl's off; off here)")
+    p.add_argument("--bf16", action="store_true",
+                   help="bf16 mixed precision in both arms (TRL's bf16=True, lmrl's run.mixed_precision=bf16): "
+                        "fp32 weights, products in bfloat16")
     p.add_argument("--threads", type=int, default=0,
                    help="torch CPU threads in both arms (default 0 = torch's default)")
     p.add_argument("--seed", type=int, default=0)
