@@ -88,13 +88,40 @@ def test_a_layer_already_replaced_is_left_alone_by_an_inner_block():
     assert _replaced(mlp) == []
 
 
-@needs_packing
-def test_sampling_with_packed_weights_draws_the_same_tokens(monkeypatch):
+def _llama() -> LlamaForCausalLM:
     torch.manual_seed(0)
-    model = LlamaForCausalLM(LlamaConfig(
+    return LlamaForCausalLM(LlamaConfig(
         vocab_size=600, hidden_size=MIN_FEATURES, intermediate_size=2 * MIN_FEATURES, num_hidden_layers=1,
         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64, initializer_range=0.1,
         pad_token_id=0, bos_token_id=1, eos_token_id=2)).eval()
+
+
+@needs_packing
+def test_sampling_under_autocast_runs_packed_layers_in_bf16_and_attention_in_fp32(monkeypatch):
+    model, seen = _llama(), []
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+
+    def spy(q, k, v, *args, **kwargs):
+        seen.append((q.dtype, k.dtype, torch.is_autocast_enabled("cpu")))
+        return sdpa(q, k, v, *args, **kwargs)
+
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", spy)
+    ids = torch.randint(3, 600, (4, 7), generator=torch.Generator().manual_seed(1))
+    mask = torch.ones_like(ids)
+    _, _, full = generate(model, ids, mask, 6, eos_token_ids=2, pad_token_id=0, greedy=True)
+    seen.clear()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        _, _, mixed = generate(model, ids, mask, 6, eos_token_ids=2, pad_token_id=0, greedy=True)
+    assert seen and set(seen) == {(torch.float32, torch.float32, False)}
+    assert mixed.dtype == torch.float32
+    # the first token's log-prob, from the same prompt: bf16 products move it by rounding only
+    torch.testing.assert_close(mixed[:, 0], full[:, 0], rtol=0, atol=0.05)
+    assert not torch.equal(mixed, full)  # the wide layers did run in bf16
+
+
+@needs_packing
+def test_sampling_with_packed_weights_draws_the_same_tokens(monkeypatch):
+    model = _llama()
     packed = []
 
     @contextlib.contextmanager

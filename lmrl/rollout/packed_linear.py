@@ -60,8 +60,10 @@ def packed_linears(model: nn.Module, rows: int):
     `rows` rows (any batch works). For inference only: the copies are made on entry and do not
     follow later changes to the weights, and a call made with autograd on (or with an input of
     another dtype) falls back to `F.linear` on the live weight. Entered under CPU autocast
-    (`run.mixed_precision`), the copies are made in autocast's dtype and inputs are cast to it, as
-    autocast's own `F.linear` would, once rather than at every call. A no-op where packing is
+    (`run.mixed_precision`), the copies are made in autocast's dtype (once, rather than autocast
+    casting each weight at every call) and inputs are cast to it; a call made under autocast
+    returns that dtype, as autocast's own `F.linear` would, one made with autocast switched off
+    returns the input's dtype (`hf_generate` runs the rest of the model so). A no-op where packing is
     unavailable (GPU models, builds without oneDNN). The copies take as much memory as the packed weights."""
     layers = [m for m in model.modules() if _packable(m)] if packing_available() else []
     dtype = torch.get_autocast_dtype("cpu") if torch.is_autocast_enabled("cpu") else None
@@ -81,8 +83,9 @@ def _packed_forward(layer: nn.Linear, packed: torch.Tensor, cast: bool):
     bias = None if layer.bias is None else layer.bias.detach().to(packed.dtype)
 
     def forward(x: torch.Tensor) -> torch.Tensor:
-        if torch.is_grad_enabled() or (x.dtype != packed.dtype and not (cast and torch.is_autocast_enabled("cpu"))):
+        if torch.is_grad_enabled() or (x.dtype != packed.dtype and not cast):
             return F.linear(x, weight, layer.bias)
-        return torch.ops.mkldnn._linear_pointwise(x.to(packed.dtype), packed, bias, "none", [], "")
+        y = torch.ops.mkldnn._linear_pointwise(x.to(packed.dtype), packed, bias, "none", [], "")
+        return y if torch.is_autocast_enabled("cpu") else y.to(x.dtype)
 
     return forward
