@@ -229,7 +229,7 @@ class GPT(nn.Module):
         if not greedy and temperature <= 0:
             raise ValueError(f"temperature must be > 0 when sampling (got {temperature}); use greedy=True instead")
         B, T = prompt.shape
-        kind = prompt.device.type  # under autocast the keys and values come out in its dtype: store them so
+        kind = prompt.device.type  # under autocast the keys and values come out in its dtype, and are kept in it
         dtype = torch.get_autocast_dtype(kind) if torch.is_autocast_enabled(kind) else self.wte.weight.dtype
         cache = KVCache(self.config, B, T + max_new_tokens, prompt.device, dtype) if use_cache else None
         seq, tokens, logps = prompt, [], []

@@ -143,11 +143,11 @@ class ThreadEngine:
     def submit(self, ids, *, temperature, top_k, top_p, generator) -> Pending:
         seed, version = draw_seed(generator), self.version
         kind = self.device.type  # autocast is per thread: the caller's (run.mixed_precision) goes with the work
-        autocast = torch.is_autocast_enabled(kind), torch.get_autocast_dtype(kind)
+        autocast_on, autocast_dtype = torch.is_autocast_enabled(kind), torch.get_autocast_dtype(kind)
 
         def work() -> Sampled:
             gen = torch.Generator(device=self.device).manual_seed(seed)
-            with torch.autocast(kind, dtype=autocast[1], enabled=autocast[0]):
+            with torch.autocast(kind, dtype=autocast_dtype, enabled=autocast_on):
                 ro = self.task.rollout(self.model, ids, temperature=temperature, top_k=top_k, top_p=top_p,
                                        generator=gen)
             return Sampled(ids, ro, version)
