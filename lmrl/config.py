@@ -66,6 +66,7 @@ TRL_ALIASES: dict[str, Alias] = {
     "scale_rewards": Alias("algo.scale_rewards", "GRPOConfig",
                            values={"group": "group", "batch": "batch", "none": "none", True: "group", False: "none"}),
     "mask_truncated_completions": Alias("algo.mask_truncated_completions", "GRPOConfig"),
+    "disable_dropout": Alias("train.disable_dropout", "GRPOConfig"),
     "temperature": Alias("train.temperature", "GRPOConfig"),
     "top_p": Alias("train.top_p", "GRPOConfig"),
     "top_k": Alias("train.top_k", "GRPOConfig"),

@@ -377,6 +377,8 @@ class TrainConfig(Section):
     top_k: int = _f(0, "sample from the k most likely tokens (0 = off)", ge=0)
     top_p: float = _f(1.0, "nucleus sampling: sample from the most likely tokens whose probabilities sum to top_p "
                            "(1 = off)", gt=0, le=1)
+    disable_dropout: bool = _f(True, "RL: the policy samples and learns with its dropout layers off, so the learner "
+                                     "scores what was sampled (model.dropout then regularises the warm-up only)")
     ga_steps: int = _f(1, "gradient-accumulation micro-batches per update", ge=1)
     grad_clip: float = _f(1.0, "max gradient norm (0 = off)", ge=0)
     log_every: int = _f(10, "log metrics every N steps", ge=1)

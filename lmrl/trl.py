@@ -25,6 +25,8 @@ plus the ones that need the data or several values at once:
 - `lr_scheduler_type` linear / cosine / constant(_with_warmup), decaying to 0 as TRL's do;
   `adam_beta1` / `adam_beta2`; `bf16` (`run.mixed_precision`); `use_cpu`; `report_to` (wandb, tensorboard); `use_vllm`;
   `gradient_checkpointing`; `eval_strategy` "no" (evaluation at the start and the end only);
+- GRPO's `disable_dropout` (`train.disable_dropout`): off unless given, as in TRL, where lmrl's own
+  default is on;
 - `peft_config` (a `peft.LoraConfig`): its rank, alpha, dropout and target modules.
 
 Names that change nothing in lmrl (logging and saving strategies, hub settings, data-loader workers,
@@ -51,7 +53,7 @@ TRL_DEFAULTS = {
                "per_device_train_batch_size": 8, "gradient_accumulation_steps": 1, "num_train_epochs": 3.0,
                "max_steps": -1, "logging_steps": 10, "save_steps": 500, "eval_strategy": "no"},
     "grpo": {"num_generations": 8, "max_completion_length": 512, "beta": 0.0, "loss_type": "dapo",
-             "scale_rewards": "group", "epsilon": 0.2, "temperature": 1.0},
+             "scale_rewards": "group", "epsilon": 0.2, "temperature": 1.0, "disable_dropout": False},
     "dpo": {"beta": 0.1, "loss_type": "sigmoid", "max_length": 1024},
 }
 # TrainingArguments / GRPOConfig / DPOConfig names that change nothing in how lmrl trains.
@@ -143,7 +145,7 @@ class GRPOConfig(TRLArgs):
         data["algo"] = {"name": "grpo"}
         data["task"] = {**data.get("task", {}), "name": "prompts", "chat": False}
         data["sft"] = {"steps": 0}
-        data["train"].update(rollout_size=batch, steps=steps)
+        data["train"].update(rollout_size=batch, steps=steps, disable_dropout=bool(names.pop("disable_dropout")))
 
 
 class DPOConfig(TRLArgs):

@@ -197,3 +197,19 @@ def test_char_tokenizer_unknown_character_error_names_it():
 def test_char_tokenizer_rejects_repeated_alphabet():
     with pytest.raises(ValueError, match="repeated"):
         CharTokenizer("01231")
+
+
+def test_disable_dropout_makes_the_training_pass_that_of_eval_mode():
+    from lmrl.models import disable_dropout
+
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(vocab_size=VOCAB, n_position=N_POSITION, n_layer=2, n_head=2, n_embd=32, dropout=0.5))
+    x = prompts(length=8)
+    model.eval()
+    with torch.no_grad():
+        expected = model(x)
+        model.train()
+        assert (model(x) - expected).abs().max() > 1e-2  # dropout (attention's included) is on
+        disable_dropout(model)
+        assert model.training
+        assert_close(model(x), expected)

@@ -255,3 +255,22 @@ def test_callbacks_see_every_completion_each_step_and_each_checkpoint(tiny_confi
 def test_an_object_with_no_hook_is_refused_as_a_callback(tiny_config):
     with pytest.raises(TypeError, match="on_episode_end"):
         RLTrainer(tiny_config(), callbacks=[object()])
+
+
+@pytest.mark.parametrize("disable", [True, False])
+def test_rl_turns_dropout_off_after_a_warm_up_that_used_it_unless_told_not_to(tiny_config, disable):
+    from lmrl.train.callbacks import Callback
+
+    class DropoutProbe(Callback):
+        def __init__(self):
+            self.p = {}  # step -> the dropout probabilities the policy has then
+
+        def on_step_end(self, trainer, step, metrics):
+            self.p[step] = {m.p for m in trainer.model.modules() if isinstance(m, torch.nn.Dropout)}
+
+    cfg = tiny_config("model.dropout=0.3", f"train.disable_dropout={str(disable).lower()}")
+    probe = DropoutProbe()
+    RLTrainer(cfg, callbacks=[probe]).train()
+    warmup, rl = cfg.sft.steps, cfg.sft.steps + cfg.train.steps
+    assert probe.p[warmup] == {0.3}
+    assert probe.p[warmup + 1] == probe.p[rl] == ({0.0} if disable else {0.3})

@@ -31,6 +31,7 @@ ALIAS_CASES = [
     ("scale_rewards", ["scale_rewards=false"], {"algo.scale_rewards": "none"}),
     ("scale_rewards", ["scale_rewards=true"], {"algo.scale_rewards": "group"}),
     ("mask_truncated_completions", ["mask_truncated_completions=true"], {"algo.mask_truncated_completions": True}),
+    ("disable_dropout", ["disable_dropout=false"], {"train.disable_dropout": False}),
     ("temperature", ["algo.temperature=0.7"], {"train.temperature": 0.7}),
     ("top_p", ["top_p=0.9"], {"train.top_p": 0.9}),
     ("top_k", ["algo.top_k=50"], {"train.top_k": 50}),

@@ -82,6 +82,13 @@ def test_bf16_is_mixed_precision_over_the_models_own_weights(model_dir, tmp_path
     assert cfg.run.mixed_precision == ""
 
 
+def test_grpo_keeps_dropout_on_unless_disable_dropout_as_trl_does(model_dir, tmp_path):
+    assert not GRPOConfig(output_dir=str(tmp_path)).to_config(model_path=str(model_dir),
+                                                               train_rows=8).train.disable_dropout
+    assert GRPOConfig(output_dir=str(tmp_path), disable_dropout=True).to_config(model_path=str(model_dir),
+                                                                                train_rows=8).train.disable_dropout
+
+
 def test_conversational_prompts_and_columns_reach_the_reward_functions(model_dir, tmp_path):
     calls = []
 

@@ -1,5 +1,7 @@
 """Policies: the built-in GPT, and Hugging Face causal LMs (optionally with a LoRA adapter)."""
 
+import torch.nn as nn
+
 from .gpt import GPT, CharTokenizer, GPTConfig
 
 
@@ -23,4 +25,11 @@ def build_model(cfg, vocab_size: int | None = None, *, lora=None):
                          n_head=cfg.n_head, n_embd=cfg.n_embd, dropout=cfg.dropout))
 
 
-__all__ = ["GPT", "GPTConfig", "CharTokenizer", "build_model"]
+def disable_dropout(model: nn.Module) -> None:
+    """Sets every dropout layer of `model` to p = 0 (what TRL's `disable_dropout_in_model` does)."""
+    for m in model.modules():
+        if isinstance(m, nn.Dropout):
+            m.p = 0.0
+
+
+__all__ = ["GPT", "GPTConfig", "CharTokenizer", "build_model", "disable_dropout"]

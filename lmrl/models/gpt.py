@@ -82,7 +82,7 @@ class CausalSelfAttention(nn.Module):
         self.n_head = cfg.n_head
         self.c_attn = nn.Linear(cfg.n_embd, 3 * cfg.n_embd)
         self.c_proj = nn.Linear(cfg.n_embd, cfg.n_embd)
-        self.dropout = cfg.dropout
+        self.attn_dropout = nn.Dropout(cfg.dropout)  # its p is SDPA's dropout_p
         self.resid_dropout = nn.Dropout(cfg.dropout)
 
     def forward(self, x, cache: KVCache | None = None, layer: int = 0, queries: int = 0):
@@ -100,7 +100,7 @@ class CausalSelfAttention(nn.Module):
         q = q.view(B, Q, self.n_head, C // self.n_head).transpose(1, 2)  # (B, nh, Q, hs)
         k, v = (t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2) for t in (k, v))  # (B, nh, T, hs)
         if cache is None:
-            drop = self.dropout if self.training else 0.0
+            drop = self.attn_dropout.p if self.training else 0.0
             # The CPU flash kernel's bf16 backward is several times slower than the plain one's here.
             plain = q.device.type == "cpu" and q.dtype == torch.bfloat16
             with sdpa_kernel(SDPBackend.MATH) if plain else nullcontext():

@@ -32,7 +32,7 @@ from ..config import Config
 from ..data import write_jsonl
 from ..errors import ConfigError
 from ..distributed.ddp import all_reduce_sum
-from ..models import build_model
+from ..models import build_model, disable_dropout
 from ..models.heads import ActorCritic
 from ..models.reference import is_reference_view, reference_view
 from ..rollout.engine import rollout_to
@@ -155,6 +155,8 @@ class RLTrainer(Trainer):
     def reinforce(self, stage: Stage) -> None:
         """RL steps until `train.steps` (or the time limit, early stopping, Ctrl-C)."""
         cfg = self.config
+        if cfg.train.disable_dropout:
+            disable_dropout(self.model)
         self.build_rl_modules()
         self.make_optimizer(self.module, lr=cfg.optim.lr, weight_decay=cfg.optim.weight_decay, steps=cfg.train.steps,
                             schedule=cfg.schedule.name, warmup_steps=cfg.schedule.warmup_steps,
