@@ -255,7 +255,8 @@ class SFTConfig(Section):
     steps: int = _f(0, "warm-up steps (0 = no warm-up)", ge=0)
     examples: int = _f(0, "distinct labeled problems the warm-up may see", ge=0)
     batch_size: int = _f(256, "warm-up batch size (summed over ranks)", ge=1)
-    lr: float = _f(1e-3, "warm-up peak learning rate (cosine decay to schedule.min_lr_ratio)", ge=0)
+    lr: float = _f(1e-3, "warm-up peak learning rate (cosine decay to sft.min_lr_ratio)", ge=0)
+    min_lr_ratio: float = _f(0.1, "floor of the warm-up's cosine as a fraction of sft.lr", ge=0, le=1)
     weight_decay: float = _f(0.01, "warm-up AdamW weight decay", ge=0)
     warmup_steps: int = _f(0, "linear LR warm-up steps of the warm-up stage", ge=0)
 

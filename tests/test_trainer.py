@@ -274,3 +274,20 @@ def test_rl_turns_dropout_off_after_a_warm_up_that_used_it_unless_told_not_to(ti
     warmup, rl = cfg.sft.steps, cfg.sft.steps + cfg.train.steps
     assert probe.p[warmup] == {0.3}
     assert probe.p[warmup + 1] == probe.p[rl] == ({0.0} if disable else {0.3})
+
+
+def test_the_warm_up_decays_to_its_own_floor_and_rl_to_schedules(tiny_config):
+    from lmrl.schedules import lr_at
+
+    cfg = tiny_config("sft.steps=8", "sft.min_lr_ratio=0.5", "schedule.name=cosine", "schedule.min_lr_ratio=0.0")
+    RLTrainer(cfg).train()
+    rows = read_metrics(cfg.run_dir)
+    warmup = {r["step"]: r["sft/lr"] for r in rows if "sft/lr" in r}
+    rl = {r["step"] - 8: r["train/lr"] for r in rows if "train/lr" in r}
+    for step, lr in warmup.items():
+        assert lr == pytest.approx(lr_at(step - 1, base_lr=cfg.sft.lr, total_steps=8, name="cosine",
+                                         warmup_steps=cfg.sft.warmup_steps, min_lr_ratio=0.5))
+    assert len(warmup) == 8 and len(rl) == cfg.train.steps
+    for step, lr in rl.items():
+        assert lr == pytest.approx(lr_at(step - 1, base_lr=cfg.optim.lr, total_steps=cfg.train.steps, name="cosine",
+                                         min_lr_ratio=0.0))

@@ -307,10 +307,12 @@ class Trainer:
 
     # -- the optimizer (what an algorithm sees of the trainer: algos.base.Learner) ------------------
     def make_optimizer(self, module: torch.nn.Module, *, lr: float, weight_decay: float, steps: int,
-                       schedule: str, warmup_steps: int, betas=(0.9, 0.99), eps: float = 1e-8) -> None:
+                       schedule: str, warmup_steps: int, betas=(0.9, 0.99), eps: float = 1e-8,
+                       min_lr_ratio: float | None = None) -> None:
         """AdamW on `module`'s trainable parameters (a LoRA policy: its adapter), wrapped for DDP or
-        sharded for FSDP, with the LR schedule `schedule` over `steps` steps; the other `schedule.*`
-        keys (floor, plateau factor and patience) come from the config, and a plateau follows
+        sharded for FSDP, with the LR schedule `schedule` over `steps` steps down to `min_lr_ratio`
+        (None: `schedule.min_lr_ratio`); the plateau's factor and patience come from the config's
+        `schedule`, and a plateau follows
         `train.best_metric` in its direction. After a resume, the checkpoint's optimizer, scheduler
         and RNG states are loaded into them."""
         if self.fsdp:  # sharded in place: the module is its own wrapper, its parameters DTensor shards
@@ -326,7 +328,7 @@ class Trainer:
         self.optimizer = torch.optim.AdamW(trainable, lr=lr, weight_decay=weight_decay, betas=tuple(betas), eps=eps)
         s = self.config.schedule
         self.scheduler = make_scheduler(self.optimizer, total_steps=steps, name=schedule, warmup_steps=warmup_steps,
-                                        min_lr_ratio=s.min_lr_ratio,
+                                        min_lr_ratio=s.min_lr_ratio if min_lr_ratio is None else min_lr_ratio,
                                         plateau_mode="min" if lower_is_better(self.best_metric) else "max",
                                         plateau_factor=s.plateau_factor, plateau_patience=s.plateau_patience)
         self._restore_pending()

@@ -124,7 +124,7 @@ class RLTrainer(Trainer):
         cfg = self.config
         rows = self.task.labeled(self.sft_pool)
         self.make_optimizer(self.model, lr=cfg.sft.lr, weight_decay=cfg.sft.weight_decay, steps=cfg.sft.steps,
-                            schedule="cosine", warmup_steps=cfg.sft.warmup_steps)
+                            schedule="cosine", warmup_steps=cfg.sft.warmup_steps, min_lr_ratio=cfg.sft.min_lr_ratio)
         batch, n = cfg.sft.batch_size // self.dist.world_size, self.task.answer_len
 
         def step(stage: Stage) -> None:
