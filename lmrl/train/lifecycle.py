@@ -312,9 +312,8 @@ class Trainer:
         """AdamW on `module`'s trainable parameters (a LoRA policy: its adapter), wrapped for DDP or
         sharded for FSDP, with the LR schedule `schedule` over `steps` steps down to `min_lr_ratio`
         (None: `schedule.min_lr_ratio`); the plateau's factor and patience come from the config's
-        `schedule`, and a plateau follows
-        `train.best_metric` in its direction. After a resume, the checkpoint's optimizer, scheduler
-        and RNG states are loaded into them."""
+        `schedule`, and a plateau follows `train.best_metric` in its direction. After a resume, the
+        checkpoint's optimizer, scheduler and RNG states are loaded into them."""
         if self.fsdp:  # sharded in place: the module is its own wrapper, its parameters DTensor shards
             from ..distributed.fsdp import shard
 
