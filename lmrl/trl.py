@@ -25,8 +25,6 @@ plus the ones that need the data or several values at once:
 - `lr_scheduler_type` linear / cosine / constant(_with_warmup), decaying to 0 as TRL's do;
   `adam_beta1` / `adam_beta2`; `bf16` (`run.mixed_precision`); `use_cpu`; `report_to` (wandb, tensorboard); `use_vllm`;
   `gradient_checkpointing`; `eval_strategy` "no" (evaluation at the start and the end only);
-- GRPO's `disable_dropout` (`train.disable_dropout`): off unless given, as in TRL, where lmrl's own
-  default is on;
 - `peft_config` (a `peft.LoraConfig`): its rank, alpha, dropout and target modules.
 
 Names that change nothing in lmrl (logging and saving strategies, hub settings, data-loader workers,
@@ -145,7 +143,7 @@ class GRPOConfig(TRLArgs):
         data["algo"] = {"name": "grpo"}
         data["task"] = {**data.get("task", {}), "name": "prompts", "chat": False}
         data["sft"] = {"steps": 0}
-        data["train"].update(rollout_size=batch, steps=steps, disable_dropout=bool(names.pop("disable_dropout")))
+        data["train"].update(rollout_size=batch, steps=steps)
 
 
 class DPOConfig(TRLArgs):
