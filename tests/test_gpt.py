@@ -1,11 +1,12 @@
 """The built-in GPT: the KV cache changes speed, never results; generate's log-probs are those of
-the distribution it drew from; top-k, the position limit, weight tying, checkpoints, tokenizer."""
+the distribution it drew from; top-k; attention and dropout against their definitions; the position
+limit, weight tying, checkpoints, tokenizer."""
 
 import pytest
 import torch
 import torch.nn.functional as F
 
-from lmrl.models.gpt import GPT, CharTokenizer, GPTConfig, sequence_logprobs
+from lmrl.models.gpt import GPT, CharTokenizer, GPTConfig, attend, dropout, sequence_logprobs
 
 VOCAB, N_POSITION = 12, 16
 
@@ -119,6 +120,67 @@ def test_top_k_never_draws_outside_the_k_most_likely_and_renormalises_over_them(
     assert_close(logp, drawn - top_logits.logsumexp(-1))
     rank = (logits > drawn.unsqueeze(-1)).sum(-1)  # 0 for the most likely token
     assert set(rank.unique().tolist()) == set(range(k)), "sampling should reach every one of the top k"
+
+
+# -- attention ---------------------------------------------------------------------------------------
+def attention_by_hand(q, k, v):
+    """softmax(q kᵀ / √d) v in float64, query i (of Q) at position L - Q + i seeing keys 0..L-Q+i."""
+    q, k, v = (t.double() for t in (q, k, v))
+    Q, L = q.size(-2), k.size(-2)
+    scores = q @ k.transpose(-2, -1) / q.size(-1) ** 0.5
+    later = torch.arange(L)[None, :] > torch.arange(L - Q, L)[:, None]
+    return scores.masked_fill(later, float("-inf")).softmax(-1) @ v
+
+
+@pytest.mark.parametrize("dtype, atol", [(torch.float32, 1e-5), (torch.bfloat16, 0.03)])
+@pytest.mark.parametrize("Q, L", [(6, 6), (2, 6), (1, 6)])
+def test_attend_is_causal_attention_for_queries_at_the_last_positions(Q, L, dtype, atol):
+    g = torch.Generator().manual_seed(Q)
+    q, k, v = (torch.randn(3, 2, n, 8, generator=g).to(dtype).requires_grad_() for n in (Q, L, L))
+    got = attend(q, k, v)
+    expected = attention_by_hand(q, k, v)
+    assert got.dtype == dtype
+    assert_close(got.double(), expected, atol=atol)
+    w = torch.randn(got.shape, generator=g, dtype=torch.float64)
+    grads = torch.autograd.grad((got.double() * w).sum(), (q, k, v))
+    expected_grads = torch.autograd.grad((expected * w).sum(), (q, k, v))
+    for a, b in zip(grads, expected_grads):
+        assert_close(a.double(), b.double(), atol=atol * 4)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_attend_dropout_zeroes_attention_weights_and_scales_up_the_rest(dtype):
+    L, p = 6, 0.25
+    g = torch.Generator().manual_seed(0)
+    q, k = (torch.randn(64, 4, L, L, generator=g).to(dtype) for _ in range(2))
+    v = torch.eye(L, dtype=dtype).expand(64, 4, L, L)  # the output is then the attention weights themselves
+    weights = attend(q, k, v).float()
+    torch.manual_seed(1)
+    dropped = attend(q, k, v, dropout_p=p).float()
+    seen = weights > 0
+    kept = dropped[seen] != 0
+    assert abs(1 - kept.float().mean().item() - p) < 0.02
+    rel = 0.02 if dtype == torch.bfloat16 else 1e-5
+    assert_close(dropped[seen][kept] / (weights[seen][kept] / (1 - p)), torch.ones(int(kept.sum())), atol=rel)
+    assert (dropped[~seen] == 0).all()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_dropout_keeps_each_element_independently_with_probability_1_minus_p_scaled_by_its_inverse(dtype):
+    x = torch.full((400, 1000), 2.0, dtype=dtype, requires_grad=True)
+    torch.manual_seed(0)
+    y = dropout(x, 0.25)
+    kept = y != 0
+    assert y.dtype == dtype and abs(kept.float().mean().item() - 0.75) < 0.005
+    assert torch.allclose(y[kept].float(), torch.tensor(2.0 / 0.75), rtol=0.01)  # bf16: 2/0.75 to 8 bits
+    both = (kept[:, :-1] & kept[:, 1:]).float().mean().item()  # neighbours, often cut from one random word
+    assert abs(both - 0.75**2) < 0.005
+    (grad,) = torch.autograd.grad(y.float().sum(), x)
+    assert torch.equal(grad != 0, kept) and torch.allclose(grad[kept].float(), torch.tensor(1 / 0.75), rtol=0.01)
+    torch.manual_seed(0)
+    assert torch.equal(dropout(x, 0.25), y)  # the global seed decides the mask, so runs reproduce and resume
+    assert not torch.equal(dropout(x, 0.25), y)
+    assert dropout(x, 0.0) is x
 
 
 # -- shape limits, weights, checkpoints ------------------------------------------------------------

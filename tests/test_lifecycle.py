@@ -4,6 +4,7 @@ schedule, best-model and early-stopping settings mean the same as in the offline
 import json
 
 import pytest
+import torch
 
 from lmrl import checkpoint as ckpt
 from lmrl.train.rl_trainer import RLTrainer
@@ -113,3 +114,9 @@ def test_every_logged_row_carries_the_runs_wall_time_so_far(tiny_config):
     assert len(elapsed) == len(rows) and elapsed == sorted(elapsed) and elapsed[0] > 0
     summary = json.loads((cfg.run_dir / "summary.json").read_text())
     assert round(elapsed[-1], 2) <= summary["time_s"]["total"]  # the summary rounds to 1/100 s
+
+
+def test_the_trainers_step_adamw_with_its_fused_kernel_on_a_cpu(tiny_config):
+    trainer = RLTrainer(tiny_config("train.steps=1"))
+    trainer.train()
+    assert isinstance(trainer.optimizer, torch.optim.AdamW) and trainer.optimizer.defaults["fused"]

@@ -8,16 +8,15 @@ for its metrics and the off-policy algorithms use as "old" log-probs.
 
 from __future__ import annotations
 
+import functools
 import json
 import math
-from contextlib import nullcontext
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from ..algos.token_logprobs import token_logprobs
 from ..rollout.sampling import warp_logits
@@ -76,23 +75,71 @@ class KVCache:
         self.length = 0
 
 
+def dropout(x: torch.Tensor, p: float) -> torch.Tensor:
+    """`F.dropout(x, p)` in training mode. On a CPU the mask is cut from 64-bit random words, 16 bits
+    per element (each kept with probability 1 - p to within 2⁻¹⁶), where PyTorch's CPU dropout draws
+    one random number per element: about half its time (benchmarks/gpt_step.py)."""
+    if not p or p >= 1 or x.device.type != "cpu":
+        return F.dropout(x, p)
+    words = torch.empty((x.numel() + 3) // 4, dtype=torch.int64).random_(-(2**63), 2**63 - 1)
+    keep = words.view(torch.int16)[: x.numel()].view(x.shape) >= round(p * 65536) - 32768
+    return x * keep.to(x.dtype) * (1.0 / (1.0 - p))
+
+
+class Dropout(nn.Dropout):
+    """`nn.Dropout` through `dropout` (so `disable_dropout` and anything else that sets an
+    `nn.Dropout`'s p still reaches it)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return dropout(x, self.p) if self.training else x
+
+
+def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout_p: float = 0.0) -> torch.Tensor:
+    """softmax(q kᵀ / √d) v over heads: q (B, nh, Q, hs) holds the queries of the last Q of the L
+    positions whose keys and values k, v (B, nh, L, hs) hold; each query sees the keys up to its own
+    position. Returns (B, nh, Q, hs)."""
+    Q, L = q.size(-2), k.size(-2)
+    if q.device.type == "cpu" and q.dtype == torch.bfloat16:
+        # On a CPU, PyTorch's bf16 attention kernels and its softmax are slow over rows this short
+        # (a dozen keys): written out, with the softmax in fp32 (benchmarks/gpt_step.py).
+        s = (q @ k.transpose(-2, -1)).float() * q.size(-1) ** -0.5  # (B, nh, Q, L)
+        if Q > 1:
+            s = s.masked_fill(_hidden(Q, L, q.device), float("-inf"))
+        e = (s - s.amax(-1, keepdim=True).detach()).exp()  # the shift changes neither softmax nor its gradient
+        p = e / e.sum(-1, keepdim=True)
+        if dropout_p:
+            p = dropout(p, dropout_p)
+        return p.to(v.dtype) @ v
+    if Q == 1:  # the newest position sees every key
+        return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p)
+    if Q == L:
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=dropout_p)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=~_hidden(Q, L, q.device), dropout_p=dropout_p)
+
+
+@functools.cache
+def _hidden(Q: int, L: int, device: torch.device) -> torch.Tensor:
+    """(Q, L) True where query i, at position L - Q + i, must not see key j (j is after it)."""
+    return torch.ones(Q, L, dtype=torch.bool, device=device).triu(diagonal=L - Q + 1)
+
+
 class CausalSelfAttention(nn.Module):
     def __init__(self, cfg: GPTConfig):
         super().__init__()
         self.n_head = cfg.n_head
         self.c_attn = nn.Linear(cfg.n_embd, 3 * cfg.n_embd)
         self.c_proj = nn.Linear(cfg.n_embd, cfg.n_embd)
-        self.attn_dropout = nn.Dropout(cfg.dropout)  # its p is SDPA's dropout_p
-        self.resid_dropout = nn.Dropout(cfg.dropout)
+        self.attn_dropout = Dropout(cfg.dropout)  # its p is the attention weights' dropout
+        self.resid_dropout = Dropout(cfg.dropout)
 
     def forward(self, x, cache: KVCache | None = None, layer: int = 0, queries: int = 0):
-        """Causal self-attention over x (B, T, C) → (B, T, C); with `queries` = K > 0 (no cache), the
-        outputs of the last K positions only (B, K, C): keys and values of every position, queries
-        of those K."""
+        """Causal self-attention over x (B, T, C) → (B, T, C); with `queries` = K > 0, the outputs of
+        the last K positions only (B, K, C): keys and values of every position, queries of those K.
+        With a cache, x continues the cached positions, whose keys and values it extends."""
         B, T, C = x.shape
         if queries:
-            assert cache is None, "queries are trimmed in the learner's cacheless pass only"
-            q = F.linear(x[:, -queries:], self.c_attn.weight[:C], self.c_attn.bias[:C])
+            # contiguous: F.linear's one fused product, whether or not the weights require grad
+            q = F.linear(x[:, -queries:].contiguous(), self.c_attn.weight[:C], self.c_attn.bias[:C])
             k, v = F.linear(x, self.c_attn.weight[C:], self.c_attn.bias[C:]).split(C, dim=2)
         else:
             q, k, v = self.c_attn(x).split(C, dim=2)
@@ -100,25 +147,16 @@ class CausalSelfAttention(nn.Module):
         q = q.view(B, Q, self.n_head, C // self.n_head).transpose(1, 2)  # (B, nh, Q, hs)
         k, v = (t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2) for t in (k, v))  # (B, nh, T, hs)
         if cache is None:
-            drop = self.attn_dropout.p if self.training else 0.0
-            # The CPU flash kernel's bf16 backward is several times slower than the plain one's here.
-            plain = q.device.type == "cpu" and q.dtype == torch.bfloat16
-            with sdpa_kernel(SDPBackend.MATH) if plain else nullcontext():
-                if Q == T:
-                    y = F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=drop)
-                else:  # query i sits at position T - Q + i and sees the keys up to it
-                    seen = torch.ones(Q, T, dtype=torch.bool, device=x.device).tril(diagonal=T - Q)
-                    y = F.scaled_dot_product_attention(q, k, v, attn_mask=seen, dropout_p=drop)
+            y = attend(q, k, v, self.attn_dropout.p if self.training else 0.0)
         else:
             start = cache.length
+            # A prefill (start == 0) may be any length; after it positions are appended one at a time.
+            assert start == 0 or T == 1, "KV cache appends one token at a time after the prefill"
             cache.k[layer, :, :, start : start + T] = k
             cache.v[layer, :, :, start : start + T] = v
             k = cache.k[layer, :, :, : start + T]
             v = cache.v[layer, :, :, : start + T]  # (B, nh, start+T, hs)
-            # A prefill (start == 0) is causal; a one-token decode step sees every cached position.
-            # Multi-token appends after a prefill are not needed by the samplers, so not supported.
-            assert start == 0 or T == 1, "KV cache appends one token at a time after the prefill"
-            y = F.scaled_dot_product_attention(q, k, v, is_causal=start == 0)
+            y = attend(q, k, v)
         y = y.transpose(1, 2).contiguous().view(B, Q, C)
         return self.resid_dropout(self.c_proj(y))
 
@@ -128,7 +166,7 @@ class MLP(nn.Module):
         super().__init__()
         self.c_fc = nn.Linear(cfg.n_embd, 4 * cfg.n_embd)
         self.c_proj = nn.Linear(4 * cfg.n_embd, cfg.n_embd)
-        self.dropout = nn.Dropout(cfg.dropout)
+        self.dropout = Dropout(cfg.dropout)
 
     def forward(self, x):
         return self.dropout(self.c_proj(F.gelu(self.c_fc(x))))
@@ -155,7 +193,7 @@ class GPT(nn.Module):
         self.config = cfg
         self.wte = nn.Embedding(cfg.vocab_size, cfg.n_embd)
         self.wpe = nn.Embedding(cfg.n_position, cfg.n_embd)
-        self.drop = nn.Dropout(cfg.dropout)
+        self.drop = Dropout(cfg.dropout)
         self.h = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layer))
         self.ln_f = nn.LayerNorm(cfg.n_embd)
         self.lm_head = nn.Linear(cfg.n_embd, cfg.vocab_size, bias=False)
@@ -189,9 +227,9 @@ class GPT(nn.Module):
             raise ValueError(f"sequence of {start + T} tokens exceeds model.n_position={self.config.n_position}")
         pos = torch.arange(start, start + T, device=idx.device)
         x = self.drop(self.wte(idx) + self.wpe(pos))  # (B, T, C)
-        # The learner needs the last `logits_to_keep` positions only: the last block runs their
-        # queries, MLP and output alone (the keys and values of every position are still needed).
-        trim = logits_to_keep if logits_to_keep and cache is None and not return_hidden else 0
+        # Where only the last positions' logits are wanted, the last block runs their queries, MLP
+        # and output alone (the keys and values of every position are still needed, and cached).
+        trim = 0 if return_hidden else 1 if last_only else logits_to_keep
         for i, block in enumerate(self.h):
             x = block(x, cache, i, trim if i == len(self.h) - 1 else 0)
         if cache is not None:
