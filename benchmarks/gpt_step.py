@@ -37,15 +37,9 @@ BATCH, PROMPT, NEW = 128, 8, 5  # the adder's rollout: 128 prompts of 8 tokens (
 
 
 def sdpa_attend(q, k, v, dropout_p: float = 0.0, backend: SDPBackend | None = None):
-    """`gpt.attend`'s contract on `F.scaled_dot_product_attention` (a kernel of its choice, or `backend`)."""
-    Q, L = q.size(-2), k.size(-2)
+    """`gpt.sdpa_attend` under SDPA's kernel `backend` (None: PyTorch's choice)."""
     with sdpa_kernel(backend) if backend is not None else nullcontext():
-        if Q == 1:
-            return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p)
-        if Q == L:
-            return F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=dropout_p)
-        seen = torch.ones(Q, L, dtype=torch.bool, device=q.device).tril(diagonal=L - Q)
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=seen, dropout_p=dropout_p)
+        return gpt.sdpa_attend(q, k, v, dropout_p)
 
 
 ATTENTION = {

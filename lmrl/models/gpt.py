@@ -110,6 +110,12 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout_p: float =
         if dropout_p:
             p = dropout(p, dropout_p)
         return p.to(v.dtype) @ v
+    return sdpa_attend(q, k, v, dropout_p)
+
+
+def sdpa_attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout_p: float = 0.0) -> torch.Tensor:
+    """`attend` on `F.scaled_dot_product_attention` (the kernel is PyTorch's choice)."""
+    Q, L = q.size(-2), k.size(-2)
     if Q == 1:  # the newest position sees every key
         return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p)
     if Q == L:

@@ -328,7 +328,7 @@ class Trainer:
         # its default per-tensor loop (benchmarks/gpt_step.py); sharded (DTensor) parameters keep the loop.
         fused = not self.fsdp and all(p.device.type in ("cpu", "cuda") for p in trainable)
         self.optimizer = torch.optim.AdamW(trainable, lr=lr, weight_decay=weight_decay, betas=tuple(betas), eps=eps,
-                                           fused=fused or None)
+                                           fused=fused)
         s = self.config.schedule
         self.scheduler = make_scheduler(self.optimizer, total_steps=steps, name=schedule, warmup_steps=warmup_steps,
                                         min_lr_ratio=s.min_lr_ratio if min_lr_ratio is None else min_lr_ratio,
