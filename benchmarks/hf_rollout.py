@@ -24,6 +24,10 @@ tokens (their sampling does not depend on the batch's make-up), `generate` draws
   default+autocast(bf16)   the defaults under `torch.autocast(cpu, bf16)`, as `run.mixed_precision=bf16` runs
                         rollouts: fp32 weights, wide layers packed in bf16, products in bf16 (`--dtype fp32` only)
   generate+autocast(bf16)  `model.generate` under the same autocast; the "/roof" of both is the bf16 compute roofline
+  lora+autocast(bf16)   default+autocast(bf16) on the model with peft LoRA adapters (r 16, alpha 32 on
+                        q/k/v/o, as benchmarks/trl_grpo_step.py trains; B drawn non-zero), whose layers
+                        run from merged weights (`lmrl.rollout.packed_linear`)
+  lora+autocast(bf16)+unmerged  the same with each adapter's own products, as before merging
 
 Before timing, greedy decoding by `generate` and by the lean loop (defaults) is compared token for
 token. `--convert DIR` writes a GGUF model once as a plain directory there and loads that (faster).
@@ -49,6 +53,8 @@ matrix products run below a square product's rate.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import copy
 import json
 import os
 import random
@@ -57,12 +63,14 @@ import subprocess
 import sys
 import tempfile
 import time
+import unittest.mock
 from pathlib import Path
 
 import torch
 from transformers import GenerationConfig
 
 from lmrl.models.hf import apply_chat_template, convert_gguf, load_hf_policy
+from lmrl.rollout import packed_linear
 from lmrl.rollout.hf_generate import generate
 
 
@@ -115,6 +123,21 @@ def weight_bytes(model: torch.nn.Module) -> int:
             seen.add(t.data_ptr())
             total += t.numel() * t.element_size()
     return total
+
+
+def lora_copy(model: torch.nn.Module) -> torch.nn.Module:
+    """A copy of `model` with peft LoRA adapters (r 16, alpha 32 on q/k/v/o) whose B is drawn from a
+    normal distribution (peft starts it at zero, where the adapters would change nothing), in eval mode."""
+    import peft
+
+    wrapped = peft.get_peft_model(copy.deepcopy(model), peft.LoraConfig(
+        r=16, lora_alpha=32, target_modules=["q_proj", "k_proj", "v_proj", "o_proj"]))
+    generator = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for name, param in wrapped.named_parameters():
+            if "lora_B" in name:
+                param.copy_(torch.randn(param.shape, generator=generator) * 1e-3)
+    return wrapped.eval()
 
 
 def vllm_worker(args) -> None:
@@ -223,6 +246,18 @@ def main() -> None:
         with torch.autocast("cpu", dtype=torch.bfloat16):
             return arm(seed, **kwargs)
 
+    lora_model = None
+
+    def lora(seed: int, merge: bool = True) -> torch.Tensor:  # a LoRA policy's rollouts, adapters merged or not
+        nonlocal lora_model
+        if lora_model is None:
+            lora_model = lora_copy(model)
+        merging = contextlib.nullcontext() if merge else unittest.mock.patch.object(packed_linear, "_active_lora",
+                                                                                     lambda module: None)
+        with torch.autocast("cpu", dtype=torch.bfloat16), merging:
+            return generate(lora_model, ids, mask, n, eos_token_ids=eos, pad_token_id=pad,
+                            generator=torch.Generator().manual_seed(seed))[0]
+
     def recorded(seed: int) -> torch.Tensor:  # HFPolicy's HF-`generate` engine, whatever its default
         engine = getattr(policy, "generation_engine", None)
         if engine is not None:
@@ -255,6 +290,8 @@ def main() -> None:
         "lean+static+share+compact(1/8)+pack": lambda s: lean(s, compact_at=0.125, cache="static"),
         "default+autocast(bf16)": lambda s: autocast(lean, s, compact_at=0.125),
         "generate+autocast(bf16)": lambda s: autocast(hf_generate, s),
+        "lora+autocast(bf16)": lora,
+        "lora+autocast(bf16)+unmerged": lambda s: lora(s, merge=False),
     }
     if args.arms:
         arms = {k: v for k, v in arms.items() if k == "generate" or k in args.arms.split(",")}

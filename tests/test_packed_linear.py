@@ -154,3 +154,68 @@ def test_under_autocast_layers_run_packed_in_its_dtype_like_autocasts_own_linear
     torch.testing.assert_close(got.float(), expected.float(), rtol=0.02, atol=0.02)
     with torch.no_grad(), packed_linears(mlp, rows=5):  # packed outside autocast: fp32 in, fp32 out
         assert mlp[0](x).dtype == torch.float32
+
+
+def _lora_llama(modules=("q_proj", "k_proj", "v_proj", "o_proj")):
+    """`_llama` with LoRA adapters whose B is not zero, so that they change the outputs."""
+    peft = pytest.importorskip("peft")
+    model = peft.get_peft_model(_llama(), peft.LoraConfig(r=4, lora_alpha=8, target_modules=list(modules)))
+    torch.manual_seed(3)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "lora_B" in name:
+                p.normal_(std=0.05)
+    return model.eval()
+
+
+@needs_packing
+def test_lora_layers_run_from_their_merged_weight_and_train_through_their_adapters():
+    from peft.tuners.lora import Linear as LoraLinear
+
+    model = _lora_llama()
+    loras = [m for m in model.modules() if isinstance(m, LoraLinear)]
+    x = torch.randint(3, 600, (3, 5), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        expected = model(input_ids=x).logits
+        with model.disable_adapter():
+            plain = model(input_ids=x).logits
+        with packed_linears(model, rows=3):
+            replaced = _replaced(model)
+            got = model(input_ids=x).logits
+            assert all(m in replaced for m in loras)  # q and o packed, k and v (256 wide) by F.linear
+            assert not any(m.get_base_layer() in replaced for m in loras)
+    assert (expected - plain).abs().max() > 0.01  # the adapters matter
+    torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-4)
+    with packed_linears(model, rows=3):
+        model(input_ids=x).logits.sum().backward()  # autograd on: the adapters' own forward
+    assert all(m.lora_B["default"].weight.grad.abs().sum() > 0 for m in loras)
+    assert _replaced(model) == []
+
+
+@needs_packing
+def test_disabled_adapters_leave_the_lora_layers_to_their_packed_base_layers():
+    from peft.tuners.lora import Linear as LoraLinear
+
+    model = _lora_llama()
+    x = torch.randint(3, 600, (3, 5), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad(), model.disable_adapter():
+        expected = model(input_ids=x).logits
+        with packed_linears(model, rows=3):
+            replaced = _replaced(model)
+            got = model(input_ids=x).logits
+    assert not any(isinstance(m, LoraLinear) for m in replaced)
+    assert sum(isinstance(m, nn.Linear) and m.in_features >= MIN_FEATURES for m in replaced) == 6
+    torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-4)
+
+
+@needs_packing
+def test_sampling_a_lora_model_with_merged_weights_draws_the_same_tokens():
+    model = _lora_llama()
+    ids = torch.randint(3, 600, (4, 7), generator=torch.Generator().manual_seed(1))
+    mask = torch.ones_like(ids)
+    runs = {pack: generate(model, ids, mask, 12, eos_token_ids=2, pad_token_id=0, pack_weights=pack,
+                           generator=torch.Generator().manual_seed(2)) for pack in (False, True)}
+    (c0, m0, lp0), (c1, m1, lp1) = runs[False], runs[True]
+    assert torch.equal(c0, c1) and torch.equal(m0, m1)
+    torch.testing.assert_close(lp1, lp0, rtol=1e-4, atol=1e-4)
+

@@ -19,7 +19,8 @@ CPU (SmolLM2-135M, batch 32, 50-token prompts, 64 new tokens), and what is done 
   is built from unnormalised probabilities and only the drawn token's log-prob is normalised.
 * **Linear layers** (~70% of a decode step's time on a CPU, most of it in the 49,152-word output
   layer) run from weights prepacked for oneDNN once per call (`lmrl.rollout.packed_linear`; a
-  no-op on a GPU): the rollout's tokens/s went from 1.4x to 1.9-2.2x `generate`'s with it.
+  no-op on a GPU): the rollout's tokens/s went from 1.4x to 1.9-2.2x `generate`'s with it. A LoRA
+  policy's adapted layers run from their merged weights there, without the adapters' own products.
 * **Under CPU autocast** (`run.mixed_precision=bf16`) the packed layers run in bf16 and everything
   else in fp32 with autocast off: the CPU flash-attention kernel decodes ~5x slower in bf16.
 * The model's forward is called directly with a transformers KV cache (prefill computes logits for
