@@ -97,11 +97,11 @@ def packed_linears(model: nn.Module, rows: int):
     `rows` rows (any batch works). For inference only: the copies are made on entry and do not
     follow later changes to the weights, and a call made with autograd on (or with an input of
     another dtype) falls back to the layer's own forward on the live weights. LoRA layers (see the
-    module's docstring) run from their merged weight, packed where their base layer would be. Entered under CPU autocast
-    (`run.mixed_precision`), the copies are made in autocast's dtype (once, rather than autocast
-    casting each weight at every call) and inputs are cast to it; a call made under autocast
-    returns that dtype, as autocast's own `F.linear` would, one made with autocast switched off
-    returns the input's dtype (`hf_generate` runs the rest of the model so). A no-op where packing is
+    module's docstring) run from their merged weight, packed where their base layer would be.
+    Entered under CPU autocast (`run.mixed_precision`), the copies are made in autocast's dtype
+    (once, rather than autocast casting each weight at every call) and inputs are cast to it; a call
+    made under autocast returns that dtype, as autocast's own `F.linear` would, one made with
+    autocast switched off returns the input's dtype (`hf_generate` runs the rest of the model so). A no-op where packing is
     unavailable (GPU models, builds without oneDNN). The copies take as much memory as the packed weights."""
     if not packing_available():
         yield model
