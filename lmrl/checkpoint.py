@@ -10,7 +10,8 @@ Layout of one checkpoint, `<run_dir>/checkpoints/step_<N>/`:
                          loads it; the frozen base is the model.path it was loaded from. Checkpoints
                          saved before this layout hold the adapter in model.safetensors, under the
                          policy's parameter names; they still load
-    <name>.safetensors   further modules the trainer needs back (PPO's `value`, the KL `reference`)
+    <name>.safetensors   further modules the trainer needs back (PPO's `value`, the KL `reference`,
+                         the weight average `ema` of `train.ema_decay`)
     optimizer.pt         optimizer.state_dict()            (only if an optimizer was given)
     scheduler.pt         scheduler.state_dict()            (only if a scheduler was given)
     rng.pt               python / numpy / torch / CUDA / named-generator RNG states

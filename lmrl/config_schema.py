@@ -397,6 +397,10 @@ class TrainConfig(Section):
                               "(empty: eval/accuracy; a name holding 'loss' is minimised, others maximised)")
     time_limit_min: float = _f(0.0, "stop RL once the run's wall time reaches this many minutes, then evaluate "
                                     "and save as at the last step (0 = no limit)", ge=0)
+    ema_decay: float = _f(0.0, "evaluate, keep as best and export an exponential moving average of the trained "
+                               "weights, avg = decay * avg + (1 - decay) * weights after every update, while the "
+                               "weights themselves train and sample (0 = off: the weights themselves; RL's "
+                               "warm-up is never averaged)", ge=0, lt=1)
 
     def check(self) -> list[str]:
         return [msg for ok, msg in [
@@ -502,6 +506,9 @@ def cross_section_problems(cfg: Config) -> list[str]:
         common.append((steps == TrainConfig.max_steps, f"train.max_steps={steps} counts the offline trainers' "
                                                        f"optimizer steps; run.trainer=rl counts RL updates in train.steps"))
         rules = task + common + _sql_env_rules(cfg, cfg.task.name == "sql") + _rl_batch_rules(cfg) + _scale_rules(cfg)
+    rules.append((cfg.distributed.strategy != "fsdp" or cfg.train.ema_decay == 0,
+                  f"train.ema_decay={cfg.train.ema_decay} averages whole weights, which FSDP holds in shards: set "
+                  f"train.ema_decay=0 or distributed.strategy=ddp"))
     return [msg for ok, msg in rules if not ok]
 
 

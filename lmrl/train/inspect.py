@@ -1,4 +1,5 @@
-"""Loading a finished (or running) run back for `lmrl eval` and `lmrl generate`."""
+"""Loading a finished (or running) run back for `lmrl eval` and `lmrl generate`: a checkpoint's weights,
+or the weight average it holds when the run evaluated one (`train.ema_decay`)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from ..tasks.math_reward import parse_completion
 from ..tasks import build_task
 from .. import checkpoint as ckpt
 from .evaluate import evaluate
+from .weight_average import NAME as AVERAGE, load_average
 
 
 class PromptError(ValueError):
@@ -92,6 +94,9 @@ def _load(run_dir: Path, which: str, with_task: bool) -> tuple:
         model = build_model(cfg.model, task.tokenizer.vocab_size)
     path = resolve_checkpoint(run_dir, which)
     ckpt.load_checkpoint(path, model=model, restore_rng=False)
+    average = path / f"{AVERAGE}.safetensors"
+    if average.is_file():  # a run with train.ema_decay evaluated this average, not the trained weights
+        load_average(model, average)
     model.eval()
     return cfg, path, model, task
 

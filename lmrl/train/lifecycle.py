@@ -21,6 +21,8 @@ What `Trainer` owns:
   plateau steered by `train.best_metric` in the direction the metric needs), DDP / FSDP wrapping,
   and the guarded step (clip; skip and count a non-finite update; stop after
   `train.max_nonfinite` in a row);
+- the weight average (`train.ema_decay`, in the stages whose optimizer asks for it): updated after
+  every update, evaluated, saved as best and exported in place of the trained weights, resumed;
 - the end of every step: evaluation when due, the best model (`checkpoints/best/`, maximised or
   minimised as `train.best_metric` says), early stopping (`train.patience`, `train.stopping_threshold`),
   logging, callbacks, checkpoints;
@@ -58,6 +60,7 @@ from ..schedules import make_scheduler
 from .. import checkpoint as ckpt
 from .callbacks import CallbackList
 from .run_dir import RunLog, prepare_run_dir
+from .weight_average import NAME as AVERAGE, WeightAverage
 
 
 @dataclass
@@ -142,6 +145,7 @@ class Trainer:
         torch.manual_seed(cfg.run.seed)  # identical initial weights (and LoRA adapters) on every rank
         self.best_metric = cfg.train.best_metric or self.default_best_metric
         self.optimizer = self.scheduler = None
+        self.average: WeightAverage | None = None  # train.ema_decay: the stage's average of the model's weights
         self.module = self.train_model = None  # what the optimizer trains, and its DDP/FSDP wrapper
         self.placement = ""  # where a launcher put this trainer (e.g. its Ray actor's node and GPUs), for the log
         self.log: RunLog | None = None
@@ -308,12 +312,13 @@ class Trainer:
     # -- the optimizer (what an algorithm sees of the trainer: algos.base.Learner) ------------------
     def make_optimizer(self, module: torch.nn.Module, *, lr: float, weight_decay: float, steps: int,
                        schedule: str, warmup_steps: int, betas=(0.9, 0.99), eps: float = 1e-8,
-                       min_lr_ratio: float | None = None) -> None:
+                       min_lr_ratio: float | None = None, ema_decay: float = 0.0) -> None:
         """AdamW on `module`'s trainable parameters (a LoRA policy: its adapter), wrapped for DDP or
         sharded for FSDP, with the LR schedule `schedule` over `steps` steps down to `min_lr_ratio`
         (None: `schedule.min_lr_ratio`); the plateau's factor and patience come from the config's
         `schedule`, and a plateau follows `train.best_metric` in its direction. After a resume, the
-        checkpoint's optimizer, scheduler and RNG states are loaded into them."""
+        checkpoint's optimizer, scheduler and RNG states are loaded into them. `ema_decay` > 0 starts
+        an average of the model's trainable weights (`WeightAverage`) for the stage."""
         if self.fsdp:  # sharded in place: the module is its own wrapper, its parameters DTensor shards
             from ..distributed.fsdp import shard
 
@@ -334,11 +339,12 @@ class Trainer:
                                         min_lr_ratio=s.min_lr_ratio if min_lr_ratio is None else min_lr_ratio,
                                         plateau_mode="min" if lower_is_better(self.best_metric) else "max",
                                         plateau_factor=s.plateau_factor, plateau_patience=s.plateau_patience)
+        self.average = WeightAverage(self.model, ema_decay) if ema_decay else None
         self._restore_pending()
 
     def drop_optimizer(self) -> None:
         """Between stages: the next stage makes its own (the boundary checkpoint holds none)."""
-        self.optimizer = self.scheduler = None
+        self.optimizer = self.scheduler = self.average = None
 
     def optimizer_step(self, loss: torch.Tensor) -> dict:
         """Clip, then step — or skip a non-finite update (`guarded_step`). Gradients are already accumulated."""
@@ -346,6 +352,8 @@ class Trainer:
         params = (p for p in self.module.parameters() if p.requires_grad)
         stats = guarded_step(self.optimizer, params, loss, self.state, grad_clip=t.grad_clip,
                              max_nonfinite=t.max_nonfinite, device=self.device, ckpt_dir=self.ckpt_dir, info=self.info)
+        if self.average is not None:
+            self.average.update()
         return {"loss": loss.item(), **stats}
 
     def no_sync(self, sync: bool):
@@ -387,6 +395,15 @@ class Trainer:
 
     def run_evaluation(self) -> dict:
         """`evaluate`, then the best model, early stopping and the plateau schedule on `train.best_metric`."""
+        with self.evaluated_weights():
+            return self._evaluate_and_decide()
+
+    def evaluated_weights(self):
+        """A block in which the model holds the weights that are evaluated, saved as best and exported:
+        the average with `train.ema_decay`, else the trained weights themselves."""
+        return self.average.swapped_in() if self.average is not None else nullcontext()
+
+    def _evaluate_and_decide(self) -> dict:
         start = time.perf_counter()
         with self.autocast(enabled=False):
             metrics = self.evaluate()
@@ -435,6 +452,8 @@ class Trainer:
         in_stage = self.optimizer is not None
         model, optimizer = self.model, self.optimizer
         modules = self.checkpoint_modules() if in_stage else None
+        if in_stage and self.average is not None:
+            modules = {**modules, AVERAGE: self.average.state_dict()}
         if self.fsdp:  # whole tensors in place of the sharded modules and optimizer
             from ..distributed.fsdp import full_optimizer_state
 
@@ -483,6 +502,12 @@ class Trainer:
         ckpt.load_checkpoint(path, model=self.model, optimizer=self.optimizer if in_stage else None,
                              scheduler=self.scheduler if in_stage else None, generators=self.generators,
                              map_location=self.device, modules=self.checkpoint_modules() if in_stage else None)
+        if in_stage and self.average is not None:
+            file = path / f"{AVERAGE}.safetensors"
+            if not file.is_file():
+                raise ckpt.CheckpointError(f"{path} holds no weight average ({file.name}): it was saved with "
+                                           f"train.ema_decay=0; resume it with the same setting")
+            self.average.load(file)
         if self.dist.enabled:  # one file holds rank 0's streams: give every rank its own again
             for i, g in enumerate(self.generators.values()):
                 g.manual_seed(self.config.run.seed + 7919 * self.dist.rank + 31 * self.state["step"] + i)
@@ -530,6 +555,8 @@ class Trainer:
         elif self.dist.is_main:
             if from_best:
                 ckpt.load_weights(self.model, source, self.device)
+            elif self.average is not None:  # the last step's average, which is what was evaluated
+                self.average.copy_to_model()
             free_memory(self.device)
             out = self.export(self.run_dir, self.model)
         return None if out is None else str(out)

@@ -118,7 +118,7 @@ class OfflineTrainer(Trainer):
         cfg = self.config
         self.make_optimizer(self.trainable_module(), lr=cfg.optim.lr, weight_decay=cfg.optim.weight_decay,
                             steps=stage.steps, schedule=cfg.schedule.name, warmup_steps=cfg.schedule.warmup_steps,
-                            betas=cfg.optim.betas, eps=cfg.optim.eps)
+                            betas=cfg.optim.betas, eps=cfg.optim.eps, ema_decay=cfg.train.ema_decay)
         self.step_until_done(stage, self.train_step)
 
     def describe_data(self) -> str:
