@@ -15,7 +15,7 @@ from ..tasks.math_reward import parse_completion
 from ..tasks import build_task
 from .. import checkpoint as ckpt
 from .evaluate import evaluate
-from .weight_average import NAME as AVERAGE, load_average
+from .weight_average import FILE as AVERAGE_FILE, load_average
 
 
 class PromptError(ValueError):
@@ -94,7 +94,7 @@ def _load(run_dir: Path, which: str, with_task: bool) -> tuple:
         model = build_model(cfg.model, task.tokenizer.vocab_size)
     path = resolve_checkpoint(run_dir, which)
     ckpt.load_checkpoint(path, model=model, restore_rng=False)
-    average = path / f"{AVERAGE}.safetensors"
+    average = path / AVERAGE_FILE
     if average.is_file():  # a run with train.ema_decay evaluated this average, not the trained weights
         load_average(model, average)
     model.eval()

@@ -60,7 +60,7 @@ from ..schedules import make_scheduler
 from .. import checkpoint as ckpt
 from .callbacks import CallbackList
 from .run_dir import RunLog, prepare_run_dir
-from .weight_average import NAME as AVERAGE, WeightAverage
+from .weight_average import FILE as AVERAGE_FILE, NAME as AVERAGE, WeightAverage
 
 
 @dataclass
@@ -503,7 +503,7 @@ class Trainer:
                              scheduler=self.scheduler if in_stage else None, generators=self.generators,
                              map_location=self.device, modules=self.checkpoint_modules() if in_stage else None)
         if in_stage and self.average is not None:
-            file = path / f"{AVERAGE}.safetensors"
+            file = path / AVERAGE_FILE
             if not file.is_file():
                 raise ckpt.CheckpointError(f"{path} holds no weight average ({file.name}): it was saved with "
                                            f"train.ema_decay=0; resume it with the same setting")

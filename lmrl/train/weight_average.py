@@ -21,7 +21,8 @@ from torch.optim.swa_utils import get_ema_multi_avg_fn
 
 from ..checkpoint import CheckpointError
 
-NAME = "ema"  # a checkpoint dir holds the average as ema.safetensors
+NAME = "ema"  # the average's name among a checkpoint's extra modules
+FILE = f"{NAME}.safetensors"  # its file in a checkpoint dir
 
 
 class WeightAverage:
