@@ -21,7 +21,10 @@ Seconds/step is the median over the steps after the first `--warmup-steps`.
   lmrl  `lmrl train math-grpo-smollm2 ...` on the same prompts (written as JSONL train/test
         files) and the same converted model directory (`model.path`), with the shared flags as
         overrides; seconds/step from `time/step_s` in the run's metrics.jsonl. Skipped when
-        `lmrl presets` does not list math-grpo-smollm2.
+        `lmrl presets` does not list math-grpo-smollm2. Groups whose completions all scored
+        alike carry no gradient and leave lmrl's update pass (`algo.skip_zero_advantage`): the arm
+        prints each step's rewards and the fraction of completions its update ran on, and
+        `--lmrl-override algo.skip_zero_advantage=false` times the full pass.
 
 Both arms put each question into the preset's `task.prompt_template` (and `task.system_prompt`)
 unless `--prompt-template` / `--system-prompt` say otherwise: prompt length is part of the cost.
@@ -291,11 +294,16 @@ def run_lmrl(args, env: dict) -> dict:
     for line in metrics.read_text().splitlines():
         row = json.loads(line)
         if "time/step_s" in row:
-            by_step[row["step"]] = row["time/step_s"]
+            by_step[row["step"]] = row
     if sorted(by_step) != list(range(1, total_steps + 1)):
         return {"error": f"{metrics} logs time/step_s for steps {sorted(by_step)}, expected 1..{total_steps} "
                          f"(is train.log_every=1 applied?)"}
-    return {"step_s": [by_step[s] for s in sorted(by_step)], "peak_rss_mib": rss, "wall_s": wall}
+    rows = [by_step[s] for s in sorted(by_step)]
+    # what each step's update ran on: groups that scored alike carry no gradient and leave the pass
+    return {"step_s": [r["time/step_s"] for r in rows], "peak_rss_mib": rss, "wall_s": wall,
+            "rollout_s": [r.get("time/rollout_s") for r in rows], "update_s": [r.get("time/update_s") for r in rows],
+            "update_fraction": [r.get("train/update_fraction") for r in rows],
+            "reward": [round(r.get("rollout/reward_mean", float("nan")), 3) for r in rows]}
 
 
 # ---------------------------------------------------------------------------------------------- main
@@ -402,6 +410,11 @@ def main(argv=None) -> None:
             r["median_s"] = statistics.median(measured)
             print(f"{arm}: step seconds {', '.join(f'{s:.2f}' for s in r['step_s'])} "
                   f"(first {args.warmup_steps} = warm-up); child wall {r['wall_s']:.0f}s", flush=True)
+            if r.get("update_fraction"):
+                print(f"{arm}: rollout / update seconds "
+                      f"{', '.join(f'{a:.2f} / {b:.2f}' for a, b in zip(r['rollout_s'], r['update_s']))}; "
+                      f"completions in the update's pass {', '.join(f'{f:.2f}' for f in r['update_fraction'])}; "
+                      f"mean reward per step {r['reward']}", flush=True)
             if r.get("generate_s"):
                 gen = r["generate_s"][args.warmup_steps:] or r["generate_s"]
                 print(f"{arm}: generate seconds/step (median) {statistics.median(gen):.2f}; "

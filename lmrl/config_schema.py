@@ -327,6 +327,9 @@ class AlgoConfig(Section):
     kl_target: float = _f(0.0, "adaptive KL: per-completion KL the coefficient steers towards (0 = fixed beta)", ge=0)
     kl_horizon: int = _f(10000, "adaptive KL: horizon (in completions) of the coefficient's adjustment", ge=1)
     ent_coef: float = _f(0.0, "entropy bonus weight")
+    skip_zero_advantage: bool = _f(True, "leave completions whose advantage is 0 (a GRPO group that scored alike) out "
+                                         "of the update's forward/backward pass: the gradient is the same, unless "
+                                         "KL in the loss, ent_coef or a value model make every completion count")
     value_model: str = _f("none", "ppo value function: none | head (on the policy's trunk) | separate (own network)",
                           choices=("none", *VALUE_MODELS))
     vf_coef: float = _f(0.5, "ppo value loss weight", ge=0)

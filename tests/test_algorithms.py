@@ -67,6 +67,8 @@ def test_several_minibatches_and_epochs_make_several_optimizer_steps(tiny_config
 class Stub:
     """The smallest Learner: one process, no optimizer (the test reads the gradients)."""
 
+    distributed = False
+
     def __init__(self, model, reference=None):
         self.train_model = self.module = model
         self.reference = reference
@@ -139,3 +141,121 @@ def test_trainers_named_after_an_algorithm_set_it_and_revalidate(tiny_config):
         GRPOTrainer(tiny_config())  # the adder preset samples each prompt once
     with pytest.raises(ConfigError, match="algo.value_model"):
         PPOTrainer(tiny_config())
+
+
+# -- completions whose advantage is 0 are left out of the update's pass ----------------------------
+
+def _update(model, overrides, rollout, rewards, *, ga_steps=1, learner=None):
+    """One `Algorithm.step`; (gradients, the batch size of every forward pass with gradients, metrics)."""
+    model.zero_grad(set_to_none=True)
+    cfg = load_config("adder", ["train.rollout_size=8", *overrides]).algo
+    rows = []
+
+    def count(module, args):
+        if torch.is_grad_enabled():
+            rows.append(args[0].size(0))
+
+    hook = model.register_forward_pre_hook(count)
+    try:
+        metrics = build_algorithm(cfg, max_new_tokens=3, ga_steps=ga_steps).step(learner or Stub(model), rollout,
+                                                                                 rewards)
+    finally:
+        hook.remove()
+    return [None if p.grad is None else p.grad.clone() for p in model.parameters()], rows, metrics
+
+
+def _rollout(model, mask_rows=()):
+    prompts = torch.randint(12, (2, 5), generator=torch.Generator().manual_seed(2)).repeat_interleave(4, 0)
+    ro = sample(model, prompts, 3, generator=torch.Generator().manual_seed(1))
+    for row, valid in mask_rows:  # shorter completions: token-level normalisers differ from row counts
+        ro.mask[row, valid:] = 0
+    return ro
+
+
+# group 1 scored alike (advantage 0 under grpo and rloo), group 2 did not
+SPLIT = torch.tensor([1.0, 1.0, 1.0, 1.0, 1.0, 0.0, 0.5, 0.0])
+
+
+@pytest.mark.parametrize("overrides, ga_steps", [
+    (["algo.name=grpo", "algo.group_size=4"], 1),
+    (["algo.name=grpo", "algo.group_size=4", "algo.loss_level=sequence"], 2),
+    (["algo.name=grpo", "algo.group_size=4", "algo.loss_level=constant"], 2),
+    (["algo.name=grpo", "algo.group_size=4", "algo.ppo_epochs=2", "algo.minibatch_size=4"], 2),
+    (["algo.name=rloo", "algo.group_size=4"], 2),
+])
+def test_completions_with_zero_advantage_leave_the_pass_and_the_gradient_is_the_same(overrides, ga_steps):
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(vocab_size=12, n_position=16, n_layer=1, n_head=2, n_embd=16))
+    ro = _rollout(model, mask_rows=[(4, 1), (6, 2)])
+    dense, dense_rows, dense_metrics = _update(model, [*overrides, "algo.skip_zero_advantage=false"], ro, SPLIT,
+                                               ga_steps=ga_steps)
+    sparse, sparse_rows, sparse_metrics = _update(model, overrides, ro, SPLIT, ga_steps=ga_steps)
+    for got, want in zip(sparse, dense):
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-7)
+    assert dense_metrics["train/update_fraction"] == 1.0
+    if "algo.minibatch_size=4" in overrides:  # random minibatches: one may hold none of group 2 (one row runs)
+        assert sum(dense_rows) / 2 <= sum(sparse_rows) < sum(dense_rows)
+    else:  # only the group that did not score alike ran
+        assert sum(sparse_rows) * 2 == sum(dense_rows) and sparse_metrics["train/update_fraction"] == 0.5
+
+
+def test_a_completion_with_no_valid_token_leaves_the_pass_whatever_its_advantage():
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(vocab_size=12, n_position=16, n_layer=1, n_head=2, n_embd=16))
+    ro = _rollout(model, mask_rows=[(5, 0)])  # as algo.mask_truncated_completions leaves a cut-off completion
+    dense, _, _ = _update(model, ["algo.name=grpo", "algo.group_size=4", "algo.skip_zero_advantage=false"], ro, SPLIT)
+    sparse, rows, _ = _update(model, ["algo.name=grpo", "algo.group_size=4"], ro, SPLIT)
+    assert rows == [3]
+    for got, want in zip(sparse, dense):
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-7)
+
+
+def test_reinforce_leaves_out_completions_whose_token_advantages_are_all_zero():
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(vocab_size=12, n_position=16, n_layer=1, n_head=2, n_embd=16))
+    ro = _rollout(model)
+    rewards = torch.zeros(8, 3)  # token rewards; the first batch is its own baseline
+    rewards[2, 1] = rewards[5, 0] = 1.0  # rows 2 and 5 differ from the batch mean on a token; so do all others
+    dense, dense_rows, _ = _update(model, ["algo.skip_zero_advantage=false"], ro, rewards)
+    sparse, sparse_rows, _ = _update(model, [], ro, rewards)
+    assert sparse_rows == dense_rows == [8]  # every row's advantage is nonzero somewhere: nothing to leave out
+    rewards = torch.zeros(8, 3)
+    rewards[:2, 1] = 1.0  # rows 0-3 above and below the mean (0.5) of token 1
+    rewards[4:, 1] = 0.5  # rows 4-7 at the mean on every token: their advantages are all 0
+    dense, _, _ = _update(model, ["algo.skip_zero_advantage=false"], ro, rewards)
+    sparse, sparse_rows, _ = _update(model, [], ro, rewards)
+    assert sparse_rows == [4]
+    for got, want in zip(sparse, dense):
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-7)
+
+
+def test_when_no_completion_carries_loss_one_runs_and_the_optimizer_gets_zero_gradients():
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(vocab_size=12, n_position=16, n_layer=1, n_head=2, n_embd=16))
+    ro = _rollout(model)
+    grads, rows, metrics = _update(model, ["algo.name=grpo", "algo.group_size=4"], ro, torch.ones(8))
+    assert rows == [1] and metrics["train/update_fraction"] == 1 / 8
+    assert all(g is not None and not g.any() for g in grads)  # zeros, as a full pass gives: AdamW still steps
+
+
+@pytest.mark.parametrize("overrides", [
+    ["algo.kl_coef=0.1"],  # KL in the loss: a zero-advantage completion still pulls towards the reference
+    ["algo.ent_coef=0.01"],
+])
+def test_every_completion_runs_when_the_loss_has_terms_besides_the_advantage(overrides):
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(vocab_size=12, n_position=16, n_layer=1, n_head=2, n_embd=16))
+    ro = _rollout(model)
+    reference = GPT(GPTConfig(vocab_size=12, n_position=16, n_layer=1, n_head=2, n_embd=16))
+    _, rows, metrics = _update(model, ["algo.name=grpo", "algo.group_size=4", *overrides], ro, SPLIT,
+                               learner=Stub(model, reference))
+    assert rows == [8] and metrics["train/update_fraction"] == 1.0
+
+
+def test_every_completion_runs_under_several_processes():
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(vocab_size=12, n_position=16, n_layer=1, n_head=2, n_embd=16))
+    learner = Stub(model)
+    learner.distributed = True  # each process must run as many passes as the others
+    _, rows, _ = _update(model, ["algo.name=grpo", "algo.group_size=4"], _rollout(model), SPLIT, learner=learner)
+    assert rows == [8]

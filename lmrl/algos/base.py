@@ -8,7 +8,11 @@ An algorithm turns one step's scored rollouts into updates in two parts:
 
 and `Algorithm.step` runs `ppo_epochs` passes over the batch in minibatches of `minibatch_size`
 completions, each split into `train.ga_steps` micro-batches whose losses are weighted so that the
-accumulated gradient equals the gradient of the whole minibatch's loss.
+accumulated gradient equals the gradient of the whole minibatch's loss. Completions whose advantage
+is 0 on every token add nothing to that gradient when the loss has no term besides the
+advantage-weighted one (no KL in the loss, entropy bonus or value loss): the pass leaves them out
+(`algo.skip_zero_advantage`; a GRPO group whose completions all scored the same is such a case) and
+the weights keep the whole minibatch's normaliser, so the gradient is the same.
 
 The trainer is the `learner`: it owns the model(s), the optimizer and the process group, and gives
 the algorithm a small surface (see `Learner`), so an algorithm never touches the loop.
@@ -62,6 +66,7 @@ class Learner(Protocol):
     module: nn.Module  # the same, unwrapped, for no-grad passes
     reference: nn.Module | None  # frozen policy for the KL term (None unless algo.kl_coef > 0)
     generators: dict[str, torch.Generator]
+    distributed: bool  # several processes, each of which must run the same forward and backward passes
 
     def optimizer_step(self, loss: torch.Tensor) -> dict: ...  # clip, skip if non-finite, step, zero grads
     def no_sync(self, sync: bool) -> AbstractContextManager: ...  # DDP: all-reduce only when sync
@@ -120,6 +125,9 @@ class Algorithm:
 
     name = "base"
     uses_values = False  # True: the learner's model is an ActorCritic returning values
+    # True: `policy_loss` weights each token by its advantage, so a completion whose advantages are
+    # all 0 adds exactly nothing to it (and the update may leave it out, see `rows_in_pass`)
+    advantage_weighted = False
 
     @classmethod
     def check_config(cls, cfg) -> list[str]:
@@ -201,39 +209,57 @@ class Algorithm:
             stats["kl"] = kl.item()
         return loss, stats
 
-    def _micro_weights(self, micro: list[PreparedBatch]) -> list[float]:
-        """Each micro-batch's share of its minibatch's loss: by valid tokens for token-level
-        aggregation, else by sequences, so accumulation reproduces the whole minibatch's loss."""
+    def _size(self, mask: torch.Tensor) -> float:
+        """The weight in its minibatch's loss of the (micro-)batch with completion mask `mask`:
+        valid tokens for token-level aggregation, else sequences (the loss is a mean over them)."""
         if self.cfg.loss_level == "token" and self.name != "reinforce":
-            sizes = [m.mask.sum().item() for m in micro]
-        else:
-            sizes = [float(len(m)) for m in micro]
-        total = sum(sizes) or 1.0
-        return [s / total for s in sizes]
+            return mask.sum().item()
+        return float(mask.size(0))
+
+    def rows_in_pass(self, learner: Learner, batch: PreparedBatch) -> torch.Tensor | None:
+        """(B,) True for the completions the update must run: an advantage other than 0 on a valid
+        token. None when every completion must run: `algo.skip_zero_advantage` is off, the loss
+        has a term that does not vanish with the advantage (KL in the loss, an entropy bonus, a
+        value loss), or several processes must run the same passes."""
+        exact = (self.cfg.skip_zero_advantage and self.advantage_weighted and not self.uses_values
+                 and not self.cfg.ent_coef and (batch.ref_logprobs is None or self.cfg.kl_in_reward))
+        if not exact or learner.distributed:
+            return None
+        advantages = batch.advantages if batch.advantages.dim() == 2 else batch.advantages[:, None]
+        return ((advantages != 0) & batch.mask.bool()).any(1)
 
     def step(self, learner: Learner, rollout, rewards: torch.Tensor) -> dict:
         """prepare, then ppo_epochs × minibatches × micro-batches of updates; returns the mean
-        of each statistic over optimizer steps, prefixed `train/`."""
+        of each statistic over optimizer steps, prefixed `train/`. The loss statistics describe
+        the completions the pass ran on (`train/update_fraction` of them, see `rows_in_pass`)."""
         batch, metrics = self.prepare(learner, rollout, rewards)
         n = len(batch)
+        in_pass = self.rows_in_pass(learner, batch)
         mb_size = self.cfg.minibatch_size if 0 < self.cfg.minibatch_size < n else n
         sums: dict[str, float] = defaultdict(float)
         updates = 0
         for _ in range(self.cfg.ppo_epochs):
             order = torch.randperm(n, generator=learner.generators["data"]) if mb_size < n else torch.arange(n)
             for mb_idx in order.split(mb_size):
-                micro = [batch.rows(i) for i in mb_idx.chunk(self.ga_steps)]
+                whole = self._size(batch.mask[mb_idx.to(batch.mask.device)]) or 1.0  # the minibatch loss's normaliser
+                run = mb_idx if in_pass is None else mb_idx[in_pass[mb_idx.to(in_pass.device)].cpu()]
+                # none left: one completion (adding 0) still runs, so the optimizer gets the zero
+                # gradients a full pass would give, not missing ones
+                run = run if len(run) else mb_idx[:1]
+                micro = [batch.rows(i) for i in run.chunk(self.ga_steps)]
+                sizes = [self._size(mb.mask) for mb in micro]
                 total = torch.zeros((), device=batch.sequences.device)
-                for i, (mb, w) in enumerate(zip(micro, self._micro_weights(micro))):
+                for i, (mb, size) in enumerate(zip(micro, sizes)):
                     with learner.no_sync(sync=i == len(micro) - 1):
                         logp, entropy, values = policy_forward(learner.train_model, mb.sequences, mb.mask.size(1),
                                                                self.temperature, mb.attention_mask,
                                                                entropy_grad=bool(self.cfg.ent_coef))
                         loss, stats = self.loss(mb, logp, entropy, values)
-                        (loss * w).backward()
-                    total += loss.detach() * w
+                        (loss * (size / whole)).backward()
+                    total += loss.detach() * (size / whole)
                     for k, v in stats.items():
-                        sums[k] += v * w
+                        sums[k] += v * size / (sum(sizes) or 1.0)
+                sums["update_fraction"] += len(run) / len(mb_idx)
                 for k, v in learner.optimizer_step(total).items():
                     sums[k] += v
                 updates += 1

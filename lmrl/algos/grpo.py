@@ -23,6 +23,8 @@ from .losses import clipped_surrogate_loss
 
 @register_algorithm("grpo")
 class GRPO(Algorithm):
+    advantage_weighted = True
+
     @classmethod
     def check_config(cls, cfg) -> list[str]:
         # A group of one has no mean to compare with; only the raw advantage (A = r) works without one.

@@ -12,6 +12,8 @@ from .losses import reinforce_loss
 
 @register_algorithm("reinforce")
 class Reinforce(Algorithm):
+    advantage_weighted = True
+
     @classmethod
     def check_config(cls, cfg) -> list[str]:
         one_pass = cfg.ppo_epochs == 1 and cfg.minibatch_size == 0

@@ -356,6 +356,11 @@ class Trainer:
             self.average.update()
         return {"loss": loss.item(), **stats}
 
+    @property
+    def distributed(self) -> bool:
+        """Several processes train together (each must run the same forward and backward passes)."""
+        return self.dist.enabled
+
     def no_sync(self, sync: bool):
         """Under DDP (FSDP), gradients are all-reduced (reduce-scattered) only on the micro-batch that says `sync`."""
         if self.fsdp:
