@@ -21,6 +21,8 @@ tokens (their sampling does not depend on the batch's make-up), `generate` draws
   lean+pack             linear layers from weights prepacked for oneDNN (`lmrl.rollout.packed_linear`)
   lean+share+compact(1/8)+pack   all three: the function's defaults
   lean+static+...       a preallocated StaticCache instead of the dynamic one
+  ...+concat            transformers' own DynamicCache, which grows by concatenation, instead of the
+                        default one written in place (`lmrl.rollout.kv_cache`)
   default+autocast(bf16)   the defaults under `torch.autocast(cpu, bf16)`, as `run.mixed_precision=bf16` runs
                         rollouts: fp32 weights, wide layers packed in bf16, products in bf16 (`--dtype fp32` only)
   generate+autocast(bf16)  `model.generate` under the same autocast; the "/roof" of both is the bf16 compute roofline
@@ -290,7 +292,9 @@ def main() -> None:
         "lean+share+compact(1/8)+pack": lambda s: lean(s, compact_at=0.125),
         "lean+share+compact(1/4)+pack": lambda s: lean(s, compact_at=0.25),
         "lean+static+share+compact(1/8)+pack": lambda s: lean(s, compact_at=0.125, cache="static"),
+        "lean+share+compact(1/8)+pack+concat": lambda s: lean(s, compact_at=0.125, cache="concat"),
         "default+autocast(bf16)": lambda s: autocast(lean, s, compact_at=0.125),
+        "default+autocast(bf16)+concat": lambda s: autocast(lean, s, compact_at=0.125, cache="concat"),
         "generate+autocast(bf16)": lambda s: autocast(hf_generate, s),
         "lora+autocast(bf16)": lora,
         "lora+autocast(bf16)+unmerged": lambda s: lora(s, merge=False),

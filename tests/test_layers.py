@@ -15,8 +15,8 @@ PACKAGE = Path(lmrl.__file__).parent
 LAYERS = [
     ["lmrl.errors", "lmrl.data"],
     ["lmrl.distributed.ddp", "lmrl.distributed.fsdp", "lmrl.algos", "lmrl.log", "lmrl.schedules"],
-    ["lmrl.rollout.local", "lmrl.rollout.hf_generate", "lmrl.rollout.packed_linear", "lmrl.rollout.agent",
-     "lmrl.rollout.sampling"],
+    ["lmrl.rollout.local", "lmrl.rollout.hf_generate", "lmrl.rollout.kv_cache", "lmrl.rollout.packed_linear",
+     "lmrl.rollout.agent", "lmrl.rollout.sampling"],
     ["lmrl.models", "lmrl.checkpoint"],
     ["lmrl.tasks"],
     ["lmrl.rollout.engine", "lmrl.rollout.vllm_engine", "lmrl.distributed.ray_engine", "lmrl.distributed.ray_cluster"],

@@ -21,6 +21,9 @@ CPU (SmolLM2-135M, batch 32, 50-token prompts, 64 new tokens), and what is done 
   layer) run from weights prepacked for oneDNN once per call (`lmrl.rollout.packed_linear`; a
   no-op on a GPU): the rollout's tokens/s went from 1.4x to 1.9-2.2x `generate`'s with it. A LoRA
   policy's adapted layers run from their merged weights there, without the adapters' own products.
+* **KV cache** (transformers' `DynamicCache` grows by concatenation: every decode step copies every
+  layer's whole cache): the loop's cache writes each step's keys and values in place into buffers
+  sized for the rollout (`lmrl.rollout.kv_cache`).
 * **Under CPU autocast** (`run.mixed_precision=bf16`) the packed layers run in bf16 and everything
   else in fp32 with autocast off: the CPU flash-attention kernel decodes ~5x slower in bf16.
 * The model's forward is called directly with a transformers KV cache (prefill computes logits for
@@ -43,24 +46,9 @@ import math
 
 import torch
 
+from .kv_cache import new_cache  # needs transformers: the import fails with the `hf` extra's install line
 from .packed_linear import packed_linears, packing_available
 from .sampling import warp_logits
-
-try:
-    from transformers import DynamicCache, StaticCache
-except ImportError as e:  # the core of lmrl runs without transformers
-    raise ImportError(f"lmrl.rollout.hf_generate needs the `hf` extra ({e}): pip install -e '.[hf]'") from None
-
-
-def new_cache(model, kind: str, max_len: int):
-    """An empty KV cache for `model` (a peft wrapper forwards `.config` to its base): "dynamic"
-    (grows by concatenation, `generate`'s default) or "static" (preallocated to `max_len` positions
-    and written in place; attention then spans all `max_len` slots, the unwritten ones masked)."""
-    if kind == "dynamic":
-        return DynamicCache(config=model.config)
-    if kind == "static":
-        return StaticCache(config=model.config, max_cache_len=max_len)
-    raise ValueError(f"cache must be 'dynamic' or 'static', got {kind!r}")
 
 
 def with_cache(model, past) -> dict:
@@ -172,9 +160,10 @@ def generate(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, max_n
 
     Options (the defaults are the fastest measured, see benchmarks/hf_rollout.py): `compact_at`:
     drop the finished rows from the running batch (and its cache) once they are at least this
-    fraction of it (0: as soon as any row ends; None: never, like `generate`). `cache`: "dynamic" or
-    "static" (see `new_cache`). `share_prefix`: run the prompts' common prefix and repeated prompts once.
-    `pack_weights`: on a CPU, run the linear layers from prepacked weights (`packed_linears`)."""
+    fraction of it (0: as soon as any row ends; None: never, like `generate`). `cache`: "dynamic",
+    "concat" or "static" (see `lmrl.rollout.kv_cache.new_cache`). `share_prefix`: run the prompts'
+    common prefix and repeated prompts once. `pack_weights`: on a CPU, run the linear layers from
+    prepacked weights (`packed_linears`)."""
     if max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
     if not greedy and temperature <= 0:
