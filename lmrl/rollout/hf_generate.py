@@ -46,7 +46,7 @@ import math
 
 import torch
 
-from .kv_cache import new_cache  # needs transformers: the import fails with the `hf` extra's install line
+from .kv_cache import new_cache  # without transformers: an ImportError naming the `hf` extra
 from .packed_linear import packed_linears, packing_available
 from .sampling import warp_logits
 
