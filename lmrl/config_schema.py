@@ -404,6 +404,10 @@ class TrainConfig(Section):
                                "weights, avg = decay * avg + (1 - decay) * weights after every update, while the "
                                "weights themselves train and sample (0 = off: the weights themselves; RL's "
                                "warm-up is never averaged)", ge=0, lt=1)
+    replay_fraction: float = _f(0.0, "RL: this fraction of each batch's prompts is drawn again from the last "
+                                     "train.replay_size training prompts the policy got wrong, the rest uniformly "
+                                     "(0 = off; one process only)", ge=0, lt=1)
+    replay_size: int = _f(1024, "RL: how many recently failed training prompts train.replay_fraction draws from", ge=1)
 
     def check(self) -> list[str]:
         return [msg for ok, msg in [

@@ -155,6 +155,9 @@ class RLTrainer(Trainer):
     def reinforce(self, stage: Stage) -> None:
         """RL steps until `train.steps` (or the time limit, early stopping, Ctrl-C)."""
         cfg = self.config
+        if cfg.train.replay_fraction and self.dist.enabled:
+            raise ValueError(f"train.replay_fraction={cfg.train.replay_fraction} replays one process's failed "
+                             f"prompts; with {self.dist.world_size} processes set train.replay_fraction=0")
         if cfg.train.disable_dropout:
             disable_dropout(self.model)
         self.build_rl_modules()
@@ -171,6 +174,23 @@ class RLTrainer(Trainer):
             self.step_until_done(stage, self.rl_step)
         finally:
             self.engine.close()
+
+    def draw_prompts(self, n: int) -> torch.Tensor:
+        """`n` training problems for the next batch: `train.replay_fraction` of them drawn (with
+        repeats) from the recently failed ones in `state["replay"]`, the rest uniformly."""
+        failed = self.state.get("replay") or []
+        k = min(int(n * self.config.train.replay_fraction), len(failed))
+        ids = self.task.sample_train_ids(n - k, self.generators["data"])
+        if k:
+            pick = torch.randint(len(failed), (k,), generator=self.generators["data"])
+            ids = torch.cat([ids, torch.tensor(failed, dtype=ids.dtype)[pick]])
+        return ids
+
+    def remember_failures(self, ids: torch.Tensor, exact: torch.Tensor) -> None:
+        """Adds the problems of this batch that some completion got wrong (each once, in batch order)
+        to `state["replay"]`, which keeps the last `train.replay_size` (saved with the trainer state)."""
+        failed = dict.fromkeys(ids[~exact.bool().cpu()].tolist())
+        self.state["replay"] = ((self.state.get("replay") or []) + list(failed))[-self.config.train.replay_size:]
 
     def build_rl_modules(self) -> None:
         """The algorithm, and what it needs besides the policy: a frozen reference (KL > 0) and a
@@ -205,6 +225,8 @@ class RLTrainer(Trainer):
         ids, ro = sampled.ids, self._on_learner(sampled)
         rewards, exact, extras = score_rollout(self.task, ids, ro, self.reward_fn, step=state["step"],
                                                max_steps=stage.last)
+        if cfg.train.replay_fraction:
+            self.remember_failures(ids, exact)
         self.callbacks.rollout_end(self, state["step"] + 1, ids, ro, rewards)
         metrics = rollout_metrics(ro, rewards, exact, extras, self.device)
         if cfg.algo.mask_truncated_completions:
@@ -228,7 +250,7 @@ class RLTrainer(Trainer):
     def _submit_rollout(self, n_prompts: int):
         """Asks the engine for the next batch, sampled with the weights the learner has now."""
         cfg = self.config
-        ids = self.task.sample_train_ids(n_prompts, self.generators["data"]).repeat_interleave(self.algo.group_size)
+        ids = self.draw_prompts(n_prompts).repeat_interleave(self.algo.group_size)
         self.engine.sync(self.model, self.weights_version())
         return self.engine.submit(ids, temperature=cfg.train.temperature, top_k=cfg.train.top_k,
                                   top_p=cfg.train.top_p, generator=self.generators["sample"])
