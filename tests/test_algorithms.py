@@ -145,6 +145,16 @@ def test_trainers_named_after_an_algorithm_set_it_and_revalidate(tiny_config):
 
 # -- completions whose advantage is 0 are left out of the update's pass ----------------------------
 
+def _tiny_gpt():
+    torch.manual_seed(0)
+    return GPT(GPTConfig(vocab_size=12, n_position=16, n_layer=1, n_head=2, n_embd=16))
+
+
+def _assert_same_gradients(got, want):
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-7)
+
+
 def _update(model, overrides, rollout, rewards, *, ga_steps=1, learner=None):
     """One `Algorithm.step`; (gradients, the batch size of every forward pass with gradients, metrics)."""
     model.zero_grad(set_to_none=True)
@@ -184,14 +194,12 @@ SPLIT = torch.tensor([1.0, 1.0, 1.0, 1.0, 1.0, 0.0, 0.5, 0.0])
     (["algo.name=rloo", "algo.group_size=4"], 2),
 ])
 def test_completions_with_zero_advantage_leave_the_pass_and_the_gradient_is_the_same(overrides, ga_steps):
-    torch.manual_seed(0)
-    model = GPT(GPTConfig(vocab_size=12, n_position=16, n_layer=1, n_head=2, n_embd=16))
+    model = _tiny_gpt()
     ro = _rollout(model, mask_rows=[(4, 1), (6, 2)])
     dense, dense_rows, dense_metrics = _update(model, [*overrides, "algo.skip_zero_advantage=false"], ro, SPLIT,
                                                ga_steps=ga_steps)
     sparse, sparse_rows, sparse_metrics = _update(model, overrides, ro, SPLIT, ga_steps=ga_steps)
-    for got, want in zip(sparse, dense):
-        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-7)
+    _assert_same_gradients(sparse, dense)
     assert dense_metrics["train/update_fraction"] == 1.0
     if "algo.minibatch_size=4" in overrides:  # random minibatches: one may hold none of group 2 (one row runs)
         assert sum(dense_rows) / 2 <= sum(sparse_rows) < sum(dense_rows)
@@ -200,19 +208,16 @@ def test_completions_with_zero_advantage_leave_the_pass_and_the_gradient_is_the_
 
 
 def test_a_completion_with_no_valid_token_leaves_the_pass_whatever_its_advantage():
-    torch.manual_seed(0)
-    model = GPT(GPTConfig(vocab_size=12, n_position=16, n_layer=1, n_head=2, n_embd=16))
+    model = _tiny_gpt()
     ro = _rollout(model, mask_rows=[(5, 0)])  # as algo.mask_truncated_completions leaves a cut-off completion
     dense, _, _ = _update(model, ["algo.name=grpo", "algo.group_size=4", "algo.skip_zero_advantage=false"], ro, SPLIT)
     sparse, rows, _ = _update(model, ["algo.name=grpo", "algo.group_size=4"], ro, SPLIT)
     assert rows == [3]
-    for got, want in zip(sparse, dense):
-        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-7)
+    _assert_same_gradients(sparse, dense)
 
 
 def test_reinforce_leaves_out_completions_whose_token_advantages_are_all_zero():
-    torch.manual_seed(0)
-    model = GPT(GPTConfig(vocab_size=12, n_position=16, n_layer=1, n_head=2, n_embd=16))
+    model = _tiny_gpt()
     ro = _rollout(model)
     rewards = torch.zeros(8, 3)  # token rewards; the first batch is its own baseline
     rewards[2, 1] = rewards[5, 0] = 1.0  # rows 2 and 5 differ from the batch mean on a token; so do all others
@@ -225,13 +230,11 @@ def test_reinforce_leaves_out_completions_whose_token_advantages_are_all_zero():
     dense, _, _ = _update(model, ["algo.skip_zero_advantage=false"], ro, rewards)
     sparse, sparse_rows, _ = _update(model, [], ro, rewards)
     assert sparse_rows == [4]
-    for got, want in zip(sparse, dense):
-        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-7)
+    _assert_same_gradients(sparse, dense)
 
 
 def test_when_no_completion_carries_loss_one_runs_and_the_optimizer_gets_zero_gradients():
-    torch.manual_seed(0)
-    model = GPT(GPTConfig(vocab_size=12, n_position=16, n_layer=1, n_head=2, n_embd=16))
+    model = _tiny_gpt()
     ro = _rollout(model)
     grads, rows, metrics = _update(model, ["algo.name=grpo", "algo.group_size=4"], ro, torch.ones(8))
     assert rows == [1] and metrics["train/update_fraction"] == 1 / 8
@@ -243,8 +246,7 @@ def test_when_no_completion_carries_loss_one_runs_and_the_optimizer_gets_zero_gr
     ["algo.ent_coef=0.01"],
 ])
 def test_every_completion_runs_when_the_loss_has_terms_besides_the_advantage(overrides):
-    torch.manual_seed(0)
-    model = GPT(GPTConfig(vocab_size=12, n_position=16, n_layer=1, n_head=2, n_embd=16))
+    model = _tiny_gpt()
     ro = _rollout(model)
     reference = GPT(GPTConfig(vocab_size=12, n_position=16, n_layer=1, n_head=2, n_embd=16))
     _, rows, metrics = _update(model, ["algo.name=grpo", "algo.group_size=4", *overrides], ro, SPLIT,
@@ -253,8 +255,7 @@ def test_every_completion_runs_when_the_loss_has_terms_besides_the_advantage(ove
 
 
 def test_every_completion_runs_under_several_processes():
-    torch.manual_seed(0)
-    model = GPT(GPTConfig(vocab_size=12, n_position=16, n_layer=1, n_head=2, n_embd=16))
+    model = _tiny_gpt()
     learner = Stub(model)
     learner.distributed = True  # each process must run as many passes as the others
     _, rows, _ = _update(model, ["algo.name=grpo", "algo.group_size=4"], _rollout(model), SPLIT, learner=learner)

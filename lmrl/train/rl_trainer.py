@@ -155,7 +155,7 @@ class RLTrainer(Trainer):
     def reinforce(self, stage: Stage) -> None:
         """RL steps until `train.steps` (or the time limit, early stopping, Ctrl-C)."""
         cfg = self.config
-        if cfg.train.replay_fraction and self.dist.enabled:
+        if cfg.train.replay_fraction and self.distributed:
             raise ValueError(f"train.replay_fraction={cfg.train.replay_fraction} replays one process's failed "
                              f"prompts; with {self.dist.world_size} processes set train.replay_fraction=0")
         if cfg.train.disable_dropout:
