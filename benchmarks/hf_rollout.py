@@ -49,7 +49,9 @@ printed beside it), the matmul rate as the best of five 1024 x 1024 fp32 (or bf1
 arm's tokens/s is printed as a fraction of the bandwidth roofline (B steps' tokens per weight read)
 and of the binding one (the lower of the two). Both are upper bounds: finished rows still cost a
 step until the batch ends, the KV cache and activations are read too, and a decode step's thin
-matrix products run below a square product's rate.
+matrix products run below a square product's rate. How far below is printed after the arms: the
+time one decode step at full batch would take if it ran only its linear layers (packed, in bf16 for
+the autocast arms, as the loop runs them), and the tokens/s that allows as a fraction of the roofline.
 """
 
 from __future__ import annotations
@@ -115,6 +117,28 @@ def matmul_rate(dtype: torch.dtype = torch.float32, n: int = 1024, repeats: int 
     a, b = torch.randn(n, n).to(dtype), torch.randn(n, n).to(dtype)
     a @ b  # first call: thread pool and kernel selection, not timed
     return 2 * n**3 / best_seconds(lambda: a @ b, repeats)
+
+
+def products_seconds(model: torch.nn.Module, batch: int, bf16: bool, repeats: int = 5) -> float:
+    """Seconds a decode step at `batch` rows would take if it ran its linear layers and nothing else:
+    every `nn.Linear` of `model` called once on a (batch, in_features) fp32 input, packed as the
+    sampling loop packs them (in bf16 under autocast, the rest of the step in fp32, as
+    `hf_generate.generate` runs `run.mixed_precision=bf16`), the best of `repeats` passes."""
+    layers = [m for m in model.modules() if type(m) is torch.nn.Linear]
+    inputs = [torch.randn(batch, layer.in_features) for layer in layers]
+
+    def step():
+        for layer, x in zip(layers, inputs):
+            layer(x)
+
+    with contextlib.ExitStack() as stack:
+        if bf16:
+            stack.enter_context(torch.autocast("cpu", dtype=torch.bfloat16))
+        stack.enter_context(torch.inference_mode())
+        stack.enter_context(packed_linear.packed_linears(model, batch))
+        stack.enter_context(torch.autocast("cpu", enabled=False))
+        step()  # first call: kernel selection, not timed
+        return best_seconds(step, repeats)
 
 
 def weight_bytes(model: torch.nn.Module) -> int:
@@ -325,6 +349,13 @@ def main() -> None:
         bf16_flops = matmul_rate(torch.bfloat16)
         bf16_roof = min(memory_roof, bf16_flops / (2 * policy.num_params()))
         print(f"bf16 matmul {bf16_flops / 1e9:.0f} GFLOP/s -> roofline {bf16_roof:.0f} tokens/s for the autocast arms")
+    # what the products alone allow: a decode step's thin products run below a square product's rate
+    for bf16 in [False, True] if bf16_roof else [False]:
+        seconds = products_seconds(model, args.batch, bf16)
+        roof = bf16_roof if bf16 else roofline
+        print(f"{'bf16 (autocast)' if bf16 else args.dtype} linear layers alone at batch {args.batch}: "
+              f"{seconds * 1e3:.1f} ms a decode step -> at most {args.batch / seconds:.0f} tokens/s, "
+              f"{args.batch / seconds / roof:.2f} of the roofline")
     base = statistics.median(t / s for t, s in results["generate"])
     vllm_rate = statistics.median(t / s for t, s in results["vllm"]) if "vllm" in results else None
     print(f"\n{'arm':<40}{'tokens/s':>10}{'seconds':>9}{'tokens':>8}{'ratio':>7}{'/bw roof':>9}{'/roof':>7}"

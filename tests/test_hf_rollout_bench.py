@@ -23,3 +23,21 @@ def test_matmul_rate_is_flops_over_seconds_of_a_real_product():
     from benchmarks.hf_rollout import matmul_rate
 
     assert 1e8 < matmul_rate(n=128, repeats=2) < 1e14  # 4.2 MFLOP in between 42 ns and 42 ms
+
+
+def test_products_seconds_times_every_linear_layer_once_a_pass_at_the_batch_and_restores_them():
+    from benchmarks.hf_rollout import products_seconds
+
+    model = torch.nn.Sequential(torch.nn.Linear(512, 640), torch.nn.Linear(640, 8), torch.nn.ReLU(),
+                                torch.nn.Linear(8, 512))
+    linears = [m for m in model if isinstance(m, torch.nn.Linear)]
+    calls = {i: [] for i in range(len(linears))}
+    for i, layer in enumerate(linears):
+        layer.register_forward_hook(lambda m, args, out, i=i: calls[i].append((tuple(args[0].shape), out.dtype)))
+    for bf16 in (False, True):
+        seconds = products_seconds(model, batch=5, bf16=bf16, repeats=3)
+        assert 0 < seconds < 10
+        for i, layer in enumerate(linears):  # one untimed pass, then 3 timed ones; fp32 in and out
+            assert calls[i] == [((5, layer.in_features), torch.float32)] * 4
+            calls[i].clear()
+            assert "forward" not in vars(layer)  # the packed forwards are gone again
