@@ -85,9 +85,13 @@ class Stub:
         return t
 
 
-def test_one_grpo_step_with_one_epoch_and_no_active_clip_is_the_plain_policy_gradient():
+def _tiny_gpt():
     torch.manual_seed(0)
-    model = GPT(GPTConfig(vocab_size=12, n_position=16, n_layer=1, n_head=2, n_embd=16))
+    return GPT(GPTConfig(vocab_size=12, n_position=16, n_layer=1, n_head=2, n_embd=16))
+
+
+def test_one_grpo_step_with_one_epoch_and_no_active_clip_is_the_plain_policy_gradient():
+    model = _tiny_gpt()
     cfg = load_config("adder", ["algo.name=grpo", "algo.group_size=4", "train.rollout_size=8"]).algo
     prompts = torch.randint(12, (2, 5)).repeat_interleave(4, 0)
     ro = sample(model, prompts, 3, generator=torch.Generator().manual_seed(1))
@@ -144,11 +148,6 @@ def test_trainers_named_after_an_algorithm_set_it_and_revalidate(tiny_config):
 
 
 # -- completions whose advantage is 0 are left out of the update's pass ----------------------------
-
-def _tiny_gpt():
-    torch.manual_seed(0)
-    return GPT(GPTConfig(vocab_size=12, n_position=16, n_layer=1, n_head=2, n_embd=16))
-
 
 def _assert_same_gradients(got, want):
     for g, w in zip(got, want):
@@ -248,7 +247,7 @@ def test_when_no_completion_carries_loss_one_runs_and_the_optimizer_gets_zero_gr
 def test_every_completion_runs_when_the_loss_has_terms_besides_the_advantage(overrides):
     model = _tiny_gpt()
     ro = _rollout(model)
-    reference = GPT(GPTConfig(vocab_size=12, n_position=16, n_layer=1, n_head=2, n_embd=16))
+    reference = GPT(model.config)
     _, rows, metrics = _update(model, ["algo.name=grpo", "algo.group_size=4", *overrides], ro, SPLIT,
                                learner=Stub(model, reference))
     assert rows == [8] and metrics["train/update_fraction"] == 1.0
