@@ -5,7 +5,7 @@ Prints two tables for each stage's model (base; after SFT; after SFT + RL), gree
   wall times and episode throughput (episodes per minute, training rollouts and evaluation);
 - success per type on real DBBench records (`--dbbench`, AgentBench's dev.jsonl: INSERT 20,
   UPDATE 20, 20 questions), each stage scored by `lmrl eval`'s code (`evaluate_file`) in the RL
-  run's environment (its env section and turn length, for every stage: env.max_rounds rounds, not
+  run's environment (its env section and turn length, for every stage: sql.max_rounds rounds, not
   DBBench's 15). The four aggregation-* types (6 records) share a row; "questions" is every record
   but INSERT/UPDATE/DELETE. Each cell: success, its 95% Wilson interval. Then the last stage minus
   each earlier one, with a 95% interval for the difference (Newcombe's square-and-add interval for
@@ -23,7 +23,7 @@ OUT/dbbench/STAGE.completions.jsonl.
         the same, reusing an SFT model (its time is not measured again)
 
 `key=value` overrides go to the RL preset (`train.steps=0`: evaluate the SFT model, no RL), and
-its env.*, model.*, run.threads and run.device ones to the SFT preset too (the demonstrations are
+its env.*, sql.*, model.*, run.threads and run.device ones to the SFT preset too (the demonstrations are
 played in the RL environment); `--sft-set` ones go to the SFT preset only. `--dbbench-limit N`
 scores the first N DBBench records only (a smoke run).
 """
@@ -81,7 +81,7 @@ def evaluate(cfg, model_path: str | None = None) -> tuple:
         torch.set_num_threads(cfg.run.threads)
     model_cfg = cfg.model if model_path is None else type(cfg.model)(**{**vars(cfg.model), "path": model_path})
     model = build_model(model_cfg, lora=cfg.lora)
-    task = EvalRecorder(build_task(cfg.task, tokenizer=model.tokenizer, reward=cfg.reward, env=cfg.env))
+    task = EvalRecorder(build_task(cfg, tokenizer=model.tokenizer))
     model.eval()
     with torch.no_grad():
         for chunk in task.heldout_ids.split(cfg.eval.batch_size):
@@ -217,7 +217,7 @@ def main() -> None:
         sft_model = args.sft_model
         if args.sft:
             # the demonstrations are played in the RL run's environment, on its model
-            shared = [o for o in args.overrides if o.startswith(("env.", "model.", "run.threads=", "run.device="))]
+            shared = [o for o in args.overrides if o.startswith(("env.", "sql.", "model.", "run.threads=", "run.device="))]
             sft_model, sft, sft_s = run_sft(out, cfg.model.path, shared + args.sft_set)
             best = "" if sft["best"]["value"] is None else \
                 f", best {sft['best_metric']} {sft['best']['value']:.4f} at step {sft['best']['step']}"
@@ -233,7 +233,7 @@ def main() -> None:
     if cfg.train.steps > 0:
         torch.manual_seed(cfg.run.seed)
         model = build_model(cfg.model, lora=cfg.lora)
-        task = EvalRecorder(build_task(cfg.task, tokenizer=model.tokenizer, reward=cfg.reward, env=cfg.env))
+        task = EvalRecorder(build_task(cfg, tokenizer=model.tokenizer))
         start = time.perf_counter()
         summary = RLTrainer(cfg, model=model, task=task).train()
         rl_wall = time.perf_counter() - start
@@ -255,7 +255,7 @@ def main() -> None:
     wall = time.perf_counter() - wall_start
 
     n_eval = stages[0][3]
-    print(f"\nSmolLM2-135M-Instruct + LoRA r={cfg.lora.r}, {cfg.algo.name}, max_rounds={cfg.env.max_rounds}, "
+    print(f"\nSmolLM2-135M-Instruct + LoRA r={cfg.lora.r}, {cfg.algo.name}, max_rounds={cfg.sql.max_rounds}, "
           f"{cfg.task.max_new_tokens} tokens a turn; held-out: {n_eval} procedural tasks, greedy\n")
     print("| skill | " + " | ".join(s[0] for s in stages) + " |")
     print("|---|" + "---|" * len(stages))
@@ -265,8 +265,8 @@ def main() -> None:
 
     n_db = table[-1]["n"]
     print(f"\nDBBench: {n_db} of the {dbbench_rows} records of {dbbench}, greedy, in the RL run's environment "
-          f"(max_rounds={cfg.env.max_rounds}, {cfg.task.max_new_tokens} tokens a turn, observations cut at "
-          f"{cfg.env.max_chars} characters, context {cfg.env.max_context} tokens). Success [95% Wilson interval]; "
+          f"(max_rounds={cfg.sql.max_rounds}, {cfg.task.max_new_tokens} tokens a turn, observations cut at "
+          f"{cfg.sql.max_chars} characters, context {cfg.env.max_context} tokens). Success [95% Wilson interval]; "
           f"differences [95% paired Newcombe interval], a gain or loss only where it excludes 0; "
           f"aggregation-* = the SUM, MAX, MIN and AVG types together\n")
     for line in format_dbbench_table(table):

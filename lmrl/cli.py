@@ -10,9 +10,9 @@
                                       [--adapter DIR]      a PEFT LoRA adapter on MODEL (a TRL run's output)
     lmrl generate RUN_DIR "123+456=" [...] [--checkpoint ...] [--temperature T]
     lmrl export RUN_DIR [--out DIR] [--checkpoint ...]   a merged model transformers loads
-    lmrl data word-problems OUT_DIR [--train N] [--test N] [--kinds add,sub,mul] [--max-value N]
-    lmrl data preferences OUT_DIR [--train N] [--test N]  synthetic preference pairs (preferences-sft: SFT rows)
-    lmrl data sql-demos OUT_DIR [--train N] [--test N] [--config sql-agent-smollm2]  the SQL agent's demonstrations
+    lmrl data KIND OUT_DIR [--train N] [--test N] [--seed S] [--config PRESET] [--kinds ...] ...   a registered
+                                                         generator: word-problems, addition-chat, preferences,
+                                                         preferences-sft, sql-demos (`lmrl data --help`)
     lmrl prepare-data --datasets hh-rlhf gsm8k belle alpaca-chinese [--hf NAME] [--from PATH] [--max-samples N]
                       [--skip-bad-rows] [--rg-tasks NAME ... --size N --seed S --rg-config KEY=VALUE ...]
     lmrl plot RUN_DIR [--out DIR]                        PNG curves from metrics.jsonl (default RUN_DIR/plots)
@@ -100,24 +100,25 @@ def _parser(key_reference: bool = False) -> argparse.ArgumentParser:
     x.add_argument("--out", type=Path, default=None, help="output dir (default RUN_DIR/export)")
     x.add_argument("--checkpoint", default="latest")
 
+    from .tasks.registry import GENERATORS  # light: the generators' modules load when one runs
+
     d = sub.add_parser("data", help="write offline JSONL data sets (train.jsonl, test.jsonl)")
-    d.add_argument("kind", choices=["word-problems", "addition-chat", "preferences", "preferences-sft", "sql-demos"],
-                   help="word-problems: arithmetic word problems; addition-chat: 'What is 23 + 58?'; "
-                        "preferences: synthetic {prompt, chosen, rejected} pairs (right vs wrong sums, concise vs "
-                        "rambling replies); preferences-sft: their chosen side as {prompt, response} rows; "
-                        "sql-demos: solved SQL agent episodes as {messages} rows (procedural training tasks only)")
+    d.add_argument("kind", choices=[name for name, g in GENERATORS.items() if not g.reads_source],
+                   help="; ".join(f"{name}: {g.help}" for name, g in GENERATORS.items() if not g.reads_source))
     d.add_argument("out_dir", type=Path)
-    d.add_argument("--train", type=int, default=None, help="training rows (default 2000; preferences: 600; "
-                                                           "sql-demos: 240, as sql-sft-smollm2)")
-    d.add_argument("--test", type=int, default=None, help="held-out rows, never also in train (default 200; "
-                                                          "preferences: 100; sql-demos: 24)")
-    d.add_argument("--kinds", default="add,sub,mul", help="word-problems: comma-separated add, sub, mul, div")
-    d.add_argument("--max-value", type=int, default=100, help="largest operand (word-problems)")
-    d.add_argument("--digits", type=int, default=2, help="addition-chat: digits per operand")
+    d.add_argument("--train", type=int, default=None, help="training rows (default: the kind's own, "
+                   + ", ".join(f"{n} {g.sizes[0]}" for n, g in GENERATORS.items() if not g.reads_source) + ")")
+    d.add_argument("--test", type=int, default=None, help="held-out rows, never also in train (default: the kind's own, "
+                   + ", ".join(f"{n} {g.sizes[1]}" for n, g in GENERATORS.items() if not g.reads_source) + ")")
     d.add_argument("--seed", type=int, default=0)
-    d.add_argument("--config", default="sql-agent-smollm2",
-                   help="sql-demos: the RL preset or YAML whose env section (round limit, observation caps, "
-                        "rewards, skills) the demonstrations are played in")
+    d.add_argument("--config", default=None, help="the preset or YAML a kind plays in (default: the kind's own, "
+                   + ", ".join(f"{n} {g.preset}" for n, g in GENERATORS.items() if g.preset) + ")")
+    options = {}
+    for name, g in GENERATORS.items():
+        for option, (default, text) in g.options.items():
+            options.setdefault(option, (default, []))[1].append(f"{name}: {text} (default {default})")
+    for option, (default, texts) in options.items():
+        d.add_argument(f"--{option.replace('_', '-')}", dest=option, default=None, help="; ".join(texts))
 
     sub.add_parser("presets", help="list the named presets")
     from .log.plot import add_parser as add_plot_parser  # cheap: matplotlib loads only when plotting
@@ -301,37 +302,19 @@ def _prepare_data(args) -> int:
 
 
 def _data(args) -> int:
-    from .tasks.synthetic_preferences import write_preference_splits, write_sft_splits
-    from .tasks.word_problems import write_addition_chat, write_splits
+    from .tasks.registry import GENERATORS
 
-    small = args.kind.startswith("preferences")  # ~750 distinct items in all
-    args.train = args.train if args.train is not None else 240 if args.kind == "sql-demos" else 600 if small else 2000
-    args.test = args.test if args.test is not None else 24 if args.kind == "sql-demos" else 100 if small else 200
-    if args.kind == "sql-demos":
-        return _sql_demos(args)
-    if args.kind == "preferences":
-        paths = write_preference_splits(args.out_dir, args.train, args.test, args.seed)
-    elif args.kind == "preferences-sft":
-        paths = write_sft_splits(args.out_dir, args.train, args.test, args.seed)
-    elif args.kind == "word-problems":
-        paths = write_splits(args.out_dir, args.train, args.test, args.seed, kinds=tuple(args.kinds.split(",")),
-                             max_value=args.max_value)
-    else:
-        paths = write_addition_chat(args.out_dir, args.train, args.test, args.seed, digits=args.digits)
-    print(f"wrote {paths[0]} and {paths[1]}")
-    return 0
+    gen = GENERATORS[args.kind]
+    config = None
+    if gen.preset or args.config:  # a kind that plays in a config's sections gets one
+        from .config import load_config
 
-
-def _sql_demos(args) -> int:
-    from .config import load_config
-    from .tasks.sql.demonstrations import write_demo_splits
-    from .tasks.sql.env import SQLEnvConfig
-    from .tasks.sql.procedural import SKILLS
-
-    env = load_config(args.config).env
-    train, test, stats = write_demo_splits(args.out_dir, args.train, args.test, SQLEnvConfig.from_section(env),
-                                           seed=args.seed, skills=tuple(env.skills) or SKILLS)
-    print(f"wrote {train} and {test}: {stats}")
+        config = load_config(args.config or gen.preset)
+    given = {k: getattr(args, k) for k in gen.options if getattr(args, k, None) is not None}
+    out = gen.write(args.out_dir, args.train or gen.sizes[0], args.test or gen.sizes[1], seed=args.seed,
+                    config=config, **given)
+    stats = f": {out[2]}" if len(out) > 2 else ""
+    print(f"wrote {out[0]} and {out[1]}{stats}")
     return 0
 
 

@@ -31,7 +31,7 @@ from .config_schema import (  # noqa: F401  (re-exported: `from lmrl.config impo
     SFTConfig, DataConfig, DPOConfig, AlgoConfig, OptimConfig, ScheduleConfig,
     TrainConfig, EvalConfig, RolloutConfig, DistributedConfig, Config,
 )
-from .tasks.arithmetic import OPS as ARITHMETIC_TASKS
+from .tasks import task_spec
 
 
 # -- TRL's names ---------------------------------------------------------------------------------
@@ -260,18 +260,16 @@ def debug_overrides(cfg: Config) -> list[str]:
     if cfg.sft.steps:
         out += [f"sft.steps={min(cfg.sft.steps, 4)}", f"sft.examples={min(cfg.sft.examples, 64)}",
                 f"sft.batch_size={min(cfg.sft.batch_size, 32)}"]
-    text = cfg.task.name not in ARITHMETIC_TASKS
+    spec = task_spec(cfg.task.name)
+    text = spec.model == "hf"
     group = cfg.algo.group_size * t.ga_steps  # a rollout holds whole groups, split into whole micro-batches
     rollout = group * max(1, (4 if text else 32) // group)
     eval_size = min(cfg.eval.size, 4 if text else 64)
-    steps = min(t.steps, 2 if cfg.task.name == "sql" else 4)  # an SQL step plays whole multi-turn episodes
-    out += [f"train.steps={steps}", f"train.rollout_size={min(t.rollout_size, rollout)}",
+    out += [f"train.steps={min(t.steps, 4)}", f"train.rollout_size={min(t.rollout_size, rollout)}",
             f"eval.size={eval_size}", f"eval.batch_size={min(cfg.eval.batch_size, eval_size)}"]
     if text:
         out.append(f"task.max_new_tokens={min(cfg.task.max_new_tokens, 32)}")
-    if cfg.task.name == "sql":
-        out += [f"env.max_rounds={min(cfg.env.max_rounds, 2)}", "train.ckpt_every=1"]  # still a checkpoint mid-run
-    return out
+    return out + spec.debug_overrides(cfg)  # the task's own shrinking comes last, so it wins
 
 
 def validate(cfg: Config) -> None:
@@ -398,6 +396,10 @@ def _set(cfg: Config, dotted: str, value: Any, where: str) -> None:
         raise ConfigError(f"unknown section or key {section!r} in {where}{_suggest(section, sections + bare_aliases)}")
     sub = getattr(cfg, section)
     keys = [f.name for f in dataclasses.fields(sub)]
+    head, dot, inner = key.partition(".")
+    if dot and head in keys and typing.get_type_hints(type(sub))[head] is dict:  # env.kwargs.level=2: one entry
+        getattr(sub, head)[inner] = value
+        return
     if not key:
         raise ConfigError(f"{where}: {section!r} is a section; set a key such as {section}.{keys[0]}")
     if key not in keys:
@@ -439,11 +441,21 @@ def _coerce(value: Any, ftype, key: str, where: str):
         if not isinstance(value, list):
             raise bad
         return value
+    if ftype is dict:
+        if isinstance(value, str):  # a mapping typed on the command line: env.kwargs='{level: 2}'
+            try:
+                value = yaml.safe_load(value) if value.strip() else {}
+            except yaml.YAMLError:
+                raise bad from None
+        if not isinstance(value, dict):
+            raise bad
+        return value
     return value
 
 
 def _type_name(t) -> str:
-    return {bool: "true or false", int: "an int", float: "a number", str: "a string", list: "a list"}.get(t, str(t))
+    return {bool: "true or false", int: "an int", float: "a number", str: "a string", list: "a list",
+            dict: "a mapping"}.get(t, str(t))
 
 
 # -- presets by class-style name -----------------------------------------------------------------

@@ -10,10 +10,8 @@ between its fields); `cross_section_problems` holds the rules that join sections
 
 from __future__ import annotations
 
-import difflib
 import math
-import operator
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, make_dataclass
 from pathlib import Path
 from typing import ClassVar
 
@@ -23,12 +21,13 @@ from .algos.losses import KL_ESTIMATORS, LOSS_LEVELS
 from .algos.preference_losses import DPO_LOSS_TYPES, SMOOTHED_DPO_LOSSES
 from .errors import ConfigError  # noqa: F401  (re-exported: `from lmrl.config import ConfigError`)
 from .models.heads import VALUE_MODELS
+from .options import Section, _bounds_text, option as _f, suggest  # noqa: F401  (re-exported)
 from .rollout.engines import ENGINES
 from .rollout.vllm_engine import unsupported_reason as vllm_unsupported_reason
 from .schedules import SCHEDULES
-from .tasks import GENERATORS as TASK_GENERATORS, READS_SOURCE, TASKS
-from .tasks.arithmetic import OPS as ARITHMETIC_TASKS, REWARDS as ARITHMETIC_REWARDS, answer_length
-from .tasks.sql.procedural import SKILLS as SQL_SKILLS
+from .envs.registry import ENVS
+from .tasks import GENERATORS, TASKS, generators_for, task_spec
+from .tasks.arithmetic import REWARDS as ARITHMETIC_REWARDS, seq_len as arithmetic_seq_len  # noqa: F401  (re-exported)
 
 PRESET_DIR = Path(__file__).parent / "configs"
 PRESET_ALIASES = {"AdderRLConfig": "adder", "MultiplierRLConfig": "multiplier"}
@@ -36,65 +35,6 @@ PRESET_ALIASES = {"AdderRLConfig": "adder", "MultiplierRLConfig": "multiplier"}
 # are declared here; `lmrl.train.trainers.build_trainer` builds the one named. "rl" runs RLTrainer,
 # the others are the offline trainers (their checks differ: see `cross_section_problems`).
 TRAINERS = ("rl", "sft", "dpo", "reward")
-
-
-def _f(default, help: str, *, choices=None, ge=None, gt=None, le=None, lt=None, **kw):
-    """A field with its default, help text and the values it takes: `choices` (a tuple, or a registry
-    dict whose keys are the names; for a list, what each item may be) and numeric bounds."""
-    meta = {"help": help, "choices": choices, "ge": ge, "gt": gt, "le": le, "lt": lt}
-    if isinstance(default, (list, dict)):
-        return field(default_factory=lambda: type(default)(default), metadata=meta, **kw)
-    return field(default=default, metadata=meta, **kw)
-
-
-def suggest(name: str, options) -> str:
-    """The option nearest to `name` as "; did you mean 'x'?", or an empty string when none is near."""
-    near = difflib.get_close_matches(name, [str(o) for o in options], n=1, cutoff=0.5)
-    return f"; did you mean {near[0]!r}?" if near else ""
-
-
-def _bounds_text(meta) -> str:
-    low = f"[{meta['ge']}" if meta["ge"] is not None else f"({meta['gt']}" if meta["gt"] is not None else None
-    high = f"{meta['le']}]" if meta["le"] is not None else f"{meta['lt']})" if meta["lt"] is not None else None
-    if low and high:
-        return f"in {low}, {high}"
-    if low:
-        return f">= {low[1:]}" if low[0] == "[" else f"> {low[1:]}"
-    return f"<= {high[:-1]}" if high[-1] == "]" else f"< {high[:-1]}"
-
-
-_BOUNDS = {"ge": operator.ge, "gt": operator.gt, "le": operator.le, "lt": operator.lt}
-
-
-def _field_problem(key: str, value, meta) -> str | None:
-    """What is wrong with one field's value by its metadata, or None."""
-    choices = meta["choices"]
-    if choices is not None:
-        for item in value if isinstance(value, list) else [value]:
-            if item not in choices:
-                names = [str(c) if c else "'' (empty)" for c in choices]
-                return f"{key}={item!r} is not one of {', '.join(names)}{suggest(str(item), choices)}"
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return None
-    if isinstance(value, float) and not math.isfinite(value):
-        return f"{key} must be a finite number, got {value}"
-    if any(meta[k] is not None and not within(value, meta[k]) for k, within in _BOUNDS.items()):
-        return f"{key} must be {_bounds_text(meta)}, got {value}"
-    return None
-
-
-class Section:
-    """What every section shares: its problems are its fields' (by their metadata), then `check`'s."""
-
-    def problems(self, name: str) -> list[str]:
-        """One line per problem, each naming `name.key`; `check` runs only on fields that passed."""
-        found = [problem for f in fields(self)
-                 if (problem := _field_problem(f"{name}.{f.name}", getattr(self, f.name), f.metadata))]
-        return found or self.check()
-
-    def check(self) -> list[str]:
-        """Rules between this section's own fields (none by default)."""
-        return []
 
 
 @dataclass
@@ -148,8 +88,10 @@ class ModelConfig(Section):
 
 @dataclass
 class TaskConfig(Section):
-    name: str = _f("addition", "addition | multiplication | math | sql | prompts (open prompts scored by "
-                                 "reward.model)", choices=TASKS)
+    name: str = _f("addition", "addition | multiplication (the built-in GPT) | math | prompts (JSONL prompts; "
+                               "prompts are scored by reward.model, reward.cls or reward functions) | env (episodes "
+                               "of the environment env.id) | a task registered with lmrl.tasks.register_task",
+                   choices=TASKS)
     ndigit: int = _f(3, "digits per operand", ge=1)
     use_format: bool = _f(True, "prompt as 123+456= (False: bare digits 123456)")
     reverse_answer: bool = _f(True, "write the answer least-significant digit first")
@@ -157,18 +99,20 @@ class TaskConfig(Section):
                               "per_digit (1/0 per digit, on that digit's token) | per_step (per_digit, the scratchpad's "
                               "product checked against the partial products written)", choices=ARITHMETIC_REWARDS)
     heldout_size: int = _f(1000, "problems reserved for evaluation, never trained on", ge=1)
-    train_file: str | None = _f(None, "math: JSONL rows {prompt or messages, ground_truth} to train on; "
-                                      "sql: DBBench-format JSONL (default: procedural tasks)")
+    train_file: str | None = _f(None, "math / prompts: JSONL rows {prompt or messages, ground_truth, ...} to train "
+                                      "on; env.id=sql: DBBench-format JSONL (default: procedural tasks)")
     generate: str = _f("", "math: when train_file / test_file do not exist, write them first with "
                            "`lmrl data <generate>`'s defaults: word-problems | addition-chat | preferences, or "
                            "gsm8k: GSM8K's train and test splits as `lmrl prepare-data` converts them (empty: never)",
-                       choices=("", *TASK_GENERATORS))
+                       choices=("", *generators_for("task")))
     generate_from: str = _f("", "task.generate=gsm8k: a local directory of the data set's train*/test* .jsonl or "
                                 ".parquet files to convert (empty: download it from the Hugging Face hub)")
-    test_file: str | None = _f(None, "math: JSONL rows held out for evaluation; sql: DBBench-format JSONL")
-    max_new_tokens: int = _f(256, "math: longest completion sampled; sql: longest agent turn", ge=1)
+    test_file: str | None = _f(None, "math / prompts: JSONL rows held out for evaluation; env.id=sql: DBBench-format "
+                                     "JSONL")
+    max_new_tokens: int = _f(256, "longest completion sampled (env, or prompts with env.tools: longest turn)", ge=1)
     chat: bool = _f(True, "math: wrap plain-text prompts as a user message in the model's chat template")
-    system_prompt: str = _f("", "math: system message put before each chat prompt (empty: none)")
+    system_prompt: str = _f("", "math, prompts, env: system message put before each chat prompt or episode (empty: "
+                                "none)")
     prompt_template: str = _f("{prompt}", "math: how a row's prompt becomes the question asked; must hold {prompt}")
     scratchpad: bool = _f(False, "multiplication: write the partial products before the product (12*34=840|630|8040)")
 
@@ -179,29 +123,35 @@ class TaskConfig(Section):
              "task.reward=per_step checks scratchpad steps: it needs task.scratchpad=true"),
             ("{prompt}" in self.prompt_template,
              f"task.prompt_template must contain {{prompt}}, got {self.prompt_template!r}"),
-            (not self.generate_from or self.generate in READS_SOURCE,
-             f"task.generate_from is the source of a generator that converts a data set ({', '.join(READS_SOURCE)}); "
-             f"task.generate={self.generate!r} reads none"),
+            (not self.generate_from or (self.generate in GENERATORS and GENERATORS[self.generate].reads_source),
+             f"task.generate_from is the source of a generator that converts a data set "
+             f"({', '.join(n for n, g in GENERATORS.items() if g.reads_source)}); task.generate={self.generate!r} "
+             f"reads none"),
         ] if not ok]
 
 
 @dataclass
 class EnvConfig(Section):
-    """The SQL agent's environment (task.name=sql), DBBench-style."""
-    max_rounds: int = _f(15, "agent turns per episode, the answer turn included (DBBench: 15)", ge=1)
-    max_rows: int = _f(100, "rows shown per query result", ge=1)
-    max_chars: int = _f(800, "characters per observation; more are cut with [TRUNCATED] (DBBench: 800)", ge=1)
-    query_timeout_s: float = _f(2.0, "wall-clock limit of one SQL statement", gt=0)
-    reward_correct: float = _f(1.0, "reward of a correct final answer (or table state)")
-    reward_wrong: float = _f(-0.1, "reward of a wrong final answer")
-    reward_timeout: float = _f(-0.3, "reward of an episode that ends with no answer")
-    invalid_action_penalty: float = _f(0.0, "subtracted for each turn that breaks the protocol (>= 0)", ge=0)
-    max_context: int = _f(2048, "tokens a conversation may reach; an episode that would outgrow it ends as a timeout",
+    """Multi-turn episodes: the environment of task.name=env, and tools offered to prompts."""
+    id: str = _f("", "task.name=env: a registered environment (lmrl.envs.register_env), package.module:factory (your "
+                     "own class or function), skyrl:<id> (skyrl-gym) or textarena:<id> (TextArena)")
+    kwargs: dict = _f({}, "keyword arguments for the environment's factory (or the registered environment)")
+    tools: list = _f([], "tools offered to the model, each package.module:function (typed, with a docstring), as "
+                         "TRL's tools=: task.name=prompts answers each prompt with them over up to env.max_turns "
+                         "turns")
+    max_turns: int = _f(8, "agent turns per episode; an episode still running after them is cut short", ge=1)
+    max_context: int = _f(2048, "tokens a conversation may reach; an episode that would outgrow it is cut short",
                           ge=1)
-    train_tasks: int = _f(2000, "procedural training tasks (distinct)", ge=1)
-    heldout_per_skill: int = _f(10, "procedural held-out tasks of each skill", ge=1)
-    skills: list = _f([], "procedural skills to draw from (empty: all of filter, count, sum, avg, max, min, "
-                          "ranking, group_by, comparison, insert, update, delete)", choices=SQL_SKILLS)
+    step_timeout_s: float = _f(30.0, "seconds one reset or step may take before its episode ends as an error "
+                                     "(0 = no limit)", ge=0)
+    workers: int = _f(8, "environments stepped at once (threads)", ge=1)
+    train_episodes: int = _f(100_000, "training episodes: seeds 0..N-1 (the environment's reset(seed))", ge=1,
+                             lt=1_000_000_000)
+    heldout_episodes: int = _f(64, "held-out episodes, on seeds no training episode uses", ge=1)
+
+    def check(self) -> list[str]:
+        bad = [t for t in self.tools if not callable(t) and (not isinstance(t, str) or ":" not in t)]
+        return [] if not bad else [f"env.tools entries must look like package.module:function, got {bad}"]
 
 
 @dataclass
@@ -273,8 +223,8 @@ class DataConfig(Section):
     eval_file: str | None = _f(None, "held-out JSONL rows in the same format, evaluated every train.eval_every steps")
     generate: str = _f("", "when train_file / eval_file do not exist, write them first: preferences (synthetic "
                            "pairs) | preferences-sft (their chosen side as SFT rows) | sql-demos (the SQL agent's "
-                           "solved episodes, played in the env section) (empty: never)",
-                       choices=("", "preferences", "preferences-sft", "sql-demos"))
+                           "solved episodes, played in the sql section) (empty: never)",
+                       choices=("", *generators_for("data")))
     generate_train: int = _f(600, "rows data.generate writes to train_file (the synthetic preference set has ~750 "
                                   "items)", ge=1)
     generate_test: int = _f(100, "rows data.generate writes to eval_file", ge=1)
@@ -456,24 +406,9 @@ class DistributedConfig(Section):
     learner_cpus: float = _f(1.0, "ray: CPUs for the learner actor", ge=0)
 
 
-@dataclass
-class Config:
-    run: RunConfig = field(default_factory=RunConfig)
-    model: ModelConfig = field(default_factory=ModelConfig)
-    task: TaskConfig = field(default_factory=TaskConfig)
-    lora: LoraConfig = field(default_factory=LoraConfig)
-    env: EnvConfig = field(default_factory=EnvConfig)
-    data: DataConfig = field(default_factory=DataConfig)
-    dpo: DPOConfig = field(default_factory=DPOConfig)
-    reward: RewardConfig = field(default_factory=RewardConfig)
-    sft: SFTConfig = field(default_factory=SFTConfig)
-    algo: AlgoConfig = field(default_factory=AlgoConfig)
-    optim: OptimConfig = field(default_factory=OptimConfig)
-    schedule: ScheduleConfig = field(default_factory=ScheduleConfig)
-    train: TrainConfig = field(default_factory=TrainConfig)
-    eval: EvalConfig = field(default_factory=EvalConfig)
-    rollout: RolloutConfig = field(default_factory=RolloutConfig)
-    distributed: DistributedConfig = field(default_factory=DistributedConfig)
+class ConfigBase:
+    """What every config shares; `Config` is this with one field per section (see `_config_class`)."""
+
     # One line per TRL name `lmrl.config.load_config` translated (not a field: never saved or compared)
     aliases: ClassVar[tuple[str, ...]] = ()
 
@@ -491,13 +426,30 @@ class Config:
         return cross_section_problems(self)
 
 
+def _config_class() -> type:
+    """The config: lmrl's sections, and after `env` the sections registered environments and tasks
+    declare for their own options (e.g. `sql`, the SQL agent's)."""
+    core = [("run", RunConfig), ("model", ModelConfig), ("task", TaskConfig), ("lora", LoraConfig), ("env", EnvConfig)]
+    declared = {s.section: s.options for s in list(ENVS.values()) + list(TASKS.values())
+                if getattr(s, "options", None) is not None}
+    rest = [("data", DataConfig), ("dpo", DPOConfig), ("reward", RewardConfig), ("sft", SFTConfig), ("algo", AlgoConfig),
+            ("optim", OptimConfig), ("schedule", ScheduleConfig), ("train", TrainConfig), ("eval", EvalConfig),
+            ("rollout", RolloutConfig), ("distributed", DistributedConfig)]
+    taken = {name for name, _ in core + rest}
+    clash = sorted(set(declared) & taken)
+    if clash:
+        raise ValueError(f"a registered environment or task declares section {clash[0]!r}, which is lmrl's own")
+    sections = core + sorted(declared.items()) + rest
+    config = make_dataclass("Config", [(name, cls, field(default_factory=cls)) for name, cls in sections],
+                            bases=(ConfigBase,))
+    config.__module__ = __name__  # where pickle (Ray, deepcopy) finds it
+    return config
+
+
+Config = _config_class()
+
+
 # -- rules that join sections ------------------------------------------------------------------------
-def arithmetic_seq_len(task: TaskConfig) -> int:
-    """Positions an arithmetic problem needs: prompt + answer."""
-    prompt = 2 * task.ndigit + (2 if task.use_format else 0)
-    return prompt + answer_length(task.name, task.ndigit, task.scratchpad)
-
-
 def cross_section_problems(cfg: Config) -> list[str]:
     """What `run.trainer` needs of the other sections: an RL run its task's model, data and budget,
     its algorithm's batch shape and its rollout engine; an offline run its data and model."""
@@ -508,54 +460,28 @@ def cross_section_problems(cfg: Config) -> list[str]:
     if cfg.run.trainer != "rl":
         rules = common + _offline_rules(cfg)
     else:
-        task = _arithmetic_rules(cfg) if cfg.task.name in ARITHMETIC_TASKS else _text_task_rules(cfg)
         steps = cfg.train.max_steps
         common.append((steps == TrainConfig.max_steps, f"train.max_steps={steps} counts the offline trainers' "
                                                        f"optimizer steps; run.trainer=rl counts RL updates in train.steps"))
-        rules = task + common + _sql_env_rules(cfg, cfg.task.name == "sql") + _rl_batch_rules(cfg) + _scale_rules(cfg)
+        rules = _task_rules(cfg) + common + _rl_batch_rules(cfg) + _scale_rules(cfg)
     rules.append((cfg.distributed.strategy != "fsdp" or cfg.train.ema_decay == 0,
                   f"train.ema_decay={cfg.train.ema_decay} averages whole weights, which FSDP holds in shards: set "
                   f"train.ema_decay=0 or distributed.strategy=ddp"))
-    return [msg for ok, msg in rules if not ok]
+    return [msg for ok, msg in rules if not ok] or (task_spec(cfg.task.name).problems(cfg)
+                                                    if cfg.run.trainer == "rl" else [])
 
 
-def _arithmetic_rules(cfg: Config) -> list[tuple[bool, str]]:
-    """The built-in GPT on an arithmetic task: the problem must fit the model, the budget the task."""
-    m, t = cfg.model, cfg.task
-    space = 10 ** (2 * t.ndigit)  # distinct problems
-    need = arithmetic_seq_len(t)
+def _task_rules(cfg: Config) -> list[tuple[bool, str]]:
+    """What the task's traits ask of the run (its own rules, `TaskSpec.check`, follow once these hold)."""
+    t, spec = cfg.task, task_spec(cfg.task.name)
+    model = {"gpt": "the built-in GPT (model.type=gpt)", "hf": "a Hugging Face model: set model.type=hf and model.path"}
     return [
-        (m.type == "gpt", f"task.name={t.name} is written for the built-in GPT's character tokenizer: "
-                          f"model.type must be gpt, got {m.type!r} (an hf model takes task.name=math)"),
-        (cfg.eval.size <= t.heldout_size,
-         f"eval.size={cfg.eval.size} must be between 1 and task.heldout_size={t.heldout_size}"),
-        (t.heldout_size < space, f"task.heldout_size={t.heldout_size} leaves no training problems for "
-                                 f"ndigit={t.ndigit}"),
-        (cfg.sft.examples <= space - t.heldout_size,
-         f"sft.examples={cfg.sft.examples} is more than the {max(space - t.heldout_size, 0)} training "
-         f"problems of ndigit={t.ndigit} with task.heldout_size={t.heldout_size}"),
-        (need <= m.n_position, f"task.ndigit={t.ndigit} needs {need} positions but model.n_position is {m.n_position}"),
-        (not cfg.algo.mask_truncated_completions, f"algo.mask_truncated_completions: task.name={t.name} writes "
-                                                  f"fixed-length answers, which are never cut off; leave it false"),
+        (cfg.model.type == spec.model, f"task.name={t.name} needs {model[spec.model]}, got model.type={cfg.model.type}"),
+        (cfg.sft.steps == 0 or spec.labeled, f"sft.steps > 0: the supervised warm-up needs labeled problems, which "
+                                             f"task.name={t.name} has not (set sft.steps=0)"),
+        (not cfg.env.tools or spec.tools, f"env.tools answer a prompt task's prompts (task.name=prompts); "
+                                          f"task.name={t.name} does not take them"),
     ]
-
-
-def _text_task_rules(cfg: Config) -> list[tuple[bool, str]]:
-    """A Hugging Face model on text prompts from JSONL files (or the SQL agent's episodes)."""
-    t = cfg.task
-    return [
-        (cfg.model.type == "hf", f"task.name={t.name} needs a Hugging Face model: set model.type=hf and model.path"),
-        (cfg.sft.steps == 0, "sft.steps > 0: the supervised warm-up is for the arithmetic tasks; a text task "
-                             "starts from the pretrained model (set sft.steps=0)"),
-    ]
-
-
-def _sql_env_rules(cfg: Config, plays_episodes: bool) -> list[tuple[bool, str]]:
-    """The SQL environment, when this run plays episodes in it (the agent task, or its demonstrations)."""
-    e = cfg.env
-    return [] if not plays_episodes else [
-        (e.max_context > cfg.task.max_new_tokens, f"env.max_context={e.max_context} leaves no room for one "
-                                                  f"turn of task.max_new_tokens={cfg.task.max_new_tokens}")]
 
 
 def _rl_batch_rules(cfg: Config) -> list[tuple[bool, str]]:
@@ -568,8 +494,8 @@ def _offline_rules(cfg: Config) -> list[tuple[bool, str]]:
     """run.trainer = sft | dpo | reward: a model and the trainer's own options (its rows, files or a data set
     handed in, are checked by the trainer)."""
     d, m, trainer = cfg.data, cfg.model, cfg.run.trainer
-    demos = d.generate == "sql-demos"  # solved episodes played in the env section
     steps = cfg.train.steps
+    generator = GENERATORS.get(d.generate)
     return [
         (steps == TrainConfig.steps, f"train.steps={steps} counts RL updates; run.trainer={trainer} counts optimizer "
                                      f"steps in train.max_steps (0 = data.epochs passes): set train.max_steps={steps}"),
@@ -577,9 +503,7 @@ def _offline_rules(cfg: Config) -> list[tuple[bool, str]]:
                                                 "and model.path"),
         (d.batch_size % cfg.train.ga_steps == 0,
          f"data.batch_size={d.batch_size} must be divisible by train.ga_steps={cfg.train.ga_steps}"),
-        (not demos or cfg.env.max_rounds >= 2, f"data.generate=sql-demos plays 2 turns (a query, then the answer): "
-                                               f"env.max_rounds must be >= 2, got {cfg.env.max_rounds}"),
-    ] + _sql_env_rules(cfg, demos)
+    ] + [(False, problem) for problem in (generator.problems(cfg) if generator is not None else [])]
 
 
 def _scale_rules(cfg: Config) -> list[tuple[bool, str]]:
@@ -587,7 +511,7 @@ def _scale_rules(cfg: Config) -> list[tuple[bool, str]]:
     r, d = cfg.rollout, cfg.distributed
     vllm_refusal = None
     if r.engine == "vllm":
-        vllm_refusal = vllm_unsupported_reason(cfg.task.name, cfg.model.type, workers=r.workers)
+        vllm_refusal = vllm_unsupported_reason(task_spec(cfg.task.name), cfg.model.type, workers=r.workers)
     groups = cfg.train.rollout_size // cfg.algo.group_size
     return [
         (r.workers == 0 or d.backend == "ray",
@@ -597,6 +521,8 @@ def _scale_rules(cfg: Config) -> list[tuple[bool, str]]:
          f"train.rollout_size={cfg.train.rollout_size} makes {groups} prompt groups, fewer than "
          f"rollout.workers={r.workers}"),
         (vllm_refusal is None, vllm_refusal),
+        (r.engine != "vllm" or not cfg.env.tools, "rollout.engine=vllm samples single-turn completions; env.tools "
+                                                  "answers prompts over several turns: use rollout.engine=local"),
         (d.strategy != "fsdp" or cfg.model.type == "hf",
          "distributed.strategy=fsdp shards Hugging Face policies (model.type=hf); the built-in GPT uses ddp"),
         # a sampler other than the learner's own policy copies its weights, which FSDP holds in shards

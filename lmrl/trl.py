@@ -135,6 +135,9 @@ class GRPOConfig(TRLArgs):
 
     def _shape(self, data, names, *, batch, max_steps, epochs, train_rows, world):
         group = int(names["num_generations"])
+        iterations = names.pop("max_tool_calling_iterations", None)
+        if iterations is not None:  # tool calls answered, then the turn that answers: one turn more
+            data.setdefault("env", {})["max_turns"] = int(iterations) + 1
         if batch % group:
             raise ConfigError(f"per_device_train_batch_size x gradient_accumulation_steps x {world} process(es) = "
                               f"{batch} completions per step must be a multiple of num_generations={group}")
@@ -193,22 +196,41 @@ def _note_ignored(trainer) -> None:
 
 class GRPOTrainer(_LmrlGRPOTrainer):
     """TRL's `GRPOTrainer(model, reward_funcs, args, train_dataset, eval_dataset, processing_class,
-    ..., peft_config)` on lmrl's GRPO (`lmrl.train.trainers.GRPOTrainer`). Prompts are TRL's: a text
-    `prompt` is used as it is, a conversational one goes through the chat template; every other column
-    reaches the reward functions. Without eval_dataset the first `eval.size` (1000) training prompts
+    ..., peft_config, tools, environment_factory)` on lmrl's GRPO (`lmrl.train.trainers.GRPOTrainer`).
+    Prompts are TRL's: a text `prompt` is used as it is, a conversational one goes through the chat
+    template; every other column reaches the reward functions. `tools=` and `environment_factory=`
+    answer each prompt over several turns with tool calls, as TRL does (`lmrl.tasks.tool_task`;
+    `max_tool_calling_iterations` bounds the turns). Without eval_dataset the first `eval.size` (1000) training prompts
     are evaluated (greedy, scored by the reward functions) at the start and the end."""
 
-    def __init__(self, model, reward_funcs, args: GRPOConfig | None = None, train_dataset=None, eval_dataset=None,
-                 processing_class=None, reward_processing_classes=None, callbacks=None, optimizers=(None, None),
-                 peft_config=None):
+    def __init__(self, model, reward_funcs=None, args: GRPOConfig | None = None, train_dataset=None,
+                 eval_dataset=None, processing_class=None, reward_processing_classes=None, callbacks=None,
+                 optimizers=(None, None), peft_config=None, tools=None, environment_factory=None):
         if optimizers != (None, None) or reward_processing_classes is not None:
             raise ValueError("optimizers= and reward_processing_classes= are not supported: lmrl builds AdamW from "
                              "the args, and reward models come through reward.model")
-        self.args, config, policy = _translate(args or GRPOConfig(), model, processing_class, peft_config,
-                                               train_dataset, "the prompts to sample from")
+        if reward_funcs is None and environment_factory is None:
+            raise ValueError("no reward source: pass reward_funcs=, or an environment_factory whose class defines "
+                             "get_reward()")
+        args = args or GRPOConfig()
+        if train_dataset is None and environment_factory is not None:
+            train_dataset = _environment_prompts(args)
+        self.args, config, policy = _translate(args, model, processing_class, peft_config, train_dataset,
+                                               "the prompts to sample from")
         super().__init__(config, model=policy, reward_funcs=reward_funcs, train_dataset=train_dataset,
-                         eval_dataset=eval_dataset, callbacks=callbacks)
+                         eval_dataset=eval_dataset, callbacks=callbacks, tools=tools,
+                         environment_factory=environment_factory)
         _note_ignored(self)
+
+
+def _environment_prompts(args: GRPOConfig) -> list[dict]:
+    """The prompts of an environment that owns its data (TRL: no train_dataset, the environment's `reset()`
+    text is the prompt): empty user turns, one per completion a step samples over `max_steps` steps."""
+    if int(args.max_steps) <= 0:
+        raise ValueError("an environment_factory without train_dataset= needs max_steps= in the GRPOConfig (TRL's "
+                         "rule: the environment's reset() makes each prompt, so there is no data set to count)")
+    rows = int(args.per_device_train_batch_size) * int(args.gradient_accumulation_steps)
+    return [{"prompt": [{"role": "user", "content": ""}]} for _ in range(max(rows, 1))]
 
 
 class DPOTrainer(_LmrlDPOTrainer):

@@ -8,7 +8,8 @@ import pytest
 
 EXAMPLES = sorted((Path(__file__).parent.parent / "examples").glob("*.py"))
 # SmolLM2 from its GGUF file: a minute or more each on a 2-core CPU
-SLOW = {"rlhf_smollm2.py", "trl_grpo.py", "trl_dpo.py", "sql_agent_own_loop.py", "train_math_lora.py"}
+SLOW = {"rlhf_smollm2.py", "trl_grpo.py", "trl_dpo.py", "sql_agent_own_loop.py", "train_math_lora.py",
+        "own_environment.py", "trl_tools.py"}
 
 
 @pytest.mark.parametrize("script", [pytest.param(p, marks=pytest.mark.slow) if p.name in SLOW else p

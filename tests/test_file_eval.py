@@ -112,11 +112,11 @@ def test_dbbench_records_are_played_as_sql_episodes(parrot, tmp_path):
 
 def test_dbbench_episodes_are_played_in_the_environment_passed(parrot):
     # the parrot never writes an action: an episode lasts as many rounds as it may (or its context holds)
-    from lmrl.config import EnvConfig
+    from lmrl.tasks.sql import SQLEnvConfig
 
     dev = shared("dbbench", "dev.jsonl")
     assert evaluate_file(parrot, dev, limit=1, max_new_tokens=2).metrics["turns"] > 2  # a bare model: 15 rounds
-    result = evaluate_file(parrot, dev, limit=1, max_new_tokens=2, env=EnvConfig(max_rounds=2))
+    result = evaluate_file(parrot, dev, limit=1, max_new_tokens=2, sql=SQLEnvConfig(max_rounds=2))
     assert result.metrics["turns"] == 2 and result.metrics["timeout_rate"] == 1.0
 
 

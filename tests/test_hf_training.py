@@ -133,7 +133,7 @@ def test_a_reward_class_that_raises_stops_with_its_name_and_the_sample(tiny_hf, 
 
 
 @pytest.mark.parametrize("overrides, message", [
-    (["task.name=addition"], "model.type must be gpt"),
+    (["task.name=addition"], "task.name=addition needs the built-in GPT"),
     (["model.path="], "needs model.path"),
     (["sft.steps=5"], "sft.steps"),
     (["reward.cls=no_colon"], "package.module:ClassName"),

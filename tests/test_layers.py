@@ -13,10 +13,10 @@ PACKAGE = Path(lmrl.__file__).parent
 # Lowest first. A module belongs to the longest prefix that names it; a module may import its own
 # layer and the layers listed before it, never one listed after.
 LAYERS = [
-    ["lmrl.errors", "lmrl.data"],
+    ["lmrl.errors", "lmrl.data", "lmrl.options"],
     ["lmrl.distributed.ddp", "lmrl.distributed.fsdp", "lmrl.algos", "lmrl.log", "lmrl.schedules"],
     ["lmrl.rollout.local", "lmrl.rollout.hf_generate", "lmrl.rollout.kv_cache", "lmrl.rollout.packed_linear",
-     "lmrl.rollout.agent", "lmrl.rollout.sampling"],
+     "lmrl.rollout.agent", "lmrl.rollout.sampling", "lmrl.envs"],
     ["lmrl.models", "lmrl.checkpoint"],
     ["lmrl.tasks"],
     ["lmrl.rollout.engine", "lmrl.rollout.vllm_engine", "lmrl.distributed.ray_engine", "lmrl.distributed.ray_cluster"],

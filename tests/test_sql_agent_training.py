@@ -27,8 +27,8 @@ def tiny_dir(tmp_path_factory):
 def _config(model_dir, run_dir, *overrides):
     return load_config("sql-agent-smollm2", [
         f"model.path={model_dir}", f"run.dir={run_dir}", "lora.r=4", "lora.target_modules=[all-linear]",
-        "task.max_new_tokens=8", "env.max_rounds=2", "env.max_context=900", "env.train_tasks=20",
-        "env.heldout_per_skill=1", "env.skills=[count, max, insert]", "train.steps=2", "train.rollout_size=4",
+        "task.max_new_tokens=8", "sql.max_rounds=2", "env.max_context=900", "sql.train_tasks=20",
+        "sql.heldout_per_skill=1", "sql.skills=[count, max, insert]", "train.steps=2", "train.rollout_size=4",
         "train.eval_every=2", "train.ckpt_every=1", "eval.size=3", "eval.batch_size=3", "run.progress=false",
         "run.tensorboard=false", "run.threads=1", "optim.lr=1e-2", "train.temperature=1.0", *overrides])
 
@@ -120,10 +120,10 @@ def test_per_skill_success_counts_correct_episodes_by_skill(tiny_dir):
 
 
 @pytest.mark.parametrize("override, needle", [
-    ("env.skills=[count, joins]", "env.skills"),
-    ("env.invalid_action_penalty=-0.1", "env.invalid_action_penalty"),
+    ("sql.skills=[count, joins]", "sql.skills"),
+    ("sql.invalid_action_penalty=-0.1", "sql.invalid_action_penalty"),
     ("env.max_context=8", "env.max_context"),
-    ("env.max_round=3", "env.max_rounds"),
+    ("sql.max_round=3", "sql.max_rounds"),
 ])
 def test_bad_sql_settings_fail_at_config_time_naming_the_key(tiny_dir, tmp_path, override, needle):
     with pytest.raises(ConfigError, match=needle):

@@ -132,14 +132,14 @@ def test_lmrl_data_sql_demos_writes_train_and_test_files(tmp_path, capsys):
     assert "24 train and 12 test demonstrations" in capsys.readouterr().out
     rows = read_sft(tmp_path / "demos" / "train.jsonl")
     # played in the RL preset's env: its round limit is in the system prompt
-    rounds = load_config("sql-agent-smollm2").env.max_rounds
+    rounds = load_config("sql-agent-smollm2").sql.max_rounds
     assert f"at most {rounds} rounds" in rows[0].messages[0]["content"]
     assert len(read_sft(tmp_path / "demos" / "test.jsonl")) == 12
 
 
 def test_sql_demos_generation_needs_two_rounds():
-    with pytest.raises(ConfigError, match="env.max_rounds must be >= 2"):
-        load_config("sql-sft-smollm2", ["env.max_rounds=1"])
+    with pytest.raises(ConfigError, match="sql.max_rounds must be >= 2"):
+        load_config("sql-sft-smollm2", ["sql.max_rounds=1"])
 
 
 def test_sft_on_demonstrations_then_rl_from_its_exported_model(tiny_dir, tmp_path):
@@ -150,7 +150,7 @@ def test_sft_on_demonstrations_then_rl_from_its_exported_model(tiny_dir, tmp_pat
     from lmrl.train.rl_trainer import RLTrainer
     from lmrl.train.sft_trainer import SFTTrainer
 
-    common = ["lora.r=4", "lora.target_modules=[all-linear]", "env.max_rounds=2", "env.skills=[count, max, insert]",
+    common = ["lora.r=4", "lora.target_modules=[all-linear]", "sql.max_rounds=2", "sql.skills=[count, max, insert]",
               "run.tensorboard=false", "run.threads=1", "run.progress=false"]
     sft_cfg = load_config("sql-sft-smollm2", [
         *common, f"model.path={tiny_dir}", f"run.dir={tmp_path / 'sft'}", f"data.train_file={tmp_path}/demos/train.jsonl",
@@ -163,7 +163,7 @@ def test_sft_on_demonstrations_then_rl_from_its_exported_model(tiny_dir, tmp_pat
 
     rl = RLTrainer(load_config("sql-agent-smollm2", [
         *common, f"model.path={exported}", f"run.dir={tmp_path / 'rl'}", "task.max_new_tokens=8",
-        "env.max_context=1800", "env.train_tasks=6", "env.heldout_per_skill=1", "train.steps=1",
+        "env.max_context=1800", "sql.train_tasks=6", "sql.heldout_per_skill=1", "train.steps=1",
         "train.rollout_size=2", "train.ga_steps=1", "train.eval_every=1", "eval.size=3", "eval.batch_size=3"]))
     merged = AutoModelForCausalLM.from_pretrained(exported).state_dict()
     base = {n.replace("base_model.model.", "").replace(".base_layer", ""): p

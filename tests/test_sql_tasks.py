@@ -74,7 +74,7 @@ def test_every_dev_task_is_solved_in_the_env_by_its_reference_sql_or_label():
 def test_all_60_dev_records_load_whole_into_the_sandbox_and_their_checks_tell_right_from_wrong():
     # As benchmarks/sql_agent.py plays them: a sandbox worker per episode, the sql-agent-smollm2 environment
     # (3 rounds, 300-character observations). Modifications are checked by the table's hash, questions by the label.
-    env_config = SQLEnvConfig.from_section(load_config("sql-agent-smollm2").env)
+    env_config = load_config("sql-agent-smollm2").sql
     tasks = load_dbbench(DEV)
     assert len(tasks) == 60
     for task in tasks:

@@ -18,6 +18,7 @@ import torch
 
 from lmrl.config import ConfigError, load_config
 from lmrl.rollout.vllm_engine import assemble_rollout, import_vllm, unpadded, unsupported_reason
+from lmrl.tasks import task_spec
 
 needs_vllm = pytest.mark.skipif(importlib.util.find_spec("vllm") is None,
                                 reason="vllm is not installed: `make test-vllm` runs these tests in an environment "
@@ -28,23 +29,24 @@ needs_vllm = pytest.mark.skipif(importlib.util.find_spec("vllm") is None,
 
 @pytest.mark.parametrize("task, model, words", [
     ("addition", "gpt", ["model.type=hf"]),
-    ("sql", "hf", ["multi-turn", "rollout.engine=local"]),
-    ("multiplication", "hf", ["text tasks", "task.name=multiplication"]),
+    ("env", "hf", ["multi-turn", "rollout.engine=local"]),
+    ("multiplication", "hf", ["single-turn text prompts", "task.name=multiplication"]),
 ])
 def test_vllm_refuses_what_it_cannot_sample_naming_the_setting(task, model, words):
-    reason = unsupported_reason(task, model)
+    reason = unsupported_reason(task_spec(task), model)
     assert reason and all(w in reason for w in words), reason
 
 
 def test_vllm_serves_text_tasks_in_one_process():
-    assert unsupported_reason("math", "hf") is None and unsupported_reason("prompts", "hf") is None
-    assert "torchrun" in unsupported_reason("math", "hf", world_size=2)
-    assert "rollout.workers=0" in unsupported_reason("math", "hf", workers=2)
+    math, prompts = task_spec("math"), task_spec("prompts")
+    assert unsupported_reason(math, "hf") is None and unsupported_reason(prompts, "hf") is None
+    assert "torchrun" in unsupported_reason(math, "hf", world_size=2)
+    assert "rollout.workers=0" in unsupported_reason(math, "hf", workers=2)
 
 
 @pytest.mark.parametrize("preset, overrides, words", [
     ("adder", ["rollout.engine=vllm"], ["model.type=hf"]),  # the built-in GPT
-    ("math-grpo-smollm2", ["rollout.engine=vllm", "task.name=sql"], ["multi-turn"]),
+    ("math-grpo-smollm2", ["rollout.engine=vllm", "task.name=env", "env.id=sql"], ["multi-turn"]),
 ])
 def test_config_check_refuses_vllm_for_gpt_and_agent_tasks(preset, overrides, words):
     with pytest.raises(ConfigError) as e:
@@ -71,7 +73,7 @@ def test_engine_refuses_an_agent_task_before_loading_anything(monkeypatch):
 
     monkeypatch.setitem(sys.modules, "vllm", None)
     cfg = load_config("math-grpo-smollm2", [])
-    cfg.task.name = "sql"
+    cfg.task.name = "env"
     with pytest.raises(ValueError, match="multi-turn"):
         VLLMEngine(cfg, object(), None)
 

@@ -98,10 +98,9 @@ def build_policy(cfg, device) -> tuple:
 
     torch.manual_seed(cfg.run.seed)
     model = build_model(cfg.model, lora=cfg.lora) if cfg.model.type == "hf" else None
-    reward = dataclasses.replace(cfg.reward, model="", cls=f"{__name__}:NoScore") \
-        if cfg.task.name == "prompts" else cfg.reward
-    task = build_task(cfg.task, tokenizer=getattr(model, "tokenizer", None), reward=reward, env=cfg.env,
-                      device=device)
+    # workers never score: a task scored by a reward model gets one that loads nothing
+    unscored = dataclasses.replace(cfg, reward=dataclasses.replace(cfg.reward, model="", cls=f"{__name__}:NoScore"))
+    task = build_task(unscored, tokenizer=getattr(model, "tokenizer", None), device=device)
     model = (model if model is not None else build_model(cfg.model, task.tokenizer.vocab_size)).to(device)
     if cfg.model.init_from:
         load_initial_weights(model, cfg.model.init_from, device)

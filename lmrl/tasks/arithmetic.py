@@ -229,3 +229,28 @@ class ArithmeticTask:
             steps = [self.step_target(a, b, self.tokenizer.decode(c)) for (a, b), c in zip(problems, completions)]
             right = completions == torch.tensor([self.tokenizer.encode(s) for s in steps]).view(len(prompts), -1)
         return right.float(), exact
+
+
+def seq_len(task_cfg) -> int:
+    """Positions a problem of the `task` config section needs: prompt + answer."""
+    prompt = 2 * task_cfg.ndigit + (2 if task_cfg.use_format else 0)
+    return prompt + answer_length(task_cfg.name, task_cfg.ndigit, task_cfg.scratchpad)
+
+
+def config_problems(config) -> list[str]:
+    """What an arithmetic task needs of the config: the problem must fit the model, the budget the task."""
+    m, t = config.model, config.task
+    space = 10 ** (2 * t.ndigit)  # distinct problems
+    need = seq_len(t)
+    return [msg for ok, msg in [
+        (config.eval.size <= t.heldout_size,
+         f"eval.size={config.eval.size} must be between 1 and task.heldout_size={t.heldout_size}"),
+        (t.heldout_size < space, f"task.heldout_size={t.heldout_size} leaves no training problems for "
+                                 f"ndigit={t.ndigit}"),
+        (config.sft.examples <= space - t.heldout_size,
+         f"sft.examples={config.sft.examples} is more than the {max(space - t.heldout_size, 0)} training "
+         f"problems of ndigit={t.ndigit} with task.heldout_size={t.heldout_size}"),
+        (need <= m.n_position, f"task.ndigit={t.ndigit} needs {need} positions but model.n_position is {m.n_position}"),
+        (not config.algo.mask_truncated_completions, f"algo.mask_truncated_completions: task.name={t.name} writes "
+                                                     f"fixed-length answers, which are never cut off; leave it false"),
+    ] if not ok]

@@ -39,7 +39,7 @@ from .text_batches import TextCodec, pad_sequences
 RewardFn = Callable[..., Sequence[float | None]]
 
 # The keywords a reward function gets from the trainer; a task column of the same name is not passed.
-RESERVED = ("prompts", "completions", "completion_ids", "trainer_state")
+RESERVED = ("prompts", "completions", "completion_ids", "trainer_state", "environments")
 
 
 class RewardError(RuntimeError):
@@ -134,6 +134,8 @@ class RewardFunctions:
                                             else (p_txt, c_txt))
                     keywords = dict(columns, prompts=prompts, completions=completions,
                                     completion_ids=completion_ids(rollout), trainer_state=trainer_state)
+                    if getattr(rollout, "environments", None) is not None:  # a tool task's episodes, as TRL passes them
+                        keywords["environments"] = rollout.environments
                 values = _call(func, self.names[j], p_txt, c_txt, lambda: func(**keywords), trl=True)
             per_function.append(values)
         table = torch.tensor(per_function, dtype=torch.float32).T  # (B, F), NaN where a function returned None
@@ -195,7 +197,8 @@ def score_rollout(task, ids: torch.Tensor, rollout, reward_fn=None, *, step: int
     if reward_fn is not None and getattr(task, "reward", None) is reward_fn:
         # open prompts scored by these very functions (`PromptTask.score_with`): no verifier, nothing to add
         rewards, per_function = reward_fn.score(task, ids, rollout, TrainerState(step, max_steps))
-        return rewards, torch.zeros(len(ids)), per_function
+        episode = task.episode_metrics(rollout) if hasattr(task, "episode_metrics") else {}
+        return rewards, torch.zeros(len(ids)), {**episode, **per_function}
     rewards, exact, extras = task.score_rollout(ids, rollout)
     if reward_fn is None:
         return rewards, exact, extras

@@ -161,13 +161,13 @@ def evaluate_file(model: str | Path, test_file: str | Path, *, checkpoint: str =
                   chat: bool | None = None, system_prompt: str | None = None, prompt_template: str | None = None,
                   require_format: bool | None = None, temperature: float = 0.0, seed: int = 0,
                   device: str = "auto", dtype: str = "fp32", adapter: str | Path | None = None,
-                  env: EnvConfig | None = None) -> FileEvaluation:
+                  env: EnvConfig | None = None, sql: SQLEnvConfig | None = None) -> FileEvaluation:
     """Answers of `model` (a Hugging Face model or a run dir, see the module docstring) to the first
     `limit` rows of `test_file` (all when None), `batch_size` rows at a time, checked by the rows'
     task; every row's record is written to `out` as JSONL when given. None settings take the run's
-    (or the defaults'); `dtype` and `adapter` are a bare model's (a run keeps its own). `env`, an
-    `env` config section, is the environment DBBench episodes are played in: models compared on one
-    file are then scored alike, whatever their runs said."""
+    (or the defaults'); `dtype` and `adapter` are a bare model's (a run keeps its own). `env` and
+    `sql`, config sections, are the limits and the SQL environment DBBench episodes are played in:
+    models compared on one file are then scored alike, whatever their runs said."""
     for name, value, low in (("limit", limit, 1), ("batch_size", batch_size, 1), ("max_new_tokens", max_new_tokens, 1)):
         if value is not None and value < low:
             raise ConfigError(f"{name} must be at least {low}, got {value}")
@@ -175,18 +175,19 @@ def evaluate_file(model: str | Path, test_file: str | Path, *, checkpoint: str =
         raise ConfigError(f"temperature must be >= 0 (0: greedy), got {temperature}")
     test_file = Path(test_file)
     _, first = next(iter_jsonl(test_file))
-    sql = all(key in first for key in DBBENCH_KEYS)
-    (load_dbbench if sql else read_rows)(test_file)  # a bad row fails here, naming it, before the model loads
+    dbbench = all(key in first for key in DBBENCH_KEYS)
+    (load_dbbench if dbbench else read_rows)(test_file)  # a bad row fails here, naming it, before the model loads
     if adapter is not None and not (Path(adapter) / "adapter_config.json").is_file():
         raise FileNotFoundError(f"adapter {str(adapter)!r} holds no adapter_config.json (a PEFT adapter dir: what "
                                 f"TRL's trainer.save_model or an lmrl LoRA checkpoint writes)")
-    policy, checkpoint_dir, task_cfg, reward_cfg, env_cfg = _load(model, checkpoint, dtype, adapter)
+    policy, checkpoint_dir, task_cfg, reward_cfg, env_cfg, sql_cfg = _load(model, checkpoint, dtype, adapter)
     env_cfg = env if env is not None else env_cfg
+    sql_cfg = sql if sql is not None else sql_cfg
     policy.to(resolve_device(device, DistInfo()))
     max_new_tokens = max_new_tokens or task_cfg.max_new_tokens
-    if sql:
-        task = SQLAgentTask(policy.tokenizer, SQLEnvConfig.from_section(env_cfg), n_train=0, test_file=str(test_file),
-                            max_new_tokens=max_new_tokens, max_context=env_cfg.max_context)
+    if dbbench:
+        task = SQLAgentTask(policy.tokenizer, sql_cfg, n_train=0, test_file=str(test_file),
+                            max_new_tokens=max_new_tokens, max_context=env_cfg.max_context, max_turns=env_cfg.max_turns)
     else:
         scorer = MathReward(format_weight=reward_cfg.format_weight, correct_weight=reward_cfg.correct_weight,
                             require_format=reward_cfg.require_format if require_format is None else require_format,
@@ -275,7 +276,7 @@ def _load(model: str | Path, checkpoint: str, dtype: str, adapter: str | Path | 
         if cfg.model.type != "hf":
             raise ConfigError(f"{model}: its model is the built-in GPT (model.type: gpt); evaluating a JSONL file "
                               f"needs a Hugging Face model (model.type: hf)")
-        return policy, path, cfg.task, cfg.reward, cfg.env
+        return policy, path, cfg.task, cfg.reward, cfg.env, cfg.sql
     policy, _ = load_hf_policy(str(model), dtype=dtype)
     if adapter is not None:
         from ..models.lora import load_adapter
@@ -283,7 +284,7 @@ def _load(model: str | Path, checkpoint: str, dtype: str, adapter: str | Path | 
         load_adapter(policy, adapter, trainable=False)
         policy.model = policy.model.merge_and_unload()  # plain linear layers: the sampling loop's fast path
     policy.eval()
-    return policy, None, TaskConfig(), RewardConfig(require_format=False), EnvConfig()
+    return policy, None, TaskConfig(), RewardConfig(require_format=False), EnvConfig(), SQLEnvConfig()
 
 
 def _is_run_dir(model: str | Path) -> bool:

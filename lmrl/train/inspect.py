@@ -88,9 +88,9 @@ def _load(run_dir: Path, which: str, with_task: bool) -> tuple:
     cfg = load_config(run_dir / "config.yaml")
     if cfg.model.type == "hf":  # the base model from model.path, then the checkpoint's weights (or adapter)
         model = build_model(cfg.model, lora=cfg.lora)
-        task = build_task(cfg.task, tokenizer=model.tokenizer, reward=cfg.reward, env=cfg.env) if with_task else None
+        task = build_task(cfg, tokenizer=model.tokenizer) if with_task else None
     else:  # the GPT's vocabulary is its task's
-        task = build_task(cfg.task)
+        task = build_task(cfg)
         model = build_model(cfg.model, task.tokenizer.vocab_size)
     path = resolve_checkpoint(run_dir, which)
     ckpt.load_checkpoint(path, model=model, restore_rng=False)

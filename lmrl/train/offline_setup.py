@@ -10,34 +10,16 @@ from pathlib import Path
 from ..config import Config, ConfigError
 from ..models import build_model
 from ..models.gpt import CharTokenizer
-from ..tasks.sql.demonstrations import write_demo_splits
-from ..tasks.sql.env import SQLEnvConfig
-from ..tasks.sql.procedural import SKILLS
-from ..tasks.synthetic_preferences import write_preference_splits, write_sft_splits
 from ..tasks.preference_data import iter_rows
+from ..tasks.registry import ensure_files
 
 
 def ensure_data(cfg: Config) -> None:
-    """`data.generate` writes DIR/train.jsonl and DIR/test.jsonl when either is missing (sql-demos: the
-    SQL agent's demonstrations, played in this config's `env`)."""
+    """`data.generate` writes DIR/train.jsonl and DIR/test.jsonl when either is missing (see
+    `lmrl.tasks.registry.GENERATORS`; sql-demos plays the SQL agent's episodes in this config's `sql`)."""
     d = cfg.data
-    train = Path(d.train_file)
-    test = Path(d.eval_file) if d.eval_file else None
-    if train.exists() and (test is None or test.exists()):
-        return
-    if not d.generate:
-        missing = train if not train.exists() else test
-        raise FileNotFoundError(f"data file {missing} does not exist (set data.generate=preferences to write "
-                                f"synthetic pairs offline, or `lmrl prepare-data` to convert a public set)")
-    if test is None or train.parent != test.parent or (train.name, test.name) != ("train.jsonl", "test.jsonl"):
-        raise ConfigError(f"data.generate writes DIR/train.jsonl and DIR/test.jsonl; data.train_file={train} and "
-                          f"data.eval_file={test} are not such a pair")
-    if d.generate == "sql-demos":  # the SQL agent's solved episodes, in this config's env (as RL will see it)
-        write_demo_splits(train.parent, d.generate_train, d.generate_test, SQLEnvConfig.from_section(cfg.env),
-                          seed=cfg.run.seed, skills=tuple(cfg.env.skills) or SKILLS)
-        return
-    writer = write_sft_splits if d.generate == "preferences-sft" else write_preference_splits
-    writer(train.parent, d.generate_train, d.generate_test, seed=0)
+    ensure_files(d.train_file, d.eval_file, d.generate, key="data", config=cfg, n_train=d.generate_train,
+                 n_test=d.generate_test)
 
 
 def data_texts(path: str | None) -> str:

@@ -38,7 +38,7 @@ from ..models.reference import is_reference_view, reference_view
 from ..rollout.engine import rollout_to
 from ..rollout.engines import make_engine
 from ..rollout.local import Rollout
-from ..tasks import build_task
+from ..tasks import build_task, task_spec
 from ..tasks.prompt_task import PromptTask, prompt_rows
 from ..tasks.protocol import LabeledTask, ScoredByModel, Task
 from ..tasks.rewards import RewardFn, build_reward, score_rollout
@@ -63,25 +63,39 @@ class RLTrainer(Trainer):
         place of `task.train_file` / `task.test_file` for a text task; they are written to
         `<run dir>/data/` (so the run dir resumes on its own). Without eval_dataset the held-out
         prompts are the first `eval.size` training prompts.
+    env_factory: a zero-argument callable making one environment per episode (`lmrl.envs.protocol`):
+        the run plays its episodes (`task.name=env`, set here; `env.*` limits apply).
+    tools, environment_factory: TRL's `tools=` (typed, documented functions) and `environment_factory=`
+        (a class whose public methods are tools, with `reset(**row)` and optionally `get_reward()`, a
+        reward source named after the class): each prompt of a text task is answered with them over
+        several turns (see `lmrl.tasks.tool_task`).
     callbacks: objects with any of `on_episode_end`, `on_step_end`, `on_checkpoint` (see
         `lmrl.train.callbacks`)."""
 
     name = "rl"
 
     def __init__(self, config: Config, *, model=None, task: Task | None = None, reward_fn: RewardFn | None = None,
-                 reward_funcs=None, reward_weights=None, train_dataset=None, eval_dataset=None, callbacks=None):
+                 reward_funcs=None, reward_weights=None, train_dataset=None, eval_dataset=None, callbacks=None,
+                 env_factory=None, tools=None, environment_factory=None):
+        if env_factory is not None and config.task.name != "env":
+            config = copy.deepcopy(config)
+            config.task.name = "env"
         if train_dataset is not None:
             config = with_prompt_files(config, train_dataset, eval_dataset)
         elif eval_dataset is not None:
             raise ValueError("eval_dataset= needs train_dataset= (held-out prompts without training prompts)")
         if task is None:  # what the task needs, checked before any model loads
-            check_task_inputs(config, reward_given=reward_fn is not None or reward_funcs is not None)
+            check_task_inputs(config, reward_given=reward_fn is not None or reward_funcs is not None
+                              or environment_factory is not None)
         super().__init__(config, callbacks=callbacks)
         cfg = self.config
         if model is None and cfg.model.type == "hf":
             model = build_model(cfg.model, lora=cfg.lora)
-        self.task = task if task is not None else build_task(cfg.task, tokenizer=getattr(model, "tokenizer", None),
-                                                             reward=cfg.reward, env=cfg.env, device=self.device)
+        self.task = task if task is not None else build_task(cfg, tokenizer=getattr(model, "tokenizer", None),
+                                                             device=self.device, env_factory=env_factory)
+        if tools or environment_factory is not None:
+            self.task, reward_funcs, reward_weights = with_tool_rewards(self.task, cfg, tools or [], environment_factory,
+                                                                        reward_funcs, reward_weights)
         model = model if model is not None else build_model(cfg.model, self.task.tokenizer.vocab_size)
         self.model = model.to(self.device)
         if cfg.model.init_from:
@@ -316,22 +330,40 @@ class RLTrainer(Trainer):
 
 
 def check_task_inputs(config: Config, *, reward_given: bool) -> None:
-    """A ConfigError when a text task has no problems to read (no task.train_file / test_file, no
-    task.generate, no train_dataset=) or open prompts have no reward."""
-    t, r = config.task, config.reward
-    if t.name in ("math", "prompts") and not (t.train_file and t.test_file):
+    """A ConfigError when a task that reads files has none to read (no task.train_file / test_file, no
+    task.generate, no train_dataset=) or a task without a verifier has no reward."""
+    t, r, spec = config.task, config.reward, task_spec(config.task.name)
+    if spec.reads_files and not (t.train_file and t.test_file):
         raise ConfigError(f"task.name={t.name} reads its problems from JSONL: set task.train_file and task.test_file "
                           f"(`lmrl data word-problems OUT_DIR` writes a pair offline), or pass train_dataset=")
-    if t.name == "prompts" and not (reward_given or r.model or r.cls or r.funcs):
-        raise ConfigError("task.name=prompts needs a reward: reward.model (a reward model dir), reward.cls, "
-                          "reward.funcs, or reward_funcs= from Python")
+    if spec.needs_reward and not (reward_given or r.model or r.cls or r.funcs):
+        raise ConfigError(f"task.name={t.name} needs a reward: reward.model (a reward model dir), reward.cls, "
+                          f"reward.funcs, or reward_funcs= from Python")
+
+
+def with_tool_rewards(task, config: Config, tools: list, environment_factory, reward_funcs, reward_weights):
+    """(the task answered with TRL-style `tools` / `environment_factory`, its reward functions and weights):
+    an environment class's `get_reward` joins the functions as a reward source of weight 1, named after it."""
+    from ..tasks.prompt_task import PromptTask
+    from ..tasks.tool_task import environment_reward, with_tools
+
+    if not isinstance(task, PromptTask):
+        raise ConfigError(f"tools= and environment_factory= answer prompts (task.name=prompts or math, or "
+                          f"train_dataset=); task.name={config.task.name} is not such a task")
+    task = with_tools(task, tools, config, environment_factory)
+    if task.reward_source is not None:
+        funcs = [] if reward_funcs is None else list(reward_funcs) if isinstance(reward_funcs, (list, tuple)) \
+            else [reward_funcs]
+        weights = [1.0] * len(funcs) if reward_weights is None else list(reward_weights)
+        reward_funcs, reward_weights = funcs + [environment_reward(task.reward_source)], weights + [1.0]
+    return task, reward_funcs, reward_weights
 
 
 def with_prompt_files(config: Config, train_dataset, eval_dataset=None) -> Config:
     """A copy of `config` whose text task reads `train_dataset` (and `eval_dataset`, else the first
     `eval.size` training prompts) from `<run dir>/data/{train,eval}.jsonl`, written here."""
-    if config.task.name not in ("math", "prompts"):
-        raise ConfigError(f"train_dataset= is for a text task (task.name=math or prompts); task.name="
+    if not task_spec(config.task.name).reads_files:
+        raise ConfigError(f"train_dataset= is for a task that reads prompts (task.name=math or prompts); task.name="
                           f"{config.task.name} makes its own problems")
     train = prompt_rows(train_dataset)
     held_out = prompt_rows(eval_dataset) if eval_dataset is not None else train[: config.eval.size]

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import torch
 
-from ...rollout.agent import AgentRollout, run_episodes
+from ..env_task import HELDOUT_SEED, EnvTask
 from .env import SQLEnv, SQLEnvConfig
 from .procedural import SKILLS, ProceduralSQLTasks
 from .protocol import example_turns, system_prompt
@@ -34,72 +34,72 @@ def episode_preamble(env_config: SQLEnvConfig, one_shot: bool = True) -> list[di
     return [{"role": "system", "content": system_prompt(env_config.max_rounds)}] + example
 
 
-class SQLAgentTask:
+def sql_tasks(n_train: int, heldout_per_skill: int, skills=SKILLS, *, seed: int = 0, train_file: str | None = None,
+              test_file: str | None = None) -> tuple[list[SQLTask], list[SQLTask]]:
+    """(training tasks, held-out tasks): procedural ones (held out: the same number of every skill),
+    or DBBench records from the files given."""
+    train = load_dbbench(train_file) if train_file else ProceduralSQLTasks(seed, "train", skills=skills).take(n_train)
+    if test_file:
+        return train, load_dbbench(test_file)
+    return train, [t for i, skill in enumerate(skills)
+                   for t in ProceduralSQLTasks(seed + 1000 + i, "heldout", skills=(skill,)).take(heldout_per_skill)]
+
+
+class SQLEpisodes:
+    """The SQL environment over a fixed list of tasks, in the environment protocol: `reset(seed)`
+    opens training task `seed % len(train)`, or held-out task `seed - HELDOUT_SEED` for a held-out
+    seed, and returns its question; `step` plays a turn in `SQLEnv`."""
+
+    name = "sql"
+
+    def __init__(self, config: SQLEnvConfig, train: list[SQLTask], heldout: list[SQLTask]):
+        self.env, self.train, self.heldout = SQLEnv(config), train, heldout
+
+    def reset(self, seed: int | None = None) -> str:
+        seed = seed or 0
+        task = self.heldout[seed - HELDOUT_SEED] if seed >= HELDOUT_SEED else self.train[seed % len(self.train)]
+        return self.env.reset(task)
+
+    def step(self, action: str) -> tuple[str, float, bool, dict]:
+        observation, reward, done, info = self.env.step(action)
+        return observation, reward, done, _with_metrics(info)
+
+    def truncate(self) -> tuple[float, dict]:
+        reward, info = self.env.truncate()
+        return reward, _with_metrics(info)
+
+    def close(self) -> None:
+        self.env.close()
+
+
+def _with_metrics(info: dict) -> dict:
+    return {**info, "success": info.get("outcome") == "correct",
+            "metrics": {"invalid_actions": info.get("invalid_actions", 0),
+                        "timeout_rate": float(info.get("outcome") == "timeout")}}
+
+
+class SQLAgentTask(EnvTask):
     def __init__(self, tokenizer, env_config: SQLEnvConfig | None = None, *, n_train: int = 2000,
                  heldout_per_skill: int = 10, skills=SKILLS, seed: int = 0, train_file: str | None = None,
                  test_file: str | None = None, max_new_tokens: int = 128, max_context: int = 2048,
-                 one_shot: bool = True):
-        if not getattr(tokenizer, "chat_template", None):
-            raise ValueError("the SQL agent is a chat: its model's tokenizer needs a chat template")
-        self.tokenizer, self.env_config = tokenizer, env_config or SQLEnvConfig()
-        self.turn_tokens, self.max_context = max_new_tokens, max_context
-        # the learner's length budget (Dr. GRPO's constant normaliser): every agent turn at its longest
-        self.max_new_tokens = max_new_tokens * self.env_config.max_rounds
-        train = load_dbbench(train_file) if train_file else ProceduralSQLTasks(seed, "train", skills=skills).take(n_train)
-        if test_file:
-            heldout = load_dbbench(test_file)
-        else:  # a balanced held-out set: the same number of tasks of every skill
-            heldout = [t for i, skill in enumerate(skills)
-                       for t in ProceduralSQLTasks(seed + 1000 + i, "heldout", skills=(skill,)).take(heldout_per_skill)]
+                 one_shot: bool = True, max_turns: int | None = None, step_timeout_s: float | None = None,
+                 workers: int = 8):
+        self.env_config = env_config or SQLEnvConfig()
+        train, heldout = sql_tasks(n_train, heldout_per_skill, skills, seed=seed, train_file=train_file,
+                                   test_file=test_file)
         self.tasks: list[SQLTask] = train + heldout
-        self.n_train = len(train)
-        self.heldout_ids = torch.arange(len(train), len(self.tasks))
+        rounds = self.env_config.max_rounds if max_turns is None else min(max_turns, self.env_config.max_rounds)
+        super().__init__(lambda: SQLEpisodes(self.env_config, train, heldout), tokenizer, train_episodes=len(train),
+                         heldout_episodes=len(heldout), max_turns=rounds, max_new_tokens=max_new_tokens,
+                         max_context=max_context, step_timeout_s=step_timeout_s, workers=workers,
+                         preamble=episode_preamble(self.env_config, one_shot), name="sql")
         self.system_prompt = system_prompt(self.env_config.max_rounds)
-        self.preamble = episode_preamble(self.env_config, one_shot)
-
-    def sample_train_ids(self, n: int, generator: torch.Generator) -> torch.Tensor:
-        return torch.randint(self.n_train, (n,), generator=generator)
 
     def skills(self, ids: torch.Tensor) -> list[str]:
         return [self.tasks[i].skill for i in ids.tolist()]
 
-    # -- the trainer's task protocol -------------------------------------------------------------
-    def rollout(self, policy, ids: torch.Tensor, *, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0,
-                greedy: bool = False, generator: torch.Generator | None = None) -> AgentRollout:
-        envs, openings = [], []
-        for i in ids.tolist():
-            env = SQLEnv(self.env_config)
-            first = env.reset(self.tasks[i])
-            envs.append(env)
-            openings.append(self.preamble + [{"role": "user", "content": first}])
-        return run_episodes(policy, envs, openings, max_turns=self.env_config.max_rounds,
-                            max_new_tokens=self.turn_tokens, max_context=self.max_context, temperature=temperature,
-                            top_k=top_k, top_p=top_p, greedy=greedy, generator=generator)
-
-    def texts(self, ids: torch.Tensor, rollout: AgentRollout) -> tuple[list[str], list[str]]:
-        """(each task's question, the episode after it: agent turns and observations, role-tagged)."""
-        start = len(self.preamble)
-        prompts = [t[start]["content"] for t in rollout.transcripts]
-        episodes = ["\n".join(f"[{m['role']}] {m['content']}" for m in t[start + 1:]) for t in rollout.transcripts]
-        return prompts, episodes
-
-    def conversations(self, ids: torch.Tensor, rollout: AgentRollout) -> tuple[list, list]:
-        """(each episode's opening messages: preamble and task, the messages after it: agent turns as
-        assistant messages, observations as user messages), as TRL's reward functions get a chat episode."""
-        start = len(self.preamble)
-        return [t[:start + 1] for t in rollout.transcripts], [t[start + 1:] for t in rollout.transcripts]
-
     def reward_kwargs(self, ids: torch.Tensor) -> dict:
         return {"skill": self.skills(ids), "label": [list(self.tasks[i].label) for i in ids.tolist()]}
-
-    def score_rollout(self, ids: torch.Tensor, rollout: AgentRollout) -> tuple[torch.Tensor, torch.Tensor, dict]:
-        """Returns (B,), success flags (B,) and per-episode {turns, invalid_actions, timeout_rate}."""
-        infos = rollout.infos
-        correct = torch.tensor([float(i.get("outcome") == "correct") for i in infos])
-        extras = {"turns": torch.tensor([float(i.get("turns", 0)) for i in infos]),
-                  "invalid_actions": torch.tensor([float(i.get("invalid_actions", 0)) for i in infos]),
-                  "timeout_rate": torch.tensor([float(i.get("outcome") == "timeout") for i in infos])}
-        return rollout.rewards.clone(), correct, extras
 
 
 def per_skill_success(task: SQLAgentTask, ids: torch.Tensor, infos: list[dict]) -> dict[str, float]:

@@ -19,7 +19,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ...options import Section, option
 from .checking import answers_match, table_md5
+from .procedural import SKILLS
 from .protocol import parse_action, render_task, system_prompt
 from .sandbox import InProcessSandbox, Sandbox, SandboxLimits
 from .tasks import SQLTask
@@ -28,33 +30,30 @@ OUTCOMES = ("correct", "wrong", "timeout")
 
 
 @dataclass
-class SQLEnvConfig:
-    max_rounds: int = 15  # agent turns per episode, the answer turn included (DBBench: 15)
-    max_rows: int = 100  # rows shown per query; more are cut with a [TRUNCATED] note
-    max_chars: int = 800  # characters per observation (DBBench: 800)
-    query_timeout_s: float = 2.0  # wall-clock limit of one statement
-    reward_correct: float = 1.0  # an answer that matches the label (or a table that matches answer_md5)
-    reward_wrong: float = -0.1  # any other answer
-    reward_timeout: float = -0.3  # max_rounds turns without an answer
-    invalid_action_penalty: float = 0.0  # subtracted (>= 0) from the reward of each turn that breaks the protocol
-    answer_tolerance: float = 1e-2  # absolute tolerance for numeric answers (DBBench: 1e-2)
+class SQLEnvConfig(Section):
+    """The SQL environment's options: the `sql` config section (`env.id: sql`), and `SQLEnv`'s config."""
+    max_rounds: int = option(15, "agent turns per episode, the answer turn included (DBBench: 15); the episode "
+                                 "also ends at env.max_turns, whichever comes first", ge=1)
+    max_rows: int = option(100, "rows shown per query result; more are cut with a [TRUNCATED] note", ge=1)
+    max_chars: int = option(800, "characters per observation; more are cut with [TRUNCATED] (DBBench: 800)", ge=1)
+    query_timeout_s: float = option(2.0, "wall-clock limit of one SQL statement", gt=0)
+    reward_correct: float = option(1.0, "reward of a correct final answer (or table state)")
+    reward_wrong: float = option(-0.1, "reward of a wrong final answer")
+    reward_timeout: float = option(-0.3, "reward of an episode that ends with no answer")
+    invalid_action_penalty: float = option(0.0, "subtracted for each turn that breaks the protocol (>= 0; write "
+                                                "0.05 for a penalty of 0.05)", ge=0)
+    answer_tolerance: float = option(1e-2, "absolute tolerance for numeric answers (DBBench: 1e-2)", ge=0)
+    train_tasks: int = option(2000, "procedural training tasks (distinct), unless task.train_file holds DBBench "
+                                    "records", ge=1)
+    heldout_per_skill: int = option(10, "procedural held-out tasks of each skill, unless task.test_file holds "
+                                        "DBBench records", ge=1)
+    skills: list = option([], "procedural skills to draw from (empty: all of filter, count, sum, avg, max, min, "
+                              "ranking, group_by, comparison, insert, update, delete)", choices=SKILLS)
 
     def __post_init__(self):
-        if self.max_rounds < 1:
-            raise ValueError(f"max_rounds must be at least 1 (got {self.max_rounds})")
-        if self.invalid_action_penalty < 0:
-            raise ValueError(f"invalid_action_penalty is subtracted, so it must be >= 0 "
-                             f"(got {self.invalid_action_penalty}); write 0.05 for a penalty of 0.05")
-        if self.answer_tolerance < 0:
-            raise ValueError(f"answer_tolerance must be >= 0 (got {self.answer_tolerance})")
-        self.limits()  # validates max_rows, max_chars and query_timeout_s
-
-    @classmethod
-    def from_section(cls, env) -> SQLEnvConfig:
-        """The environment an `env` config section (`lmrl.config.EnvConfig`) describes."""
-        return cls(**{k: getattr(env, k) for k in (
-            "max_rounds", "max_rows", "max_chars", "query_timeout_s", "reward_correct", "reward_wrong",
-            "reward_timeout", "invalid_action_penalty")})
+        problems = self.problems("sql")
+        if problems:
+            raise ValueError(problems[0])
 
     def limits(self) -> SandboxLimits:
         return SandboxLimits(max_rows=self.max_rows, max_chars=self.max_chars, query_timeout_s=self.query_timeout_s)

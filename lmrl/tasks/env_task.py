@@ -1,0 +1,102 @@
+"""An environment's episodes as the trainer's task (`task.name: env`).
+
+    task = EnvTask(lambda: GuessEnv(), tokenizer, train_episodes=10_000, heldout_episodes=64,
+                   max_turns=4, max_new_tokens=32)
+    ro = task.rollout(policy, task.sample_train_ids(8, gen))   # an AgentRollout, one episode per id
+    rewards, success, extras = task.score_rollout(ids, ro)
+
+Problem ids are episode seeds: training id i plays `reset(seed=i)`; held-out id `train_episodes + j`
+plays `reset(seed=HELDOUT_SEED + j)`, a seed no training episode uses, so evaluation is on episodes
+never trained on. An episode's reward is its return (the environment's rewards summed); it
+succeeded when its last info says `success` (True/False), else when its return is above 0.
+An environment may report numbers in `info["metrics"]` (e.g. `{"invalid_moves": 2}`): each is
+logged as `rollout/<name>`, averaged over the batch's episodes. `env/errors` is the fraction of
+episodes whose environment broke (see `lmrl.rollout.agent.run_episodes`)."""
+
+from __future__ import annotations
+
+import math
+from typing import Callable
+
+import torch
+
+from ..rollout.agent import AgentRollout, run_episodes
+
+HELDOUT_SEED = 1_000_000_000  # held-out episodes' seeds start here; training seeds lie below it
+
+
+class EnvTask:
+    def __init__(self, make_env: Callable, tokenizer, *, train_episodes: int = 100_000, heldout_episodes: int = 64,
+                 max_turns: int = 8, max_new_tokens: int = 128, max_context: int = 2048,
+                 step_timeout_s: float | None = 30.0, workers: int = 8, system_prompt: str = "",
+                 preamble: list[dict] | None = None, tools: list[dict] | None = None, name: str = "env"):
+        if not getattr(tokenizer, "chat_template", None):
+            raise ValueError(f"environment {name}: episodes are chats, so the model's tokenizer needs a chat template")
+        if train_episodes >= HELDOUT_SEED:
+            raise ValueError(f"train_episodes={train_episodes} must stay below the held-out seeds ({HELDOUT_SEED})")
+        self.make_env, self.tokenizer, self.name = make_env, tokenizer, name
+        self.n_train, self.max_turns, self.turn_tokens = train_episodes, max_turns, max_new_tokens
+        self.max_context, self.step_timeout_s, self.workers, self.tools = max_context, step_timeout_s, workers, tools
+        # the learner's length budget (Dr. GRPO's constant normaliser): every agent turn at its longest
+        self.max_new_tokens = max_new_tokens * max_turns
+        self.heldout_ids = torch.arange(train_episodes, train_episodes + heldout_episodes)
+        self.preamble = list(preamble) if preamble is not None else (
+            [{"role": "system", "content": system_prompt}] if system_prompt else [])
+
+    def seed(self, i: int) -> int:
+        """The seed problem id `i` resets its environment with."""
+        return i if i < self.n_train else HELDOUT_SEED + i - self.n_train
+
+    # -- the trainer's task protocol -------------------------------------------------------------
+    def sample_train_ids(self, n: int, generator: torch.Generator) -> torch.Tensor:
+        return torch.randint(self.n_train, (n,), generator=generator)
+
+    def rollout(self, policy, ids: torch.Tensor, *, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0,
+                greedy: bool = False, generator: torch.Generator | None = None) -> AgentRollout:
+        envs = [self.make_env() for _ in range(len(ids))]
+        ro = run_episodes(policy, envs, seeds=[self.seed(i) for i in ids.tolist()], preamble=self.preamble,
+                          tools=self.tools, max_turns=self.max_turns, max_new_tokens=self.turn_tokens,
+                          max_context=self.max_context, temperature=temperature, top_k=top_k, top_p=top_p,
+                          greedy=greedy, generator=generator, step_timeout_s=self.step_timeout_s,
+                          workers=self.workers)
+        return ro
+
+    def texts(self, ids: torch.Tensor, rollout: AgentRollout) -> tuple[list[str], list[str]]:
+        """(each episode's first observation, the episode after it: turns and observations, role-tagged)."""
+        opening = [len(self.preamble) + self._first_len(t) for t in rollout.transcripts]
+        prompts = ["\n".join(str(m.get("content", "")) for m in t[len(self.preamble):k])
+                   for t, k in zip(rollout.transcripts, opening)]
+        episodes = ["\n".join(f"[{m['role']}] {m.get('content', '')}" for m in t[k:])
+                    for t, k in zip(rollout.transcripts, opening)]
+        return prompts, episodes
+
+    def conversations(self, ids: torch.Tensor, rollout: AgentRollout) -> tuple[list, list]:
+        """(each episode's opening messages, the messages after it), as TRL's reward functions get a chat."""
+        opening = [len(self.preamble) + self._first_len(t) for t in rollout.transcripts]
+        return ([t[:k] for t, k in zip(rollout.transcripts, opening)],
+                [t[k:] for t, k in zip(rollout.transcripts, opening)])
+
+    def _first_len(self, transcript: list[dict]) -> int:
+        """Messages of the first observation: those after the preamble up to the first assistant turn."""
+        rest = transcript[len(self.preamble):]
+        return next((k for k, m in enumerate(rest) if m["role"] == "assistant"), len(rest))
+
+    def reward_kwargs(self, ids: torch.Tensor) -> dict:
+        return {"seed": [self.seed(i) for i in ids.tolist()]}
+
+    def score_rollout(self, ids: torch.Tensor, rollout: AgentRollout) -> tuple[torch.Tensor, torch.Tensor, dict]:
+        """(returns (B,), success flags (B,), {turns, env/errors, and the environments' info["metrics"]})."""
+        infos = rollout.infos
+        success = torch.tensor([float(bool(i["success"])) if isinstance(i.get("success"), (bool, int, float))
+                                else float(r > 0) for i, r in zip(infos, rollout.rewards.tolist())])
+        failed = rollout.failed if rollout.failed is not None else torch.zeros(len(infos), dtype=torch.bool)
+        extras = {"turns": torch.tensor([float(i.get("turns", 0)) for i in infos]), "env/errors": failed.float()}
+        names = sorted({k for i in infos for k, v in (i.get("metrics") or {}).items() if _is_number(v)})
+        for name in names:
+            extras[name] = torch.tensor([float(i["metrics"][name]) if _is_number((i.get("metrics") or {}).get(name))
+                                         else math.nan for i in infos])
+        return rollout.rewards.clone(), success, extras
+
+
+def _is_number(v) -> bool:
+    return isinstance(v, (int, float)) and math.isfinite(float(v))

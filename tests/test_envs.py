@@ -1,0 +1,307 @@
+"""Bring your own environment: the protocol's checks, the multi-turn loop with environments that
+misbehave in every way the protocol allows for, a task and an environment registered in this file
+and trained on, `env.id=package.module:Class`, and `RLTrainer(cfg, env_factory=...)`. A tiny Llama
+built here plays; nothing is downloaded."""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import time
+
+import pytest
+import torch
+
+pytest.importorskip("transformers")
+
+from lmrl.config import ConfigError, load_config  # noqa: E402
+from lmrl.envs import EnvError, check_env, register_env  # noqa: E402
+from lmrl.envs.protocol import as_reset, as_step  # noqa: E402
+from lmrl.models.hf import load_hf_policy  # noqa: E402
+from lmrl.rollout.agent import run_episodes  # noqa: E402
+from lmrl.tasks import register_task  # noqa: E402
+from lmrl.tasks.env_task import HELDOUT_SEED, EnvTask  # noqa: E402
+from lmrl.train.rl_trainer import RLTrainer  # noqa: E402
+from tests.test_hf import save_tiny_llama  # noqa: E402
+
+
+class Countdown:
+    """Gymnasium-style: `reset(seed)` picks how many turns the episode lasts (2 or 3); every turn
+    earns 0.5 and the last one 1.0, so the return is known from the seed alone."""
+
+    def __init__(self, bonus: float = 1.0):
+        self.bonus, self.closed = bonus, False
+
+    def reset(self, seed=None):
+        self.left = 2 + (seed or 0) % 2
+        self.seed = seed
+        return f"Count down from {self.left}."
+
+    def step(self, action):
+        self.left -= 1
+        done = self.left == 0
+        return f"{self.left} left", self.bonus if done else 0.5, done, False, {"metrics": {"left": self.left}}
+
+    def close(self):
+        self.closed = True
+
+
+def countdown_return(seed: int) -> float:
+    return 0.5 * (1 + seed % 2) + 1.0
+
+
+class FourValues(Countdown):
+    """lmrl's first protocol: (observation, reward, done, info)."""
+
+    def step(self, action):
+        observation, reward, done, _, info = super().step(action)
+        return observation, reward, done, info
+
+
+@pytest.fixture(scope="module")
+def tiny_dir(tmp_path_factory):
+    root = tmp_path_factory.mktemp("envs")
+    save_tiny_llama(root / "model", max_positions=1024)
+    return root / "model"
+
+
+@pytest.fixture(scope="module")
+def policy(tiny_dir):
+    torch.manual_seed(0)
+    return load_hf_policy(str(tiny_dir))[0]
+
+
+def _play(policy, envs, seeds=None, **kw):
+    kw = {"max_turns": 4, "max_new_tokens": 4, "generator": torch.Generator().manual_seed(0), **kw}
+    return run_episodes(policy, envs, seeds=list(seeds if seeds is not None else range(len(envs))), **kw)
+
+
+# -- the protocol ----------------------------------------------------------------------------------------
+def test_gymnasium_five_values_and_the_first_protocols_four_add_up_to_the_same_returns(policy):
+    for cls in (Countdown, FourValues):
+        envs = [cls() for _ in range(4)]
+        ro = _play(policy, envs)
+        assert ro.rewards.tolist() == [countdown_return(s) for s in range(4)], cls
+        assert [i["turns"] for i in ro.infos] == [2 + s % 2 for s in range(4)]
+        assert not ro.failed.any() and not ro.truncated.any() and all(e.closed for e in envs)
+
+
+def test_reset_may_return_gymnasiums_observation_and_info_pair():
+    assert as_reset(("hello", {"level": 1}), "x") == ("hello", {"level": 1})
+    assert as_reset([{"role": "user", "content": "hi"}], "x") == ([{"role": "user", "content": "hi"}], {})
+
+
+def test_check_env_names_the_part_of_the_protocol_an_environment_breaks():
+    check_env(Countdown())
+
+    class NoBool(Countdown):
+        def step(self, action):
+            return "obs", 1.0, "yes", False, {}
+
+    with pytest.raises(EnvError, match=r"environment NoBool: step\(\) returned terminated='yes'"):
+        check_env(NoBool())
+
+
+# -- misbehaving environments: each ends its episode, is counted, and the batch goes on -----------------------
+class Raises(Countdown):
+    def step(self, action):
+        raise RuntimeError("the server\nwent away")
+
+
+class RaisesOnReset(Countdown):
+    def reset(self, seed=None):
+        raise KeyError("no such level")
+
+
+class Hangs(Countdown):
+    def step(self, action):
+        time.sleep(30)
+
+
+class ThreeValues(Countdown):
+    def step(self, action):
+        return "obs", 1.0, True
+
+
+class NotText(Countdown):
+    def step(self, action):
+        return {"board": [1, 2]}, 0.0, False, False, {}
+
+
+class NaNReward(Countdown):
+    def step(self, action):
+        return "obs", math.nan, False, False, {}
+
+
+class TextReward(Countdown):
+    def step(self, action):
+        return "obs", "1.0", True, False, {}
+
+
+BROKEN = [
+    (Raises, r"environment Raises: step\(\) raised RuntimeError: the server went away"),
+    (RaisesOnReset, r"environment RaisesOnReset: reset\(\) raised KeyError: 'no such level'"),
+    (Hangs, r"environment Hangs: step\(\) did not return within 0.5 s"),
+    (ThreeValues, r"environment ThreeValues: step\(\) returned a 3-tuple"),
+    (NotText, r"environment NotText: step\(\) returned \{'board': \[1, 2\]\} \(dict\) as its observation"),
+    (NaNReward, r"environment NaNReward: step\(\) returned reward nan; a reward is a finite number"),
+    (TextReward, r"environment TextReward: step\(\) returned reward '1.0' \(str\); a reward is a finite number"),
+]
+
+
+@pytest.mark.parametrize("cls, message", BROKEN, ids=[c.__name__ for c, _ in BROKEN])
+def test_a_broken_environment_ends_only_its_own_episode_with_a_one_line_error(policy, cls, message):
+    envs = [Countdown(), cls(), Countdown()]
+    records = []
+    handler = logging.Handler(logging.WARNING)
+    handler.emit = records.append
+    logger = logging.getLogger("lmrl")
+    logger.addHandler(handler)
+    t0 = time.monotonic()
+    try:
+        ro = _play(policy, envs, step_timeout_s=0.5)
+    finally:
+        logger.removeHandler(handler)
+    assert time.monotonic() - t0 < 10  # a hung step is abandoned at its deadline
+    assert ro.failed.tolist() == [False, True, False]
+    assert ro.rewards[[0, 2]].tolist() == [countdown_return(0), countdown_return(2)]
+    error = ro.infos[1]["env_error"]
+    assert "\n" not in error and __import__("re").search(message, error), error
+    assert any(error == r.getMessage() for r in records)  # logged as it is
+    assert ro.mask[1].sum() == 0  # the environment's fault: no loss on the episode
+    assert ro.mask[0].sum() > 0 and ro.mask[2].sum() > 0
+
+
+class Forever(Countdown):
+    def step(self, action):
+        return "again", 0.25, False, False, {}
+
+
+def test_an_environment_that_never_terminates_is_cut_at_max_turns_with_its_rewards_so_far(policy):
+    ro = _play(policy, [Forever()], max_turns=3)
+    assert ro.truncated.tolist() == [True] and not ro.failed.any()
+    assert ro.infos[0]["turns"] == 3 and ro.rewards.tolist() == [0.75]
+
+
+class Floods(Countdown):
+    def step(self, action):
+        return "x" * 10_000_000, 0.5, False, False, {}
+
+
+def test_an_observation_that_floods_the_context_ends_the_episode_without_tokenizing_it(policy):
+    t0 = time.monotonic()
+    ro = _play(policy, [Floods(), Countdown()], max_context=600)
+    assert time.monotonic() - t0 < 10
+    assert ro.truncated.tolist() == [True, False] and ro.rewards[0].item() == 0.5
+    assert ro.completions.size(1) < 600
+
+
+def test_environments_step_concurrently():
+    class Slow(Countdown):
+        def step(self, action):
+            time.sleep(0.3)
+            return super().step(action)
+
+    from lmrl.rollout.agent import Stepper
+
+    envs = [Slow() for _ in range(8)]
+    for s, e in enumerate(envs):
+        e.reset(s)
+    t0 = time.monotonic()
+    results = Stepper(workers=8, timeout_s=5).map([(e, "step", ("go",)) for e in envs])
+    assert time.monotonic() - t0 < 1.5  # 8 x 0.3 s one after another would be 2.4 s
+    assert all(as_step(r, "Slow")[1] == 0.5 for r in results)
+
+
+# -- EnvTask: seeds, held-out episodes, metrics ---------------------------------------------------------
+def test_held_out_episodes_play_seeds_no_training_episode_uses(policy):
+    task = EnvTask(Countdown, policy.tokenizer, train_episodes=10, heldout_episodes=3, max_turns=4, max_new_tokens=4)
+    assert [task.seed(i) for i in task.heldout_ids.tolist()] == [HELDOUT_SEED, HELDOUT_SEED + 1, HELDOUT_SEED + 2]
+    ids = task.sample_train_ids(50, torch.Generator().manual_seed(0))
+    assert ids.max() < 10
+    ro = task.rollout(policy, torch.tensor([0, 1, 10]), generator=torch.Generator().manual_seed(0))
+    rewards, success, extras = task.score_rollout(torch.tensor([0, 1, 10]), ro)
+    assert rewards.tolist() == [countdown_return(0), countdown_return(1), countdown_return(HELDOUT_SEED)]
+    assert success.tolist() == [1.0, 1.0, 1.0]  # a positive return, the environment saying nothing of success
+    assert extras["turns"].tolist() == [2.0, 3.0, 2.0] and extras["env/errors"].tolist() == [0.0, 0.0, 0.0]
+    assert extras["left"].tolist() == [0.0, 0.0, 0.0]  # info["metrics"], from each episode's last step
+    prompts, episodes = task.texts(torch.tensor([0, 1, 10]), ro)
+    assert prompts[0] == "Count down from 2." and "[user] 1 left" in episodes[0]
+
+
+# -- training: a registered task, env.id=package.module:Class, env_factory= ---------------------------------
+def _config(tiny_dir, run_dir, *overrides):
+    return [f"model.type=hf", f"model.path={tiny_dir}", f"run.dir={run_dir}", "run.progress=false",
+            "run.tensorboard=false", "run.threads=1", "sft.steps=0", "algo.name=grpo", "algo.group_size=2",
+            "train.steps=2", "train.rollout_size=4", "train.eval_every=2", "train.ckpt_every=1",
+            "train.log_every=1", "eval.size=2", "eval.batch_size=2", "task.max_new_tokens=4",
+            "env.max_turns=3", "env.heldout_episodes=2", "env.step_timeout_s=5", "optim.lr=1e-3",
+            "train.stopping_threshold=null", "train.ema_decay=0", "run.mixed_precision=", "model.dropout=0", *overrides]
+
+
+@register_env("countdown-test", help="tests/test_envs.py's Countdown")
+def _countdown(config, bonus: float = 1.0):
+    return lambda: Countdown(bonus)
+
+
+def test_a_registered_environment_trains_and_takes_its_kwargs_from_the_config(tiny_dir, tmp_path):
+    cfg = load_config("adder", _config(tiny_dir, tmp_path / "run", "task.name=env", "env.id=countdown-test",
+                                       "env.kwargs.bonus=3.0"))
+    summary = RLTrainer(cfg).train()
+    assert summary["steps_done"] == 2
+    rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    rl = [r for r in rows if "train/avg_reward" in r]
+    # every episode returns 0.5 per turn before the last and the bonus on it: 3.5 or 4.0
+    assert rl and all(3.5 <= r["train/avg_reward"] <= 4.0 for r in rl)
+    assert all(r["env/errors"] == 0.0 and r["rollout/turns"] >= 2 for r in rl)
+    assert (tmp_path / "run" / "checkpoints").is_dir()
+
+
+def test_env_id_names_the_users_own_class_and_env_factory_plays_from_python(tiny_dir, tmp_path):
+    cfg = load_config("adder", _config(tiny_dir, tmp_path / "a", "task.name=env", "env.id=tests.test_envs:Countdown"))
+    assert RLTrainer(cfg).train()["final_accuracy"] == 1.0  # every episode's return is positive
+
+    no_id = load_config("adder", _config(tiny_dir, tmp_path / "b", "task.name=env"))
+    trainer = RLTrainer(no_id, env_factory=lambda: Countdown(bonus=-5.0))
+    assert trainer.train()["final_accuracy"] == 0.0  # -5 plus 0.5 or 1.0 from the turns before: never above 0
+
+
+def test_training_goes_on_when_some_environments_break_and_counts_them(tiny_dir, tmp_path):
+    class HalfBroken(Countdown):
+        def step(self, action):
+            if self.seed % 2:
+                raise RuntimeError("boom")
+            return super().step(action)
+
+    cfg = load_config("adder", _config(tiny_dir, tmp_path / "run", "task.name=env", "train.steps=3"))
+    summary = RLTrainer(cfg, env_factory=HalfBroken).train()
+    assert summary["steps_done"] == 3
+    rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    errors = [r["env/errors"] for r in rows if "env/errors" in r]
+    assert errors and 0 < sum(errors) / len(errors) < 1
+    assert "environment HalfBroken: step() raised RuntimeError: boom" in (tmp_path / "run" / "train.log").read_text()
+    assert sorted(p.name for p in (tmp_path / "run" / "checkpoints").iterdir() if p.name.startswith("step_"))
+
+
+def test_a_task_registered_in_this_file_trains(tiny_dir, tmp_path):
+    @register_task("countdown-task", help="Countdown episodes as a task of its own", chat=True, multi_turn=True)
+    def build(config, *, tokenizer, **_):
+        return EnvTask(lambda: Countdown(bonus=2.0), tokenizer, train_episodes=100, heldout_episodes=2,
+                       max_turns=3, max_new_tokens=config.task.max_new_tokens)
+
+    cfg = load_config("adder", _config(tiny_dir, tmp_path / "run", "task.name=countdown-task"))
+    summary = RLTrainer(cfg).train()
+    assert summary["steps_done"] == 2 and summary["final_accuracy"] == 1.0
+
+
+def test_env_config_mistakes_are_one_line_errors(tiny_dir, tmp_path):
+    with pytest.raises(ConfigError, match="env.id='nope' is not a registered environment"):
+        RLTrainer(load_config("adder", _config(tiny_dir, tmp_path / "a", "task.name=env", "env.id=nope")))
+    with pytest.raises(ConfigError, match=r"env.id='tests.test_envs:Nothing': tests.test_envs has no 'Nothing'"):
+        RLTrainer(load_config("adder", _config(tiny_dir, tmp_path / "b", "task.name=env",
+                                               "env.id=tests.test_envs:Nothing")))
+    with pytest.raises(ConfigError, match="task.name=env needs a Hugging Face model"):
+        load_config("adder", ["task.name=env", "env.id=countdown-test"])
+    with pytest.raises(ConfigError, match="env.kwargs must be a mapping"):
+        load_config("adder", _config(tiny_dir, tmp_path / "c", "task.name=env", "env.kwargs=[1, 2]"))

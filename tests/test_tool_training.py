@@ -1,0 +1,203 @@
+"""TRL's `tools=` and `environment_factory=` on lmrl: prompts answered over several turns with tool
+calls, the results going back as tool messages, reward functions getting the episode (and its
+environments), an environment's `get_reward` as a reward source named after its class. A scripted
+policy writes the calls (a tiny random model would never write one); the trainer runs on a tiny Llama."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+pytest.importorskip("transformers")
+
+from lmrl.config import load_config  # noqa: E402
+from lmrl.models.hf import load_hf_policy  # noqa: E402
+from lmrl.tasks.prompt_task import PromptTask  # noqa: E402
+from lmrl.tasks.rewards import RewardFunctions, TrainerState  # noqa: E402
+from lmrl.tasks.tool_task import ToolPromptTask, environment_reward  # noqa: E402
+from lmrl.trl import GRPOConfig, GRPOTrainer  # noqa: E402
+from lmrl.train.rl_trainer import RLTrainer  # noqa: E402
+from tests.test_hf import CORPUS, SPECIAL, TEMPLATE  # noqa: E402
+
+
+def multiply(a: int, b: int) -> int:
+    """Multiplies two integers.
+
+    Args:
+        a: The first factor.
+        b: The second factor.
+    """
+    return a * b
+
+
+class Counter:
+    """An environment_factory class: its public method is a tool, get_reward its own reward."""
+
+    def reset(self, **row):
+        self.calls, self.target = 0, row.get("target")
+        return f" (target {self.target})"
+
+    def bump(self, by: int) -> str:
+        """Adds to the counter.
+
+        Args:
+            by: How much to add.
+        """
+        self.calls += by
+        return f"counter at {self.calls}"
+
+    def get_reward(self) -> float:
+        return float(self.calls == self.target)
+
+
+class Scripted:
+    """A policy that writes `turns[k]` as its k-th turn in every running episode (then EOS); the
+    rest (tokenizer, encode, eos ids) is the tiny model's."""
+
+    def __init__(self, policy, turns):
+        self.policy, self.turns, self.calls = policy, turns, 0
+
+    def __getattr__(self, name):
+        return getattr(self.policy, name)
+
+    def generate_ids(self, ids, mask, max_new_tokens, **_):
+        tok = self.policy.tokenizer
+        text = self.turns[min(self.calls, len(self.turns) - 1)]
+        self.calls += 1
+        row = tok(text, add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
+        completion = torch.tensor([row] * ids.size(0))
+        return completion, torch.ones_like(completion), torch.full(completion.shape, -0.5)
+
+
+def save_byte_llama(directory):
+    """A 2-layer, 32-dim Llama whose byte-level BPE covers every byte (the tool calls' braces and
+    quotes included), with test_hf's ChatML template."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.train_from_iterator(CORPUS, trainers.BpeTrainer(vocab_size=300, special_tokens=SPECIAL, show_progress=False,
+                                                        initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    hf_tok = PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", bos_token="<s>", eos_token="<|im_end|>",
+                                     chat_template=TEMPLATE)
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(LlamaConfig(vocab_size=tok.get_vocab_size(), hidden_size=32, intermediate_size=64,
+                                         num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1,
+                                         max_position_embeddings=2048, tie_word_embeddings=True, pad_token_id=0,
+                                         bos_token_id=1, eos_token_id=2))
+    model.save_pretrained(directory)
+    hf_tok.save_pretrained(directory)
+
+
+@pytest.fixture(scope="module")
+def tiny_dir(tmp_path_factory):
+    root = tmp_path_factory.mktemp("tools")
+    save_byte_llama(root / "model")
+    return root / "model"
+
+
+@pytest.fixture(scope="module")
+def policy(tiny_dir):
+    torch.manual_seed(0)
+    return load_hf_policy(str(tiny_dir))[0]
+
+
+def _prompts(tmp_path, rows):
+    for name in ("train", "test"):
+        (tmp_path / f"{name}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return str(tmp_path / "train.jsonl"), str(tmp_path / "test.jsonl")
+
+
+CALL = '<tool_call>\n{"name": "multiply", "arguments": {"a": 12, "b": 34}}\n</tool_call>'
+
+
+def test_a_tool_call_runs_and_its_result_goes_back_as_a_tool_message(policy, tmp_path):
+    train, test = _prompts(tmp_path, [{"prompt": "What is 12 * 34?", "ground_truth": "408"}])
+    base = PromptTask(train, test, policy.tokenizer, scorer=None, max_new_tokens=40)
+    task = ToolPromptTask(base, tools=[multiply], max_turns=4)
+    assert "multiply" in task.system_text  # the tiny model's ChatML template does not render tools= itself
+    ro = task.rollout(Scripted(policy, [CALL, "It is 408."]), torch.tensor([0, 0]))
+    messages = ro.transcripts[0]
+    assert [m["role"] for m in messages] == ["system", "user", "assistant", "tool", "assistant"]
+    assert messages[3] == {"role": "tool", "name": "multiply", "content": "408"}
+    assert ro.infos[0]["turns"] == 2 and ro.infos[0]["tool_calls_total"] == 1
+    # the tool's result is context (mask 0) between the model's two turns (mask 1)
+    tok = policy.tokenizer
+    result = tok.decode(ro.completions[0][ro.mask[0] == 0], skip_special_tokens=True)
+    assert "408" in result and "408" not in tok.decode(ro.completions[0][:ro.mask[0].argmin()])
+
+    seen = {}
+
+    def exact(prompts, completions, ground_truth, **kwargs):
+        seen.update(prompts=prompts, completions=completions)
+        return [float(c[-1]["content"].endswith(g + ".")) for c, g in zip(completions, ground_truth)]
+
+    rewards, metrics = RewardFunctions([exact]).score(task, torch.tensor([0, 0]), ro, TrainerState())
+    assert rewards.tolist() == [1.0, 1.0]
+    assert seen["prompts"][0][-1] == {"role": "user", "content": "What is 12 * 34?"}
+    assert [m["role"] for m in seen["completions"][0]] == ["assistant", "tool", "assistant"]
+
+
+def test_a_malformed_or_failing_call_is_answered_with_an_error_and_the_episode_goes_on(policy, tmp_path):
+    train, test = _prompts(tmp_path, [{"prompt": "What is 12 * 34?"}])
+    task = ToolPromptTask(PromptTask(train, test, policy.tokenizer, scorer=None, max_new_tokens=40),
+                          tools=[multiply], max_turns=3)
+    bad = ['<tool_call>{"name": "multiply", "arguments": {"a": 1}', '<tool_call>{"name": "divide"}</tool_call>',
+           "done"]
+    ro = task.rollout(Scripted(policy, bad), torch.tensor([0]))
+    tools = [m for m in ro.transcripts[0] if m["role"] == "tool"]
+    assert len(tools) == 2 and all("error" in m["content"] for m in tools)
+    assert "unknown tool 'divide'" in tools[1]["content"]
+    assert not ro.failed.any() and ro.infos[0]["tool_failures_total"] == 2 and ro.infos[0]["turns"] == 3
+
+
+def test_an_environment_factory_gives_tools_a_prompt_suffix_and_a_reward_named_after_its_class(policy, tmp_path):
+    train, test = _prompts(tmp_path, [{"prompt": "Bump the counter to 2.", "target": 2}])
+    task = ToolPromptTask(PromptTask(train, test, policy.tokenizer, scorer=None, max_new_tokens=40),
+                          environment_factory=Counter, max_turns=3)
+    assert task.reward_source == "Counter" and [s["function"]["name"] for s in task.schemas] == ["bump"]
+    call = '<tool_call>{"name": "bump", "arguments": {"by": 2}}</tool_call>'
+    ro = task.rollout(Scripted(policy, [call, "ok"]), torch.tensor([0, 0]))
+    assert ro.transcripts[0][1]["content"] == "Bump the counter to 2. (target 2)"  # reset(**row)'s text appended
+    reward = RewardFunctions([environment_reward("Counter")])
+    rewards, metrics = reward.score(task, torch.tensor([0, 0]), ro, TrainerState())
+    assert rewards.tolist() == [1.0, 1.0] and "rewards/Counter/mean" in metrics
+
+
+def test_rl_trainer_answers_prompts_with_tools_and_logs_tool_metrics(tiny_dir, tmp_path):
+    rows = [{"prompt": f"What is {a} * 7?", "ground_truth": str(7 * a)} for a in range(8)]
+
+    def length(completions, **kwargs):
+        return [float(len(c)) for c in completions]  # messages in the episode: more when tools are called
+
+    cfg = load_config("adder", [
+        "model.type=hf", f"model.path={tiny_dir}", f"run.dir={tmp_path / 'run'}", "task.name=prompts",
+        "task.max_new_tokens=6", "sft.steps=0", "algo.name=grpo", "algo.group_size=2", "train.steps=2",
+        "train.rollout_size=4", "train.eval_every=2", "train.log_every=1", "eval.size=2", "eval.batch_size=2",
+        "env.max_turns=2", "train.stopping_threshold=null", "train.ema_decay=0", "run.mixed_precision=",
+        "model.dropout=0", "run.progress=false", "run.tensorboard=false", "run.threads=1"])
+    trainer = RLTrainer(cfg, train_dataset=rows, reward_funcs=length, tools=[multiply])
+    assert isinstance(trainer.task, ToolPromptTask)
+    assert trainer.train()["steps_done"] == 2
+    logged = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    rl = [r for r in logged if "train/avg_reward" in r]
+    assert rl and all("tools/calls" in r and "rollout/turns" in r for r in rl)
+
+
+def test_trls_grpo_trainer_takes_tools_and_an_environment_factory(tiny_dir, tmp_path):
+    args = GRPOConfig(output_dir=str(tmp_path / "trl"), max_steps=1, per_device_train_batch_size=4,
+                      num_generations=2, max_completion_length=6, max_tool_calling_iterations=1, report_to=[],
+                      use_cpu=True, logging_steps=1)
+    trainer = GRPOTrainer(str(tiny_dir), args=args, train_dataset=[{"prompt": [{"role": "user", "content": "Go"}],
+                                                                     "target": 1}] * 4,
+                          tools=[multiply], environment_factory=Counter)
+    assert trainer.config.env.max_turns == 2
+    assert [s["function"]["name"] for s in trainer.task.schemas] == ["multiply", "bump"]
+    assert trainer.reward_fn.names == ["Counter"]
+    trainer.train()
+    logged = (tmp_path / "trl" / "metrics.jsonl").read_text()
+    assert "rewards/Counter/mean" in logged and "tools/calls" in logged
