@@ -10,7 +10,7 @@ from lmrl.cli import main
 from lmrl.config import debug_overrides, list_presets, load_config
 
 ARITHMETIC = ["adder", "adder-grpo", "adder-ppo", "adder-rloo", "multiplier"]
-SMOLLM2 = ["math-grpo-smollm2", "dpo-smollm2", "rm-smollm2", "sql-sft-smollm2", "sql-agent-smollm2"]
+SMOLLM2 = ["math-grpo-smollm2", "dpo-smollm2", "rm-smollm2", "sql-sft-smollm2", "sql-agent-smollm2", "env-smollm2"]
 NEEDS_A_DOWNLOAD = ["math-grpo-qwen-gpu"]  # its model is not on a machine without a hub
 
 

@@ -249,7 +249,7 @@ def test_the_real_gsm8k_test_split_reads_whole():
     if not REAL_GSM8K.exists():
         pytest.skip(f"{REAL_GSM8K} is absent (the real data sets live in ../shared/data beside the repo)")
     env = skyrl.factory("gsm8k", data_file=REAL_GSM8K)()
-    messages, info = env.reset(seed=1319)  # 1,319 rows: back to the first
+    messages, info = env.reset(seed=1188)  # 1,319 rows, the last 131 held out: back to the first
     assert info["row"] == 0 and messages[0]["content"].startswith("Janet")
     assert env.step("#### 18")[1] == 1.0
 
@@ -285,3 +285,19 @@ def test_a_missing_package_is_an_import_error_saying_what_to_install(monkeypatch
         textarena.factory("GuessTheNumber-v0")
     with pytest.raises(ImportError, match=re.escape("pip install 'lmrl[skyrl]'")):
         skyrl.factory("gsm8k", rows=GSM8K_ROWS)
+
+
+def test_held_out_seeds_play_held_out_problems_only():
+    from lmrl.envs.protocol import HELDOUT_SEED
+
+    rows = [{"question": f"What is {i} + 1?", "answer": f"#### {i + 1}"} for i in range(20)]
+    make = skyrl.factory("gsm8k", rows=rows)  # no test rows: the last tenth (2 rows) is held out
+    env = make()
+    trained = {str(as_reset(env.reset(seed=s), env.name)[0]) for s in range(100)}
+    held = {str(as_reset(env.reset(seed=HELDOUT_SEED + j), env.name)[0]) for j in range(10)}
+    assert len(trained) == 18 and len(held) == 2 and not trained & held
+    make = skyrl.factory("gsm8k", rows=rows, test_rows=[{"question": "What is 7 * 6?", "answer": "#### 42"}])
+    messages, info = make().reset(seed=HELDOUT_SEED + 3)
+    assert "7 * 6" in str(messages) and info["heldout"]
+    with pytest.raises(ValueError, match="test_file= or test_rows=, not both"):
+        skyrl.factory("gsm8k", rows=rows, test_rows=rows, test_file="x.jsonl")

@@ -232,7 +232,7 @@ def test_held_out_episodes_play_seeds_no_training_episode_uses(policy):
 
 # -- training: a registered task, env.id=package.module:Class, env_factory= ---------------------------------
 def _config(tiny_dir, run_dir, *overrides):
-    return [f"model.type=hf", f"model.path={tiny_dir}", f"run.dir={run_dir}", "run.progress=false",
+    return ["model.type=hf", f"model.path={tiny_dir}", f"run.dir={run_dir}", "run.progress=false",
             "run.tensorboard=false", "run.threads=1", "sft.steps=0", "algo.name=grpo", "algo.group_size=2",
             "train.steps=2", "train.rollout_size=4", "train.eval_every=2", "train.ckpt_every=1",
             "train.log_every=1", "eval.size=2", "eval.batch_size=2", "task.max_new_tokens=4",

@@ -11,7 +11,10 @@
 A skyrl-gym environment is built for one problem (its ground truth comes in `extras`, e.g.
 `extras["reward_spec"]["ground_truth"]`) and opened with `init(prompt)`, so the problems come from a data
 file: `reset(seed)` takes row `seed % len(rows)` (a random row when seed is None), builds the environment for
-it with `skyrl_gym.make(env_id, env_config=..., extras=...)` and returns `init`'s opening conversation.
+it with `skyrl_gym.make(env_id, env_config=..., extras=...)` and returns `init`'s opening conversation. A
+held-out seed (`HELDOUT_SEED` and above, what lmrl evaluates on) takes a row of `test_file` / `test_rows`
+instead, or without them one of the last tenth of the rows, which training seeds then never reach (a set
+of fewer than 10 rows is not split).
 
 Rows are SkyRL's dataset format, `{"prompt": [chat messages], "env_class": ..., "reward_spec": {...},
 "extra_info": {...}}`, whose fields other than `prompt` and `env_class` become `extras` (as SkyRL's trainer
@@ -39,7 +42,8 @@ import random
 import re
 from typing import Callable
 
-from lmrl.data import DataError, iter_jsonl
+from ..data import DataError, iter_jsonl
+from .protocol import HELDOUT_SEED
 
 # What SkyRL's GSM8K preparation appends to each question (its gsm8k environment reads the answer after "####").
 GSM8K_INSTRUCTION = 'Let\'s think step by step and output the final answer after "####".'
@@ -58,17 +62,20 @@ def _import_skyrl_gym():
 
 
 def factory(env_id: str, *, data_file: str | os.PathLike | None = None, rows: list[dict] | None = None,
+            test_file: str | os.PathLike | None = None, test_rows: list[dict] | None = None,
             env_config: dict | None = None, max_turns: int | None = None,
             instruction: str = GSM8K_INSTRUCTION, **unknown) -> Callable[[], "SkyRLEnv"]:
     """A zero-argument callable making `SkyRLEnv`s of the registered skyrl-gym environment `env_id` over
-    the problems of `data_file` (or `rows`). `env_config`: the environment's config (SkyRL's
+    the problems of `data_file` (or `rows`): training seeds play them, held-out seeds (from `HELDOUT_SEED`)
+    the problems of `test_file` (or `test_rows`), or without those the last tenth of the training rows,
+    which no training seed then plays (with fewer than 10 rows nothing is held out). `env_config`: the environment's config (SkyRL's
     `skyrl_gym_config.<env_id>`, e.g. text2sql's db_path); `max_turns`: put in every row's extras, as SkyRL's
     generator does; `instruction`: appended to GSM8K-format questions."""
     name = f"skyrl:{env_id}"
     if unknown:
         # A ValueError rather than Python's TypeError: the settings often come from a config's env.kwargs.
         raise ValueError(f"{name}: unknown setting {', '.join(map(repr, unknown))}; the settings are data_file, "
-                         f"rows, env_config, max_turns and instruction")
+                         f"rows, test_file, test_rows, env_config, max_turns and instruction")
     skyrl_gym = _import_skyrl_gym()
     known = sorted(skyrl_gym.registry)
     if env_id not in known:
@@ -77,20 +84,35 @@ def factory(env_id: str, *, data_file: str | os.PathLike | None = None, rows: li
         raise ValueError(f"{name}: give the problems as data_file= (JSONL or parquet) or rows=, one of the two")
     if max_turns is not None and (isinstance(max_turns, bool) or not isinstance(max_turns, int) or max_turns < 1):
         raise ValueError(f"{name}: max_turns={max_turns!r}; it is a whole number of turns, 1 or more")
-    if data_file is not None:
-        located, source = _read_rows(data_file, name), str(data_file)
-    else:
-        located, source = [(f"rows[{i}]", row) for i, row in enumerate(rows)], "rows"
-    problems = tuple(_problem(row, where, env_id, name, instruction) for where, row in located)
-    if not problems:
-        raise ValueError(f"{name}: {source} holds no problems")
+    if test_file is not None and test_rows is not None:
+        raise ValueError(f"{name}: give the held-out problems as test_file= or test_rows=, not both")
+    problems = _problems(data_file, rows, "rows", env_id, name, instruction)
+    if test_file is not None or test_rows is not None:
+        heldout = _problems(test_file, test_rows, "test_rows", env_id, name, instruction)
+    elif len(problems) >= 10:  # the last tenth held out: no training seed reaches it
+        cut = len(problems) - len(problems) // 10
+        problems, heldout = problems[:cut], problems[cut:]
+    else:  # too few to split: held-out seeds play the same problems
+        heldout = problems
     config = _as_config(env_config, name)
-    make = functools.partial(SkyRLEnv, env_id, problems, config, max_turns)
+    make = functools.partial(SkyRLEnv, env_id, problems, config, max_turns, heldout)
     # Build the first problem's environment now, so a missing field or database fails here with its row.
     probe = make()
     probe.reset(seed=0)
     probe.close()
     return make
+
+
+def _problems(path, rows, what: str, env_id: str, name: str, instruction: str) -> tuple:
+    """The problems of a data file or of rows handed in, each as (prompt messages, extras)."""
+    if path is not None:
+        located, source = _read_rows(path, name), str(path)
+    else:
+        located, source = [(f"{what}[{i}]", row) for i, row in enumerate(rows)], what
+    problems = tuple(_problem(row, where, env_id, name, instruction) for where, row in located)
+    if not problems:
+        raise ValueError(f"{name}: {source} holds no problems")
+    return problems
 
 
 def _read_rows(path, name: str) -> list[tuple[str, dict]]:
@@ -166,11 +188,12 @@ def _observation(messages) -> str | list[dict]:
 class SkyRLEnv:
     """One skyrl-gym environment per episode behind lmrl's environment protocol (see the module docstring)."""
 
-    def __init__(self, env_id: str, problems: tuple, env_config=None, max_turns: int | None = None):
+    def __init__(self, env_id: str, problems: tuple, env_config=None, max_turns: int | None = None,
+                 heldout: tuple = ()):
         self._skyrl_gym = _import_skyrl_gym()
         self.env_id = env_id
         self.name = f"skyrl:{env_id}"
-        self._problems = problems
+        self._problems, self._heldout = problems, heldout
         self._config = env_config if env_config is not None else _as_config(None, self.name)
         self._max_turns = max_turns
         self._env = None
@@ -178,15 +201,18 @@ class SkyRLEnv:
         self.row = None
 
     def reset(self, seed: int | None = None):
-        """The opening conversation of problem `seed % len(problems)`, and info {"row", "seed"}."""
+        """The opening conversation of training problem `seed % len(problems)`, or for a held-out seed
+        (`HELDOUT_SEED` and above) of held-out problem `(seed - HELDOUT_SEED) % len(heldout)`, and info
+        {"row", "heldout", "seed"}."""
         self.close()
         if seed is None:
-            index = random.SystemRandom().randrange(len(self._problems))
+            seed = random.SystemRandom().randrange(len(self._problems))
         elif isinstance(seed, bool) or not isinstance(seed, int):
             raise ValueError(f"environment {self.name}: seed {seed!r} is not an integer")
-        else:
-            index = seed % len(self._problems)
-        prompt, extras = self._problems[index]
+        heldout = seed >= HELDOUT_SEED and self._heldout is not self._problems
+        table = self._heldout if heldout else self._problems
+        index = (seed - HELDOUT_SEED if heldout else seed) % len(table)
+        prompt, extras = table[index]
         # Copies: environments keep and extend what they are given, and the problems are shared.
         extras = copy.deepcopy(extras)
         if self._max_turns is not None:
@@ -200,7 +226,7 @@ class SkyRLEnv:
                              f"{detail[:300]}") from None
         self._env, self._ended, self.row = env, False, index
         info = dict(metadata) if isinstance(metadata, dict) else {}
-        info.update(row=index, seed=seed)
+        info.update(row=index, heldout=heldout, seed=seed)
         return [dict(m) for m in messages], info
 
     def step(self, action: str):

@@ -20,9 +20,8 @@ from typing import Callable
 
 import torch
 
+from ..envs.protocol import HELDOUT_SEED
 from ..rollout.agent import AgentRollout, run_episodes
-
-HELDOUT_SEED = 1_000_000_000  # held-out episodes' seeds start here; training seeds lie below it
 
 
 class EnvTask:
