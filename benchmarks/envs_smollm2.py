@@ -7,10 +7,10 @@ after a few minutes of RL, and TRL's own tool-calling GRPOTrainer against lmrl's
 
 The commands the figures come from (an otherwise idle machine; about minutes + 5 min each, trl twice that):
 
-    python -m benchmarks.envs_smollm2 env --env textarena:GuessTheNumber-v0 \\
-        --env-kwargs '{"min_number": 1, "max_number": 10, "max_turns": 4}' --max-turns 4 --max-new-tokens 32
-    python -m benchmarks.envs_smollm2 env --env skyrl:gsm8k \\
-        --env-kwargs '{"data_file": "../shared/data/gsm8k/train.jsonl"}' --max-turns 1 --max-new-tokens 256
+    python -m benchmarks.envs_smollm2 env --minutes 30 --heldout 100 --max-new-tokens 24 \\
+        --env-kwargs '{"max_number": 8, "max_turns": 4}'                # TextArena's GuessTheNumber, 1..8
+    python -m benchmarks.envs_smollm2 env --env skyrl:aime --additions 2000 --minutes 30 --heldout 100 \\
+        --max-turns 1 --max-new-tokens 48                                # skyrl-gym's "Answer:" checker
     python -m benchmarks.envs_smollm2 tools
     python -m benchmarks.envs_smollm2 trl
 
@@ -36,12 +36,15 @@ every episode's verdicts) goes to the `--out` JSON.
 
   env    An environment lmrl did not write: `--env textarena:<game>` (TextArena) or `--env skyrl:<id>`
          (skyrl-gym), with `--env-kwargs` for its factory (lmrl/envs/textarena.py, lmrl/envs/skyrl.py). The
-         run is the `math-grpo-smollm2` preset (GRPO, groups of 4, 32 episodes a step, lr 2e-4, temperature
-         0.7) with task.name=env, env.id, env.max_turns (`--max-turns`), task.max_new_tokens per turn
+         run is the `env-smollm2` preset (GRPO, groups of 4, 16 episodes a step, lr 2e-4, temperature
+         1) with task.name=env, env.id, env.max_turns (`--max-turns`), task.max_new_tokens per turn
          (`--max-new-tokens`), train.time_limit_min (`--minutes`) and train.steps large, so the clock ends RL;
          the trainer's own evaluations are shrunk to one episode. Success on `--heldout` held-out episodes
          (the task's heldout_ids: seeds no training episode uses) is measured by `scored_batches` with the
-         trainer's model and task, before `train()` and after it. Two verdicts per episode: lmrl's success flag
+         trainer's model and task, before `train()` and after it. SmolLM2 solves no GSM8K problem in
+         skyrl-gym's formats (0 of 24 with "####", 0 with "Answer:", at temperature 1 and greedy), so the
+         skyrl run uses its `aime` environment (the number after "Answer:" scores 1, else -1) over 2-digit
+         additions instead (`--additions N`: SkyRL-format rows written to the work dir, held out: others). Two verdicts per episode: lmrl's success flag
          (info["success"] when the environment gives one, else a return above 0) and "full reward" (a return
          of at least 1). Both adapters set info["success"] to a win / a solved problem, so the two agree for
          them; they part for an environment that reports no success and pays a loss partial credit, as
@@ -104,7 +107,10 @@ from benchmarks.real_grpo import grpo_kwargs, lora_config  # noqa: E402
 from benchmarks.trl_grpo_step import PACKAGED_MODEL, _child_env, ensure_model, run_child, tail  # noqa: E402
 
 MODES = ("env", "tools", "trl")
-PRESET = "math-grpo-smollm2"
+PRESET = "math-grpo-smollm2"  # tools and trl modes
+ENV_PRESET = "env-smollm2"  # env mode: GRPO groups of 4, 16 episodes a step, temperature 1, lr 2e-4
+ADDITION_INSTRUCTION = 'End your reply with "Answer:" and the sum.'
+
 FACTORS = (1000, 9999)  # both operands of a multiplication, inclusive
 TOOL_PROMPT = "What is {a} * {b}? Use the multiply tool, then give the number."
 QWEN_TEMPLATE = Path("chat_templates") / "qwen2_5.jinja"  # inside the installed trl package
@@ -309,21 +315,21 @@ def rl_record(summary: dict, wall_s: float) -> dict:
             "stopped_at_time_limit": summary.get("stopped_at_time_limit")}
 
 
-def run_env(args, model_dir: Path) -> dict:
-    from lmrl import RLTrainer, load_config
+def addition_rows(n: int, seed: int, instruction: str = ADDITION_INSTRUCTION) -> list[dict]:
+    """`n` distinct 2-digit additions in SkyRL's dataset format for its `aime` environment (which scores the
+    number after "Answer:" 1, or -1): an easier problem set than GSM8K for a model that solves no GSM8K
+    problem in that format."""
+    from lmrl.tasks.word_problems import generate_addition_chat
 
-    kwargs = json.loads(args.env_kwargs)
-    run_dir = fresh_dir(Path(args.work_dir) / "env-run")
-    overrides = ["task.name=env", f"env.id={args.env}", f"env.max_turns={args.max_turns}",
-                 f"env.heldout_episodes={args.heldout}"] + lmrl_overrides(args, run_dir, model_dir)
-    cfg = load_config(PRESET, overrides + args.overrides)
-    cfg.env.kwargs = kwargs
-    trainer = RLTrainer(cfg)
-    task, ids = trainer.task, trainer.task.heldout_ids[: args.heldout]
-    print(f"{args.env}: {len(ids)} held-out episodes (seeds {task.seed(int(ids[0]))}..), greedy, before RL ...",
-          flush=True)
+    return [{"prompt": [{"role": "user", "content": f"{r['prompt']} {instruction}"}], "env_class": "aime",
+             "reward_model": {"ground_truth": r["ground_truth"]}} for r in generate_addition_chat(n, seed, 2)]
+
+
+def before_and_after(trainer, score, ids, args) -> tuple:
+    """(episodes before, their seconds, the run's summary, its wall seconds, episodes after, their seconds):
+    the held-out `ids` scored by `score(model, task, ids, batch)` on the base model, RL, and again."""
     t0 = time.perf_counter()
-    before = env_episodes(trainer.model, task, ids, args.eval_batch_size)
+    before = score(trainer.model, trainer.task, ids, args.eval_batch_size)
     before_s = time.perf_counter() - t0
     print(f"  {before_s:.0f}s; RL for at most {args.minutes:g} min ...", flush=True)
     t0 = time.perf_counter()
@@ -331,8 +337,31 @@ def run_env(args, model_dir: Path) -> dict:
     wall = time.perf_counter() - t0
     print("held-out episodes after RL ...", flush=True)
     t0 = time.perf_counter()
-    after = env_episodes(trainer.model, task, ids, args.eval_batch_size)
-    after_s = time.perf_counter() - t0
+    after = score(trainer.model, trainer.task, ids, args.eval_batch_size)
+    return before, before_s, summary, wall, after, time.perf_counter() - t0
+
+
+def run_env(args, model_dir: Path) -> dict:
+    from lmrl import RLTrainer, load_config
+    from lmrl.data import write_jsonl
+
+    kwargs = json.loads(args.env_kwargs)
+    run_dir = fresh_dir(Path(args.work_dir) / "env-run")
+    if args.additions:  # skyrl:aime over 2-digit additions: training rows, then held-out rows of other pairs
+        rows = addition_rows(args.additions + args.heldout, args.seed)
+        data = Path(args.work_dir) / "additions"
+        data.mkdir(parents=True, exist_ok=True)
+        kwargs.update(data_file=str(write_jsonl(data / "train.jsonl", rows[: args.additions])),
+                      test_file=str(write_jsonl(data / "test.jsonl", rows[args.additions:])))
+    overrides = ["task.name=env", f"env.id={args.env}", f"env.max_turns={args.max_turns}",
+                 f"env.heldout_episodes={args.heldout}"] + lmrl_overrides(args, run_dir, model_dir)
+    cfg = load_config(ENV_PRESET, overrides + args.overrides)
+    cfg.env.kwargs = kwargs
+    trainer = RLTrainer(cfg)
+    task, ids = trainer.task, trainer.task.heldout_ids[: args.heldout]
+    print(f"{args.env}: {len(ids)} held-out episodes (seeds {task.seed(int(ids[0]))}..), greedy, before RL ...",
+          flush=True)
+    before, before_s, summary, wall, after, after_s = before_and_after(trainer, env_episodes, ids, args)
     measures = {}
     for key in ("success", "full_reward"):
         b, a = [e[key] for e in before], [e[key] for e in after]
@@ -344,7 +373,7 @@ def run_env(args, model_dir: Path) -> dict:
               "eval_s": {"before": round(before_s, 1), "after": round(after_s, 1)}, "run_dir": str(run_dir),
               "overrides": overrides + args.overrides, "episodes": {"before": before, "after": after}}
     print(f"\n{args.env} {json.dumps(kwargs)}: {len(ids)} held-out episodes, greedy; SmolLM2-135M-Instruct + LoRA, "
-          f"{PRESET} with env.max_turns={cfg.env.max_turns}, task.max_new_tokens={cfg.task.max_new_tokens}")
+          f"{ENV_PRESET} with env.max_turns={cfg.env.max_turns}, task.max_new_tokens={cfg.task.max_new_tokens}")
     for line in before_after_table([("success (lmrl's flag)", *measures["success"].values()),
                                     ("full reward (return >= 1)", *measures["full_reward"].values())]):
         print(line)
@@ -367,17 +396,7 @@ def run_tools(args, model_dir: Path) -> dict:
     task, ids = trainer.task, trainer.task.heldout_ids[: args.heldout]
     print(f"tools: {len(train_pairs)} training and {len(ids)} held-out multiplications, greedy, before RL ...",
           flush=True)
-    t0 = time.perf_counter()
-    before = tool_episodes(trainer.model, task, ids, args.eval_batch_size)
-    before_s = time.perf_counter() - t0
-    print(f"  {before_s:.0f}s; RL for at most {args.minutes:g} min ...", flush=True)
-    t0 = time.perf_counter()
-    summary = trainer.train()
-    wall = time.perf_counter() - t0
-    print("held-out prompts after RL ...", flush=True)
-    t0 = time.perf_counter()
-    after = tool_episodes(trainer.model, task, ids, args.eval_batch_size)
-    after_s = time.perf_counter() - t0
+    before, before_s, summary, wall, after, after_s = before_and_after(trainer, tool_episodes, ids, args)
     measures = {}
     for _, key in TOOL_MEASURES:
         b, a = [e[key] for e in before], [e[key] for e in after]
@@ -607,6 +626,9 @@ def parse_args(argv=None):
     p.add_argument("--env", default="textarena:GuessTheNumber-v0", help="env mode: textarena:<game> or skyrl:<id>")
     p.add_argument("--env-kwargs", default="{}", help="env mode: the environment factory's keyword arguments, JSON")
     p.add_argument("--max-turns", type=int, default=4, help="env mode: agent turns per episode (env.max_turns)")
+    p.add_argument("--additions", type=int, default=0, metavar="N",
+                   help="env mode, skyrl:aime: N training 2-digit additions in SkyRL's format (held out: --heldout "
+                        "others), written to the work dir as the environment's data_file / test_file")
     p.add_argument("--max-new-tokens", type=int, default=None,
                    help="tokens per turn (default 32 in env mode, 64 with tools)")
     p.add_argument("--minutes", type=float, default=10.0, help="wall time of RL (each arm's, in trl mode)")
