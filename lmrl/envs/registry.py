@@ -10,7 +10,8 @@ whole config (None from Python without one), `kwargs` come from `env.kwargs`, an
 one environment (see `lmrl.envs.protocol`). An entry may declare the config section of its own
 options (`section="sql", options=SQLEnvConfig`; the config then has `sql.*` keys) and a builder of
 its whole task (`task(config, *, tokenizer, **_)`, for an environment whose episodes need more than
-a factory: a fixed task list, a worked example before each episode, its own reward columns). `package.module:factory` names any callable that returns an environment when called with
+a factory: a fixed task list, a worked example before each episode, its own reward columns).
+`package.module:factory` names any callable that returns an environment when called with
 `env.kwargs`: a class is the usual one."""
 
 from __future__ import annotations
@@ -75,8 +76,8 @@ def env_factory(env_id: str, config=None, kwargs: dict | None = None) -> Callabl
     """The zero-argument factory of environments `env_id` names (see the module docstring)."""
     kwargs = dict(kwargs or {})
     if not env_id:
-        raise ConfigError("task.name=env needs env.id: a registered environment "
-                          f"({', '.join(registered()) or 'none'}), package.module:factory, skyrl:<id> or textarena:<id>")
+        raise ConfigError(f"task.name=env needs env.id: a registered environment ({', '.join(registered()) or 'none'}), "
+                          f"package.module:factory, skyrl:<id> or textarena:<id>")
     library, sep, inner = env_id.partition(":")
     if sep and library in LIBRARIES:
         module = importlib.import_module(f"{__package__}.{library}")

@@ -137,8 +137,8 @@ def _word_problems(out_dir, n_train, n_test, *, seed=0, kinds="add,sub,mul", max
     return write_splits(out_dir, n_train, n_test, seed, kinds=tuple(str(kinds).split(",")), max_value=int(max_value))
 
 
-@register_generator("addition-chat", sizes=(2000, 200), uses=("task",), help="'What is 23 + 58?' {prompt, ground_truth}",
-                    options={"digits": (2, "digits per operand")})
+@register_generator("addition-chat", sizes=(2000, 200), uses=("task",),
+                    help="'What is 23 + 58?' {prompt, ground_truth}", options={"digits": (2, "digits per operand")})
 def _addition_chat(out_dir, n_train, n_test, *, seed=0, digits=2, **_):
     from .word_problems import write_addition_chat
 

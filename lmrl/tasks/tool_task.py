@@ -23,7 +23,8 @@ from typing import Callable
 import torch
 
 from ..envs.registry import load_object
-from ..envs.tools import ToolEnv, environment_tools, run_coroutines, template_renders_tools, tool_schemas, tools_system_prompt
+from ..envs.tools import (ToolEnv, environment_tools, run_coroutines, template_renders_tools, tool_schemas,
+                          tools_system_prompt)
 from ..rollout.agent import AgentRollout, run_episodes
 from .prompt_task import PromptTask
 
@@ -54,7 +55,8 @@ class ToolPromptTask(PromptTask):
                  max_turns: int = 8, max_context: int = 4096, step_timeout_s: float | None = 30.0, workers: int = 8):
         self.__dict__.update(base.__dict__)  # the same rows, split, rendering and reward as the plain task
         self.tools, self.environment_factory = list(tools), environment_factory
-        self.max_turns, self.max_context, self.step_timeout_s, self.workers = max_turns, max_context, step_timeout_s, workers
+        self.max_turns, self.max_context = max_turns, max_context
+        self.step_timeout_s, self.workers = step_timeout_s, workers
         probe = environment_factory() if environment_factory is not None else None
         every = self.tools + (environment_tools(probe) if probe is not None else [])
         if not every:
@@ -98,8 +100,9 @@ class ToolPromptTask(PromptTask):
     def texts(self, ids: torch.Tensor, rollout: AgentRollout) -> tuple[list[str], list[str]]:
         """(each prompt as the model saw it, the episode after it with tool results role-tagged)."""
         _, episodes = self.conversations(ids, rollout)
-        return self.prompts(ids), ["\n".join(m["content"] if m["role"] == "assistant" else f"[{m['role']}] {m['content']}"
-                                             for m in e) for e in episodes]
+        tagged = [[m["content"] if m["role"] == "assistant" else f"[{m['role']}] {m['content']}" for m in e]
+                  for e in episodes]
+        return self.prompts(ids), ["\n".join(e) for e in tagged]
 
     def score_rollout(self, ids: torch.Tensor, rollout: AgentRollout) -> tuple[torch.Tensor, torch.Tensor, dict]:
         rewards, exact, extras = super().score_rollout(ids, rollout)

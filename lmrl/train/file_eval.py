@@ -20,7 +20,7 @@ rendered and answers checked as in training:
 
 The prompt settings (chat template, system prompt, prompt template, max new tokens), the math
 reward's format rule and the SQL environment (rounds, observation size, context) come from the run's
-`task`, `reward` and `env` sections; for a bare model from the config defaults, except
+`task`, `reward`, `env` and `sql` sections; for a bare model from the config defaults, except
 `require_format`, which is off: a completion's answer is its `<answer>` block if it has one, else its
 last number (math) or its last line (reasoning-gym). Decoding is greedy unless `temperature` > 0.
 Accuracy comes with its 95% Wilson score interval, overall and per type; two models' verdicts on the
@@ -266,7 +266,7 @@ def _row(task, i: int) -> tuple:
 
 
 def _load(model: str | Path, checkpoint: str, dtype: str, adapter: str | Path | None = None) -> tuple:
-    """(policy, checkpoint dir or None, task, reward and env sections) for a run dir or a bare model
+    """(policy, checkpoint dir or None, task, reward, env and sql sections) for a run dir or a bare model
     (with its adapter merged in, if given)."""
     if _is_run_dir(model):
         if adapter is not None:
