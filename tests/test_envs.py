@@ -301,6 +301,10 @@ def test_env_config_mistakes_are_one_line_errors(tiny_dir, tmp_path):
     with pytest.raises(ConfigError, match=r"env.id='tests.test_envs:Nothing': tests.test_envs has no 'Nothing'"):
         RLTrainer(load_config("adder", _config(tiny_dir, tmp_path / "b", "task.name=env",
                                                "env.id=tests.test_envs:Nothing")))
+    with pytest.raises(ConfigError, match=r"env.id=tests.test_envs:Countdown: making an environment failed: "
+                                          r"TypeError: .*unexpected keyword argument 'level'"):
+        RLTrainer(load_config("adder", _config(tiny_dir, tmp_path / "d", "task.name=env",
+                                               "env.id=tests.test_envs:Countdown", "env.kwargs.level=2")))
     with pytest.raises(ConfigError, match="task.name=env needs a Hugging Face model"):
         load_config("adder", ["task.name=env", "env.id=countdown-test"])
     with pytest.raises(ConfigError, match="env.kwargs must be a mapping"):

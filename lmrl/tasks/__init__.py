@@ -120,6 +120,12 @@ def _env_task(config, *, tokenizer, env_factory=None, **_):
     if env_factory is None and e.id and ":" not in e.id and env_spec(e.id).task is not None:
         return env_spec(e.id).task(config, tokenizer=tokenizer)  # an environment that builds its own task
     make = env_factory if env_factory is not None else resolve(e.id, config, e.kwargs)
+    try:  # one environment made now, so a factory that cannot make one fails here, before any model runs
+        make()
+    except Exception as error:  # noqa: BLE001  (whatever the user's factory raises, said in one line)
+        where = f"env.id={e.id}" if env_factory is None else "env_factory"
+        raise ConfigError(f"{where}: making an environment failed: {type(error).__name__}: {error} "
+                          f"(env.kwargs={e.kwargs})") from None
     return EnvTask(make, tokenizer, train_episodes=e.train_episodes, heldout_episodes=e.heldout_episodes,
                    max_turns=e.max_turns, max_new_tokens=t.max_new_tokens, max_context=e.max_context,
                    step_timeout_s=e.step_timeout_s or None, workers=e.workers, system_prompt=t.system_prompt,
