@@ -200,8 +200,8 @@ class GRPOTrainer(_LmrlGRPOTrainer):
     Prompts are TRL's: a text `prompt` is used as it is, a conversational one goes through the chat
     template; every other column reaches the reward functions. `tools=` and `environment_factory=`
     answer each prompt over several turns with tool calls, as TRL does (`lmrl.tasks.tool_task`;
-    `max_tool_calling_iterations` bounds the turns). Without eval_dataset the first `eval.size` (1000) training prompts
-    are evaluated (greedy, scored by the reward functions) at the start and the end."""
+    `max_tool_calling_iterations` bounds the turns). Without eval_dataset the first `eval.size` (1000)
+    training prompts are evaluated (greedy, scored by the reward functions) at the start and the end."""
 
     def __init__(self, model, reward_funcs=None, args: GRPOConfig | None = None, train_dataset=None,
                  eval_dataset=None, processing_class=None, reward_processing_classes=None, callbacks=None,
@@ -225,7 +225,7 @@ class GRPOTrainer(_LmrlGRPOTrainer):
 
 def _environment_prompts(args: GRPOConfig) -> list[dict]:
     """The prompts of an environment that owns its data (TRL: no train_dataset, the environment's `reset()`
-    text is the prompt): empty user turns, one per completion a step samples over `max_steps` steps."""
+    text is the prompt): empty user turns, as many as one step's completions."""
     if int(args.max_steps) <= 0:
         raise ValueError("an environment_factory without train_dataset= needs max_steps= in the GRPOConfig (TRL's "
                          "rule: the environment's reset() makes each prompt, so there is no data set to count)")

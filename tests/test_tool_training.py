@@ -201,3 +201,23 @@ def test_trls_grpo_trainer_takes_tools_and_an_environment_factory(tiny_dir, tmp_
     trainer.train()
     logged = (tmp_path / "trl" / "metrics.jsonl").read_text()
     assert "rewards/Counter/mean" in logged and "tools/calls" in logged
+
+
+def test_env_tools_and_python_tools_answer_the_prompts_together(tiny_dir, tmp_path):
+    def add(a: int, b: int) -> int:
+        """Adds two integers.
+
+        Args:
+            a: The first term.
+            b: The second term.
+        """
+        return a + b
+
+    cfg = load_config("adder", [
+        "model.type=hf", f"model.path={tiny_dir}", f"run.dir={tmp_path / 'run'}", "task.name=prompts",
+        "task.max_new_tokens=6", "sft.steps=0", "env.max_turns=2", "env.tools=[tests.test_tool_training:multiply]",
+        "train.ema_decay=0", "run.mixed_precision=", "model.dropout=0", "run.tensorboard=false", "run.threads=1"])
+    trainer = RLTrainer(cfg, train_dataset=[{"prompt": "What is 2 * 3?"}] * 4, reward_funcs=lambda completions, **_:
+                        [0.0] * len(completions), tools=[add])
+    assert [s["function"]["name"] for s in trainer.task.schemas] == ["multiply", "add"]
+    assert trainer.task.turn_tokens == 6 and trainer.task.max_new_tokens == 12  # one budget per turn, not compounded

@@ -50,6 +50,12 @@ class AgentRollout(Rollout):
     transcripts: list[list[dict]] = field(default_factory=list)  # chat messages, for logs and samples
     failed: torch.Tensor = None  # (B,) bool: the environment broke (raised, hung, returned bad values)
     environments: list | None = None  # objects reward functions get as `environments=` (a tool task's, as TRL)
+    openings: list[int] = field(default_factory=list)  # messages of each transcript's opening (preamble + first obs)
+
+    def split_transcripts(self) -> tuple[list[list[dict]], list[list[dict]]]:
+        """(each episode's opening messages, the messages after them: turns and observations)."""
+        return ([t[:k] for t, k in zip(self.transcripts, self.openings)],
+                [t[k:] for t, k in zip(self.transcripts, self.openings)])
 
 
 def observation_ids(tokenizer, observation: str | list[dict], *, after_eos: bool, role: str = "user",
@@ -240,7 +246,8 @@ def run_episodes(policy, envs: list, first_messages: list[list[dict]] | None = N
     return AgentRollout(prompt_ids, completions, _right_pad(logps, 0.0, device, torch.float32)[0],
                         _right_pad(mask, 0.0, device, torch.float32)[0], prompt_mask=prompt_mask,
                         truncated=torch.tensor(cut_short, device=device), rewards=torch.tensor(returns, dtype=torch.float32),
-                        infos=infos, transcripts=transcripts, failed=torch.tensor(failed))
+                        infos=infos, transcripts=transcripts, failed=torch.tensor(failed),
+                        openings=[len(m) for m in first_messages])
 
 
 def _truncated(env, result) -> tuple[float, dict]:

@@ -121,7 +121,9 @@ def _env_task(config, *, tokenizer, env_factory=None, **_):
         return env_spec(e.id).task(config, tokenizer=tokenizer)  # an environment that builds its own task
     make = env_factory if env_factory is not None else resolve(e.id, config, e.kwargs)
     try:  # one environment made now, so a factory that cannot make one fails here, before any model runs
-        make()
+        probe = make()
+        if callable(getattr(probe, "close", None)):
+            probe.close()
     except Exception as error:  # noqa: BLE001  (whatever the user's factory raises, said in one line)
         where = f"env.id={e.id}" if env_factory is None else "env_factory"
         raise ConfigError(f"{where}: making an environment failed: {type(error).__name__}: {error} "

@@ -62,23 +62,13 @@ class EnvTask:
 
     def texts(self, ids: torch.Tensor, rollout: AgentRollout) -> tuple[list[str], list[str]]:
         """(each episode's first observation, the episode after it: turns and observations, role-tagged)."""
-        opening = [len(self.preamble) + self._first_len(t) for t in rollout.transcripts]
-        prompts = ["\n".join(str(m.get("content", "")) for m in t[len(self.preamble):k])
-                   for t, k in zip(rollout.transcripts, opening)]
-        episodes = ["\n".join(f"[{m['role']}] {m.get('content', '')}" for m in t[k:])
-                    for t, k in zip(rollout.transcripts, opening)]
-        return prompts, episodes
+        openings, episodes = self.conversations(ids, rollout)
+        prompts = ["\n".join(str(m.get("content", "")) for m in opening[len(self.preamble):]) for opening in openings]
+        return prompts, ["\n".join(f"[{m['role']}] {m.get('content', '')}" for m in e) for e in episodes]
 
     def conversations(self, ids: torch.Tensor, rollout: AgentRollout) -> tuple[list, list]:
         """(each episode's opening messages, the messages after it), as TRL's reward functions get a chat."""
-        opening = [len(self.preamble) + self._first_len(t) for t in rollout.transcripts]
-        return ([t[:k] for t, k in zip(rollout.transcripts, opening)],
-                [t[k:] for t, k in zip(rollout.transcripts, opening)])
-
-    def _first_len(self, transcript: list[dict]) -> int:
-        """Messages of the first observation: those after the preamble up to the first assistant turn."""
-        rest = transcript[len(self.preamble):]
-        return next((k for k, m in enumerate(rest) if m["role"] == "assistant"), len(rest))
+        return rollout.split_transcripts()
 
     def reward_kwargs(self, ids: torch.Tensor) -> dict:
         return {"seed": [self.seed(i) for i in ids.tolist()]}

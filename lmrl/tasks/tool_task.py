@@ -16,7 +16,6 @@ episode's environment instances as `environments=`); the loss covers the model's
 
 from __future__ import annotations
 
-import copy
 import inspect
 from typing import Callable
 
@@ -54,6 +53,7 @@ class ToolPromptTask(PromptTask):
     def __init__(self, base: PromptTask, *, tools: list[Callable] = (), environment_factory: Callable | None = None,
                  max_turns: int = 8, max_context: int = 4096, step_timeout_s: float | None = 30.0, workers: int = 8):
         self.__dict__.update(base.__dict__)  # the same rows, split, rendering and reward as the plain task
+        self.plain = base
         self.tools, self.environment_factory = list(tools), environment_factory
         self.max_turns, self.max_context = max_turns, max_context
         self.step_timeout_s, self.workers = step_timeout_s, workers
@@ -93,9 +93,7 @@ class ToolPromptTask(PromptTask):
 
     def conversations(self, ids: torch.Tensor, rollout: AgentRollout) -> tuple[list, list]:
         """(each prompt's messages, the episode after them: assistant turns and tool results)."""
-        opening = [next((k for k, m in enumerate(t) if m["role"] == "assistant"), len(t)) for t in rollout.transcripts]
-        return ([t[:k] for t, k in zip(rollout.transcripts, opening)],
-                [t[k:] for t, k in zip(rollout.transcripts, opening)])
+        return rollout.split_transcripts()
 
     def texts(self, ids: torch.Tensor, rollout: AgentRollout) -> tuple[list[str], list[str]]:
         """(each prompt as the model saw it, the episode after it with tool results role-tagged)."""
@@ -142,8 +140,13 @@ def _awaited(value):
 
 
 def with_tools(task: PromptTask, tools: list, config, environment_factory: Callable | None = None) -> ToolPromptTask:
-    """`task` answered with `tools` (env.tools entries or functions) under the `env` section's limits."""
+    """`task` answered with `tools` (env.tools entries or functions) under the `env` section's limits; a task
+    already answered with tools (env.tools) takes these besides its own."""
+    tools = load_tools(tools)
+    if isinstance(task, ToolPromptTask):
+        tools, environment_factory = task.tools + tools, environment_factory or task.environment_factory
+        task = task.plain
     e = config.env
-    return ToolPromptTask(copy.copy(task), tools=load_tools(tools), environment_factory=environment_factory,
+    return ToolPromptTask(task, tools=tools, environment_factory=environment_factory,
                           max_turns=e.max_turns, max_context=e.max_context, step_timeout_s=e.step_timeout_s or None,
                           workers=e.workers)
