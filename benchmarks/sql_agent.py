@@ -161,7 +161,8 @@ def score_dbbench(stages: list[tuple[str, str]], cfg, path: Path, limit: int | N
     for name, source in stages:
         start = time.perf_counter()
         result = evaluate_file(source, path, limit=limit, max_new_tokens=cfg.task.max_new_tokens,
-                               batch_size=cfg.eval.batch_size, env=cfg.env, sql=cfg.sql, device=cfg.run.device,
+                               batch_size=cfg.eval.batch_size, sections={"env": cfg.env, "sql": cfg.sql},
+                               device=cfg.run.device,
                                dtype=cfg.model.dtype,
                                out=out / f"{name.lower().replace(' + ', '-').replace(' ', '-')}.completions.jsonl")
         results.append((name, result, time.perf_counter() - start))

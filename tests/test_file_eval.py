@@ -116,8 +116,36 @@ def test_dbbench_episodes_are_played_in_the_environment_passed(parrot):
 
     dev = shared("dbbench", "dev.jsonl")
     assert evaluate_file(parrot, dev, limit=1, max_new_tokens=2).metrics["turns"] > 2  # a bare model: 15 rounds
-    result = evaluate_file(parrot, dev, limit=1, max_new_tokens=2, sql=SQLEnvConfig(max_rounds=2))
+    result = evaluate_file(parrot, dev, limit=1, max_new_tokens=2, sections={"sql": SQLEnvConfig(max_rounds=2)})
     assert result.metrics["turns"] == 2 and result.metrics["timeout_rate"] == 1.0
+
+
+def test_a_registered_test_file_format_plays_files_whose_first_row_has_its_keys(parrot, tmp_path):
+    # a user's format: rows {question, answer}, played as math rows; dropped from the registry afterwards
+    from lmrl.tasks import TEST_FILE_FORMATS, register_test_file_format, test_file_format
+    from lmrl.tasks.math_reward import MathReward
+    from lmrl.tasks.math_task import MathTask
+
+    def build(config, *, tokenizer, test_file, max_new_tokens):
+        rows = [{"prompt": r["question"], "ground_truth": r["answer"]} for _, r in iter_jsonl(test_file)]
+        converted = tmp_path / "converted.jsonl"
+        converted.write_text("".join(json.dumps(r) + "\n" for r in rows))
+        return MathTask(None, str(converted), tokenizer, max_new_tokens=max_new_tokens, chat=False,
+                        reward=MathReward(require_format=config.reward.require_format))  # a bare model's: off
+
+    path = tmp_path / "qa.jsonl"
+    path.write_text(json.dumps({"question": "1 + 2 = 3", "answer": "3"}) + "\n"
+                    + json.dumps({"question": "1 + 1 = 3", "answer": "2"}) + "\n")
+    assert test_file_format({"question": "q", "answer": "a"}).name == "math"  # no keys: takes any file
+    assert test_file_format({"description": "", "label": [], "table": {}}).name == "dbbench"
+    register_test_file_format("qa", keys=("question", "answer"), check=lambda path: None,
+                              row=lambda task, i: (task.rows[i]["prompt"], task.ground_truths[i], "qa"))(build)
+    try:
+        result = evaluate_file(parrot, path, max_new_tokens=1)
+    finally:
+        del TEST_FILE_FORMATS["qa"]
+    assert result.overall == Tally(1, 2) and result.by_type == {"qa": Tally(1, 2)}
+    assert [r["prompt"] for r in result.records] == ["1 + 2 = 3", "1 + 1 = 3"]
 
 
 @pytest.mark.parametrize("correct, n", [(0, 1), (2, 3), (7, 10), (50, 50), (123, 1319)])

@@ -8,8 +8,9 @@ from __future__ import annotations
 
 from ..errors import ConfigError
 from . import sql as _sql  # noqa: F401  (registers the SQL agent's environment, env.id=sql, and sql-demos)
-from .registry import (GENERATORS, TASKS, DataGenerator, TaskSpec, build_task, ensure_files, generators_for,
-                       register_generator, register_task, task_spec)
+from .registry import (GENERATORS, TASKS, TEST_FILE_FORMATS, DataGenerator, TaskSpec, TestFileFormat, build_task,
+                       ensure_files, generators_for, register_generator, register_task, register_test_file_format,
+                       task_spec, test_file_format)
 
 
 # -- the arithmetic tasks: the built-in GPT, labels for the warm-up ----------------------------------------
@@ -56,6 +57,31 @@ def _math_task(config, *, tokenizer, **_):
     scorer = MathReward(format_weight=r.format_weight, correct_weight=r.correct_weight,
                         require_format=r.require_format, timeout_s=r.timeout_s)
     return MathTask(t.train_file, t.test_file, tokenizer, max_new_tokens=t.max_new_tokens, chat=t.chat,
+                    system_prompt=t.system_prompt, prompt_template=t.prompt_template, reward=scorer)
+
+
+def _read_math_rows(path) -> None:
+    from .math_task import read_rows
+
+    read_rows(str(path))
+
+
+def _math_row(task, i: int) -> tuple:
+    row = task.rows[i]
+    kind = row.get("task", row.get("type"))
+    return row.get("prompt", row.get("messages")), task.ground_truths[i], kind if isinstance(kind, str) else None
+
+
+@register_test_file_format("math", keys=(), check=_read_math_rows, row=_math_row)
+def _math_file(config, *, tokenizer, test_file, max_new_tokens):
+    """Math and reasoning-gym rows {prompt | messages, ground_truth}, checked as `task.name: math` checks them."""
+    from .math_reward import MathReward
+    from .math_task import MathTask
+
+    t, r = config.task, config.reward
+    scorer = MathReward(format_weight=r.format_weight, correct_weight=r.correct_weight,
+                        require_format=r.require_format, timeout_s=r.timeout_s)
+    return MathTask(None, str(test_file), tokenizer, max_new_tokens=max_new_tokens, chat=t.chat,
                     system_prompt=t.system_prompt, prompt_template=t.prompt_template, reward=scorer)
 
 
@@ -185,6 +211,6 @@ def __getattr__(name):
     raise AttributeError(f"module 'lmrl.tasks' has no attribute {name!r}")
 
 
-__all__ = ["ArithmeticTask", "DataGenerator", "GENERATORS", "TASKS", "TaskSpec", "build_task", "ensure_files",
-           "ensure_task_data",
-           "generators_for", "register_generator", "register_task", "task_spec"]
+__all__ = ["ArithmeticTask", "DataGenerator", "GENERATORS", "TASKS", "TEST_FILE_FORMATS", "TaskSpec", "TestFileFormat",
+           "build_task", "ensure_files", "ensure_task_data", "generators_for", "register_generator", "register_task",
+           "register_test_file_format", "task_spec", "test_file_format"]

@@ -96,6 +96,45 @@ def build_task(config, *, tokenizer=None, device="cpu", env_factory=None):
     return task_spec(config.task.name).build(config, tokenizer=tokenizer, device=device, env_factory=env_factory)
 
 
+# -- test-file formats (`lmrl eval MODEL FILE`) -------------------------------------------------------------
+@dataclass(frozen=True)
+class TestFileFormat:
+    """How `lmrl eval` plays a JSONL test file whose first row holds all of `keys`: `check(path)` reads
+    every row (a bad row fails, naming it, before a model loads), `build(config, *, tokenizer, test_file,
+    max_new_tokens)` returns the task that answers and checks its rows (its `heldout_ids` are the file's
+    rows), and `row(task, i) -> (prompt as the file has it, ground truth, type or None)` describes row i
+    for the completions file."""
+
+    name: str
+    keys: tuple[str, ...]
+    check: Callable
+    build: Callable
+    row: Callable
+
+
+TEST_FILE_FORMATS: dict[str, TestFileFormat] = {}
+
+
+def register_test_file_format(name: str, *, keys: tuple[str, ...], check: Callable, row: Callable):
+    """Function decorator on a builder: `lmrl eval` plays files whose first row holds `keys` with it
+    (the format with the most matching keys wins; `keys=()` takes any file)."""
+
+    def register(build: Callable) -> Callable:
+        TEST_FILE_FORMATS[name] = TestFileFormat(name, tuple(keys), check, build, row)
+        return build
+
+    return register
+
+
+def test_file_format(first_row: dict) -> TestFileFormat:
+    """The registered format of a test file whose first row is `first_row`."""
+    fits = [f for f in TEST_FILE_FORMATS.values() if all(key in first_row for key in f.keys)]
+    if not fits:
+        raise ConfigError(f"no test-file format takes a first row with keys {sorted(first_row)}; known: "
+                          + "; ".join(f"{f.name} {list(f.keys)}" for f in TEST_FILE_FORMATS.values()))
+    return max(fits, key=lambda f: len(f.keys))
+
+
 # -- data generators ---------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class DataGenerator:

@@ -10,7 +10,8 @@ The model is any Hugging Face causal LM `load_hf_policy` loads (a local dir, a .
 `smollm2-135m-instruct`), optionally with a PEFT LoRA `adapter` dir put on it and merged (what TRL's
 trainers and lmrl's LoRA checkpoints write), or a run dir, whose checkpoint (`checkpoint`: latest, best,
 step_N) is loaded on its base model. The rows go through the task that trains on them, so prompts are
-rendered and answers checked as in training:
+rendered and answers checked as in training; the file's format (`lmrl.tasks.register_test_file_format`)
+is told by the keys of its first row:
 
     math rows {prompt | messages, ground_truth}        MathTask: math-verify
     reasoning-gym rows {prompt, ground_truth, task,    MathTask: the data set's own scorer, correct at a full
@@ -19,38 +20,33 @@ rendered and answers checked as in training:
                                                        correct when the answer (or the table) matches
 
 The prompt settings (chat template, system prompt, prompt template, max new tokens), the math
-reward's format rule and the SQL environment (rounds, observation size, context) come from the run's
-`task`, `reward`, `env` and `sql` sections; for a bare model from the config defaults, except
-`require_format`, which is off: a completion's answer is its `<answer>` block if it has one, else its
-last number (math) or its last line (reasoning-gym). Decoding is greedy unless `temperature` > 0.
-Accuracy comes with its 95% Wilson score interval, overall and per type; two models' verdicts on the
-same rows compare with `paired_difference_interval`.
+reward's format rule and an environment's settings (turns, context, the `sql` section) come from the
+run's config; for a bare model from the config defaults, except `require_format`, which is off: a
+completion's answer is its `<answer>` block if it has one, else its last number (math) or its last
+line (reasoning-gym). Decoding is greedy unless `temperature` > 0. Accuracy comes with its 95% Wilson
+score interval, overall and per type; two models' verdicts on the same rows compare with
+`paired_difference_interval`.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from statistics import NormalDist
-from typing import Sequence
+from typing import Mapping, Sequence
 
 import torch
 
-from ..config import EnvConfig, RewardConfig, TaskConfig
+from ..config import Config
 from ..data import iter_jsonl, write_jsonl
 from ..distributed.ddp import DistInfo, resolve_device
 from ..errors import ConfigError
 from ..models.hf import load_hf_policy
-from ..tasks.math_reward import MathReward
-from ..tasks.math_task import MathTask, read_rows
-from ..tasks.sql.agent_task import SQLAgentTask
-from ..tasks.sql.env import SQLEnvConfig
-from ..tasks.sql.tasks import load_dbbench
+from ..options import Section
+from ..tasks import test_file_format
 from .evaluate import scored_batches
 from .inspect import load_run_model
-
-DBBENCH_KEYS = ("description", "label", "table")  # a file whose first row has these is played as SQL episodes
 
 
 def wilson_interval(correct: int, n: int, confidence: float = 0.95) -> tuple[float, float]:
@@ -161,13 +157,14 @@ def evaluate_file(model: str | Path, test_file: str | Path, *, checkpoint: str =
                   chat: bool | None = None, system_prompt: str | None = None, prompt_template: str | None = None,
                   require_format: bool | None = None, temperature: float = 0.0, seed: int = 0,
                   device: str = "auto", dtype: str = "fp32", adapter: str | Path | None = None,
-                  env: EnvConfig | None = None, sql: SQLEnvConfig | None = None) -> FileEvaluation:
+                  sections: Mapping[str, Section] | None = None) -> FileEvaluation:
     """Answers of `model` (a Hugging Face model or a run dir, see the module docstring) to the first
     `limit` rows of `test_file` (all when None), `batch_size` rows at a time, checked by the rows'
     task; every row's record is written to `out` as JSONL when given. None settings take the run's
-    (or the defaults'); `dtype` and `adapter` are a bare model's (a run keeps its own). `env` and
-    `sql`, config sections, are the limits and the SQL environment DBBench episodes are played in:
-    models compared on one file are then scored alike, whatever their runs said."""
+    (or the defaults'); `dtype` and `adapter` are a bare model's (a run keeps its own). `sections`
+    replace the run's config sections by name (e.g. {"env": cfg.env, "sql": cfg.sql}: the limits and
+    environment episodes are played in), so models compared on one file are scored alike, whatever
+    their runs said."""
     for name, value, low in (("limit", limit, 1), ("batch_size", batch_size, 1), ("max_new_tokens", max_new_tokens, 1)):
         if value is not None and value < low:
             raise ConfigError(f"{name} must be at least {low}, got {value}")
@@ -175,34 +172,30 @@ def evaluate_file(model: str | Path, test_file: str | Path, *, checkpoint: str =
         raise ConfigError(f"temperature must be >= 0 (0: greedy), got {temperature}")
     test_file = Path(test_file)
     _, first = next(iter_jsonl(test_file))
-    dbbench = all(key in first for key in DBBENCH_KEYS)
-    (load_dbbench if dbbench else read_rows)(test_file)  # a bad row fails here, naming it, before the model loads
+    file_format = test_file_format(first)
+    file_format.check(test_file)  # a bad row fails here, naming it, before the model loads
     if adapter is not None and not (Path(adapter) / "adapter_config.json").is_file():
         raise FileNotFoundError(f"adapter {str(adapter)!r} holds no adapter_config.json (a PEFT adapter dir: what "
                                 f"TRL's trainer.save_model or an lmrl LoRA checkpoint writes)")
-    policy, checkpoint_dir, task_cfg, reward_cfg, env_cfg, sql_cfg = _load(model, checkpoint, dtype, adapter)
-    env_cfg = env if env is not None else env_cfg
-    sql_cfg = sql if sql is not None else sql_cfg
+    policy, checkpoint_dir, cfg = _load(model, checkpoint, dtype, adapter)
+    unknown = sorted(set(sections or {}) - {f.name for f in fields(cfg)})
+    if unknown:
+        raise ConfigError(f"sections={unknown} are not config sections")
+    task_options = {k: v for k, v in (("chat", chat), ("system_prompt", system_prompt),
+                                      ("prompt_template", prompt_template)) if v is not None}
+    cfg = replace(cfg, **{**(sections or {}), "task": replace(cfg.task, **task_options),
+                          "reward": replace(cfg.reward, require_format=cfg.reward.require_format
+                                            if require_format is None else require_format)})
     policy.to(resolve_device(device, DistInfo()))
-    max_new_tokens = max_new_tokens or task_cfg.max_new_tokens
-    if dbbench:
-        task = SQLAgentTask(policy.tokenizer, sql_cfg, n_train=0, test_file=str(test_file),
-                            max_new_tokens=max_new_tokens, max_context=env_cfg.max_context, max_turns=env_cfg.max_turns)
-    else:
-        scorer = MathReward(format_weight=reward_cfg.format_weight, correct_weight=reward_cfg.correct_weight,
-                            require_format=reward_cfg.require_format if require_format is None else require_format,
-                            timeout_s=reward_cfg.timeout_s)
-        task = MathTask(None, str(test_file), policy.tokenizer, max_new_tokens=max_new_tokens,
-                        chat=task_cfg.chat if chat is None else chat,
-                        system_prompt=task_cfg.system_prompt if system_prompt is None else system_prompt,
-                        prompt_template=task_cfg.prompt_template if prompt_template is None else prompt_template,
-                        reward=scorer)
+    task = file_format.build(cfg, tokenizer=policy.tokenizer, test_file=test_file,
+                             max_new_tokens=max_new_tokens or cfg.task.max_new_tokens)
     ids = task.heldout_ids[:limit]
     try:
-        records, sums = _answer(policy, task, ids, batch_size, temperature, seed)
+        records, sums = _answer(policy, task, ids, batch_size, temperature, seed, file_format.row)
     finally:
-        if isinstance(task, MathTask):
-            task.reward.close()  # the math checker's server process
+        close = getattr(task, "close", None) or getattr(getattr(task, "reward", None), "close", None)
+        if close is not None:
+            close()  # the math checker's server process, an environment's workers
     types: dict[str, list[int]] = {}
     for r in records:
         if r.get("type") is not None:
@@ -232,8 +225,8 @@ def default_completions_path(model: str | Path, test_file: str | Path) -> Path:
 
 
 @torch.no_grad()
-def _answer(policy, task, ids: torch.Tensor, batch_size: int, temperature: float,
-            seed: int) -> tuple[list[dict], dict[str, float]]:
+def _answer(policy, task, ids: torch.Tensor, batch_size: int, temperature: float, seed: int,
+            describe) -> tuple[list[dict], dict[str, float]]:
     """A record per row and the sums of the metrics averaged over rows."""
     records, sums = [], {}
     generator = torch.Generator().manual_seed(seed)
@@ -244,7 +237,7 @@ def _answer(policy, task, ids: torch.Tensor, batch_size: int, temperature: float
         per_row = {"reward": rewards.float().reshape(len(chunk), -1).mean(1), "length": ro.mask.sum(1).float().cpu(),
                    **{name: values.float() for name, values in extras.items()}}
         for k, i in enumerate(chunk.tolist()):
-            prompt, truth, kind = _row(task, i)
+            prompt, truth, kind = describe(task, i)
             record = {"index": i - task.n_train, "prompt": prompt, "completion": completions[k], "ground_truth": truth,
                       "correct": bool(exact[k] > 0.5), **({"type": kind} if kind is not None else {}),
                       **{name: values[k].item() for name, values in per_row.items()}}
@@ -255,19 +248,9 @@ def _answer(policy, task, ids: torch.Tensor, batch_size: int, temperature: float
     return records, sums
 
 
-def _row(task, i: int) -> tuple:
-    """(prompt as the file has it, ground truth, type or None) of problem i."""
-    if isinstance(task, SQLAgentTask):
-        sql = task.tasks[i]
-        return sql.description, list(sql.label), sql.skill
-    row = task.rows[i]
-    kind = row.get("task", row.get("type"))
-    return row.get("prompt", row.get("messages")), task.ground_truths[i], kind if isinstance(kind, str) else None
-
-
 def _load(model: str | Path, checkpoint: str, dtype: str, adapter: str | Path | None = None) -> tuple:
-    """(policy, checkpoint dir or None, task, reward, env and sql sections) for a run dir or a bare model
-    (with its adapter merged in, if given)."""
+    """(policy, checkpoint dir or None, config) for a run dir or a bare model (with its adapter merged in,
+    if given; the default config with the format rule off)."""
     if _is_run_dir(model):
         if adapter is not None:
             raise ConfigError(f"{model} is a run dir, which evaluates its own checkpoint (--checkpoint); an adapter "
@@ -276,7 +259,7 @@ def _load(model: str | Path, checkpoint: str, dtype: str, adapter: str | Path | 
         if cfg.model.type != "hf":
             raise ConfigError(f"{model}: its model is the built-in GPT (model.type: gpt); evaluating a JSONL file "
                               f"needs a Hugging Face model (model.type: hf)")
-        return policy, path, cfg.task, cfg.reward, cfg.env, cfg.sql
+        return policy, path, cfg
     policy, _ = load_hf_policy(str(model), dtype=dtype)
     if adapter is not None:
         from ..models.lora import load_adapter
@@ -284,7 +267,8 @@ def _load(model: str | Path, checkpoint: str, dtype: str, adapter: str | Path | 
         load_adapter(policy, adapter, trainable=False)
         policy.model = policy.model.merge_and_unload()  # plain linear layers: the sampling loop's fast path
     policy.eval()
-    return policy, None, TaskConfig(), RewardConfig(require_format=False), EnvConfig(), SQLEnvConfig()
+    cfg = Config()
+    return policy, None, replace(cfg, reward=replace(cfg.reward, require_format=False))
 
 
 def _is_run_dir(model: str | Path) -> bool:

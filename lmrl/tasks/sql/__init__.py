@@ -12,7 +12,7 @@ Modules: `sandbox` (the database and safe execution), `protocol` (parsing turns,
 """
 
 from ...envs.registry import register_env
-from ..registry import register_generator
+from ..registry import register_generator, register_test_file_format
 from .checking import answers_match, normalise_value, parse_answer_md5, table_md5
 from .env import SQLEnv, SQLEnvConfig
 from .procedural import SKILLS, ProceduralSQLTasks, build_task, is_heldout
@@ -49,6 +49,22 @@ def _sql_env(config, **_):
     o = config.sql if config is not None else SQLEnvConfig()
     train, heldout = sql_tasks(o.train_tasks, o.heldout_per_skill, tuple(o.skills) or SKILLS)
     return lambda: SQLEpisodes(o, train, heldout)
+
+
+def _dbbench_row(task, i: int) -> tuple:
+    sql = task.tasks[i]
+    return sql.description, list(sql.label), sql.skill
+
+
+@register_test_file_format("dbbench", keys=("description", "label", "table"), check=load_dbbench, row=_dbbench_row)
+def _dbbench_file(config, *, tokenizer, test_file, max_new_tokens):
+    """DBBench records {description, label, table, type}: multi-turn episodes in the `sql` section's sandbox,
+    correct when the answer (or the table) matches."""
+    from .agent_task import SQLAgentTask
+
+    e = config.env
+    return SQLAgentTask(tokenizer, config.sql, n_train=0, test_file=str(test_file), max_new_tokens=max_new_tokens,
+                        max_context=e.max_context, max_turns=e.max_turns)
 
 
 def _demo_problems(config) -> list[str]:
