@@ -121,6 +121,12 @@ def _parser(key_reference: bool = False) -> argparse.ArgumentParser:
         d.add_argument(f"--{option.replace('_', '-')}", dest=option, default=None, help="; ".join(texts))
 
     sub.add_parser("presets", help="list the named presets")
+    from .trl.scripts import SCRIPTS  # cheap: imports nothing of TRL's until a script runs
+
+    r = sub.add_parser("trl", add_help=False, help="run TRL's own training script on lmrl: `lmrl trl grpo ARGS` "
+                                                   "takes `trl grpo ARGS` unchanged (TRL's --help lists them)")
+    r.add_argument("script", choices=SCRIPTS)
+    r.add_argument("script_args", nargs=argparse.REMAINDER)
     from .log.plot import add_parser as add_plot_parser  # cheap: matplotlib loads only when plotting
     from .tasks.prepare_data import add_parser as add_prepare_data_parser
 
@@ -153,12 +159,20 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         commands = {"train": _train, "config": _config, "eval": _eval, "generate": _generate, "export": _export,
-                    "data": _data, "presets": _presets, "plot": _plot, "prepare-data": _prepare_data}
+                    "data": _data, "presets": _presets, "plot": _plot, "prepare-data": _prepare_data,
+                    "trl": _trl}
         return commands[args.command](args)
     except (ConfigError, PromptError, TrainingError, RewardError, DataError, CheckpointError, FileNotFoundError,
             NotADirectoryError, PermissionError, MissingPackage) as e:
         print(f"lmrl {args.command}: error: {e}", file=sys.stderr)
         return 2 if isinstance(e, ConfigError) else 1
+
+
+def _trl(args) -> int:
+    from .trl.scripts import run_script
+
+    run_script(args.script, args.script_args)
+    return 0
 
 
 def _source_and_overrides(args) -> tuple[str | None, list[str]]:

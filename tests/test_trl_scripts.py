@@ -76,10 +76,28 @@ def test_grpo_without_max_steps_runs_num_train_epochs_over_the_prompts(model_dir
 
 
 def test_bf16_is_mixed_precision_over_the_models_own_weights(model_dir, tmp_path):
-    cfg = GRPOConfig(output_dir=str(tmp_path), bf16=True).to_config(model_path=str(model_dir), train_rows=8)
-    assert (cfg.run.mixed_precision, cfg.model.dtype) == ("bf16", "fp32")
+    cfg = GRPOConfig(output_dir=str(tmp_path), bf16=True, use_cpu=True).to_config(model_path=str(model_dir),
+                                                                                 train_rows=8)
+    assert (cfg.run.mixed_precision, cfg.model.dtype, cfg.run.device) == ("bf16", "fp32", "cpu")
     cfg = GRPOConfig(output_dir=str(tmp_path), bf16=False).to_config(model_path=str(model_dir), train_rows=8)
     assert cfg.run.mixed_precision == ""
+
+
+def test_bf16_left_unset_is_on_where_the_hardware_has_it_as_in_trl(tmp_path, monkeypatch):
+    import lmrl.trl.configs as configs
+
+    assert GRPOConfig(output_dir=str(tmp_path), use_cpu=True).bf16  # TRL: bf16 unless fp16; a CPU run may
+    monkeypatch.setattr(configs, "_bf16_hardware", lambda: False)
+    args = GRPOConfig(output_dir=str(tmp_path))  # TRL itself refuses to start here; lmrl trains in fp32 and says so
+    assert args.bf16 is False and any("bf16 is off" in note for note in args.notes)
+
+
+def test_dtype_from_the_scripts_model_arguments_reaches_the_model(tmp_path):
+    args = GRPOConfig(output_dir=str(tmp_path), model_init_kwargs={"dtype": "bfloat16", "revision": None})
+    assert args.to_config(model_path="m", train_rows=8).model.dtype == "bf16"
+    with pytest.raises(ConfigError, match="float16"):
+        GRPOConfig(output_dir=str(tmp_path), model_init_kwargs={"dtype": "float16"}).to_config(model_path="m",
+                                                                                               train_rows=8)
 
 
 def test_grpo_keeps_dropout_on_unless_disable_dropout_as_trl_does(model_dir, tmp_path):
@@ -109,19 +127,47 @@ def test_conversational_prompts_and_columns_reach_the_reward_functions(model_dir
 
 
 @pytest.mark.parametrize("kwargs, message", [
-    (dict(num_generations=3), "must be a multiple of num_generations=3"),
-    (dict(num_generatoins=4), "did you mean"),
+    (dict(num_generations=3), "divisible by num_generations"),  # TRL's own check, as the config is made
     (dict(lr_scheduler_type="polynomial"), "lr_scheduler_type='polynomial' is not one of"),
+    (dict(loss_type="cispo"), r"loss_type='cispo'\): lmrl's losses are grpo, dapo, bnpo, dr_grpo"),
+    (dict(repetition_penalty=1.1), r"repetition_penalty=1.1\): lmrl samples with temperature"),
+    (dict(importance_sampling_level="sequence"), "GSPO's sequence level is not in lmrl"),
+    (dict(optim="sgd"), "lmrl trains with AdamW"),
+    (dict(report_to=["mlflow"]), "lmrl reports to tensorboard and wandb"),
 ])
 def test_grpo_arguments_lmrl_cannot_honour_are_refused_with_the_name(model_dir, tmp_path, kwargs, message):
-    with pytest.raises(ConfigError, match=message):
+    with pytest.raises((ConfigError, ValueError), match=message):
         GRPOConfig(output_dir=str(tmp_path), **kwargs).to_config(model_path=str(model_dir), train_rows=8)
 
 
+def test_a_misspelt_argument_fails_where_the_config_is_made_as_in_trl(tmp_path):
+    with pytest.raises(TypeError, match="num_generatoins"):
+        GRPOConfig(output_dir=str(tmp_path), num_generatoins=4)
+
+
 def test_arguments_that_change_nothing_are_accepted_and_listed(model_dir, tmp_path):
-    args = GRPOConfig(output_dir=str(tmp_path), logging_strategy="steps", push_to_hub=False, max_steps=1)
+    args = GRPOConfig(output_dir=str(tmp_path), logging_strategy="epoch", push_to_hub=True, logging_steps=10,
+                      max_steps=1)
     args.to_config(model_path=str(model_dir), train_rows=8)
-    assert args.ignored == ["logging_strategy", "push_to_hub"]
+    assert args.ignored == ["logging_strategy", "push_to_hub"]  # logging_steps=10 is TRL's default: not named
+
+
+def test_trls_derived_generation_sizes_are_what_lmrl_does(tmp_path):
+    args = GRPOConfig(output_dir=str(tmp_path), per_device_train_batch_size=8, gradient_accumulation_steps=2,
+                      generation_batch_size=16, num_generations=4)  # one generation per optimizer step, as lmrl
+    assert args.to_config(model_path="m", train_rows=8).train.rollout_size == 16
+    with pytest.raises(ConfigError, match="steps_per_generation=4"):
+        GRPOConfig(output_dir=str(tmp_path), gradient_accumulation_steps=2, steps_per_generation=4,
+                   num_generations=4).to_config(model_path="m", train_rows=8)
+
+
+def test_bnpo_says_where_it_differs_from_trl(tmp_path):
+    args = GRPOConfig(output_dir=str(tmp_path), loss_type="bnpo", gradient_accumulation_steps=2, num_generations=4)
+    assert args.to_config(model_path="m", train_rows=8).algo.loss_level == "token"
+    assert any("bnpo" in note for note in args.notes)
+    single = GRPOConfig(output_dir=str(tmp_path), loss_type="bnpo", num_generations=4)
+    single.to_config(model_path="m", train_rows=8)
+    assert not any("bnpo" in note for note in single.notes)  # one micro-batch: bnpo and dapo are the same loss
 
 
 PAIRS = Dataset.from_list([{"prompt": f"Is {a} bigger than {b}?", "chosen": " Yes." if a > b else " No.",

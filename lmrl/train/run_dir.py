@@ -17,12 +17,12 @@ def prepare_run_dir(cfg: Config) -> Path:
     the default `runs/<name>` it moves on to `runs/<name>-2`, `-3`, ...; with an explicit run.dir
     it stops and says what to do, so nothing already saved is overwritten."""
     path = Path(cfg.run_dir)
-    if cfg.run.resume != "auto" and _holds_a_run(path):
+    if cfg.run.resume != "auto" and holds_a_run(path):
         if cfg.run.dir is not None:
             raise ConfigError(f"run.dir {path} already holds a run; continue it with --resume (run.resume=auto) "
                               f"or choose another run.dir")
         n = 2
-        while _holds_a_run(path.with_name(f"{path.name}-{n}")):
+        while holds_a_run(path.with_name(f"{path.name}-{n}")):
             n += 1
         path = path.with_name(f"{path.name}-{n}")
         cfg.run.dir = str(path)
@@ -36,7 +36,7 @@ def prepare_run_dir(cfg: Config) -> Path:
     return path
 
 
-def _holds_a_run(path: Path) -> bool:
+def holds_a_run(path: Path) -> bool:
     return (path / "metrics.jsonl").exists() or (path / "checkpoints").exists()
 
 

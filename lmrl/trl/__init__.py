@@ -1,0 +1,37 @@
+"""TRL's scripts and trainer calls on lmrl, unchanged but for the import: `from trl import ...` becomes
+`from lmrl.trl import ...`.
+
+    from lmrl.trl import GRPOConfig, GRPOTrainer          # was: from trl import GRPOConfig, GRPOTrainer
+
+    def reward_len(completions, **kwargs):
+        return [-abs(20 - len(c)) for c in completions]
+
+    args = GRPOConfig(output_dir="runs/grpo", learning_rate=1e-5, num_generations=4, max_steps=50)
+    trainer = GRPOTrainer(model="path/to/model", reward_funcs=reward_len, args=args, train_dataset=dataset)
+    trainer.train()
+    trainer.save_model()                                   # output_dir: what from_pretrained loads
+
+- configs (`configs`): `GRPOConfig`, `DPOConfig`, `SFTConfig`, `RewardConfig` are TRL's dataclasses,
+  so `TrlParser`, `--config file.yaml`, `to_dict()` and every default are TRL's; each field is carried
+  into lmrl's run, has no effect (named in the run log when set), or is refused with the reason when
+  set to what lmrl cannot do: `fields` is that table (docs/trl-fields.md is generated from it);
+- trainers (`trainers`): `GRPOTrainer`, `DPOTrainer`, `SFTTrainer`, `RewardTrainer`, with the
+  `transformers.Trainer` surface TRL's scripts use (state, callbacks, save_model, resume, ...);
+- scripts (`scripts`): TRL's own `trl/scripts/*.py` run on lmrl (`lmrl trl grpo ARGS`);
+- TRL's helpers the scripts import are TRL's own: `TrlParser`, `ScriptArguments`, `ModelConfig`,
+  `DatasetMixtureConfig`, `get_dataset`, `get_peft_config`, `get_quantization_config`, and
+  `lmrl.trl.rewards` (TRL's reward functions).
+
+The model is a path (a local directory, a .gguf file, or a packaged name such as
+smollm2-135m-instruct) or a loaded transformers model with its tokenizer as `processing_class`; data
+sets are `datasets.Dataset`s or lists of dicts in TRL's formats. Needs the `trl` extra."""
+
+from trl import (DatasetMixtureConfig, ModelConfig, ScriptArguments, TrlParser, get_dataset, get_peft_config,
+                 get_quantization_config)
+
+from .configs import DPOConfig, GRPOConfig, RewardConfig, SFTConfig
+from .trainers import DPOTrainer, GRPOTrainer, RewardTrainer, SFTTrainer
+
+__all__ = ["DPOConfig", "DPOTrainer", "DatasetMixtureConfig", "GRPOConfig", "GRPOTrainer", "ModelConfig",
+           "RewardConfig", "RewardTrainer", "SFTConfig", "SFTTrainer", "ScriptArguments", "TrlParser", "get_dataset",
+           "get_peft_config", "get_quantization_config"]

@@ -1,0 +1,317 @@
+"""TRL's config classes, as lmrl takes them: `GRPOConfig`, `DPOConfig`, `SFTConfig` and `RewardConfig`
+are TRL's own dataclasses (subclassed), so `TrlParser`, `HfArgumentParser`, `--config file.yaml`,
+`to_dict()` and every default are TRL's. `args.to_config(model_path=, train_rows=)` turns one into
+the lmrl `Config` of the run, field by field as `lmrl.trl.fields` says: carried into lmrl's keys,
+listed in `args.ignored` (no effect; the trainer names them in the run log), or refused with the
+field, its value and the reason. `args.notes` are the run log's lines where lmrl's defaults differ
+from TRL's and why."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+try:
+    import trl
+except ImportError as e:  # pragma: no cover - the extra is missing
+    raise ImportError("lmrl.trl runs TRL's scripts and configs on lmrl and needs TRL itself: "
+                      "pip install 'lmrl[trl]'") from e
+
+from ..config import Config, config_from_dict
+from ..errors import ConfigError
+from . import fields as table
+
+_SCHEDULES = {"linear": "linear", "cosine": "cosine", "constant": "constant", "constant_with_warmup": "constant"}
+_OPTIMIZERS = ("adamw_torch", "adamw_torch_fused")
+_GRPO_LOSSES = {"grpo": "sequence", "dapo": "token", "bnpo": "token", "dr_grpo": "constant"}
+_DPO_LOSSES = ("sigmoid", "ipo", "hinge")
+_DTYPES = {"bfloat16": "bf16", "float32": "fp32", "auto": "fp32", None: "fp32"}
+_NEVER = 10**9  # a step interval no run reaches: "only at the end"
+
+
+def _text(value) -> object:
+    """An enum's value (transformers stores strategies and names as str enums), else the value."""
+    return getattr(value, "value", value)
+
+
+def _default(f: dataclasses.Field):
+    if f.default is not dataclasses.MISSING:
+        return f.default
+    return f.default_factory() if f.default_factory is not dataclasses.MISSING else dataclasses.MISSING
+
+
+def _bf16_hardware() -> bool:
+    import torch
+
+    return torch.cuda.is_available() and torch.cuda.is_bf16_supported()
+
+
+class _LmrlArgs:
+    """What lmrl adds to TRL's config classes (a mixin before TRL's class in the bases)."""
+
+    kind = ""
+
+    def __post_init__(self):
+        # the fields set away from TRL's defaults, before TRL's post-init derives values of its own
+        self.given = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
+                      if f.init and _default(f) is not dataclasses.MISSING and _differs(getattr(self, f.name),
+                                                                                         _default(f))}
+        self.notes: list[str] = []
+        if self.bf16 is None and not self.fp16:  # TRL: on unless fp16; lmrl: only where the hardware has it
+            self.bf16 = bool(self.use_cpu) or _bf16_hardware()
+            if not self.bf16:
+                self.notes.append("bf16 is off: this machine has no bf16 GPU (TRL would stop here and ask for "
+                                  "use_cpu=True; lmrl trains in float32)")
+        super().__post_init__()
+        self.ignored = sorted(name for name in self.given if table.rules(self.kind)[name].effect == table.NO_EFFECT)
+
+    # -- the lmrl config -------------------------------------------------------------------------------
+    def to_config(self, *, model_path: str, train_rows: int, peft_config=None) -> Config:
+        """The lmrl Config these arguments describe, for a model at `model_path` and a training set of
+        `train_rows` rows (see lmrl.trl.fields for each field)."""
+        self._refuse()
+        world = int(os.environ.get("WORLD_SIZE", "1"))
+        ga = int(self.gradient_accumulation_steps)
+        batch = int(self.per_device_train_batch_size) * ga * world
+        steps, per_epoch = self._length(batch, train_rows)
+        data: dict[str, dict] = {
+            "run": {"dir": self.output_dir, "seed": self.seed, "name": self.run_name or Path(self.output_dir).name,
+                    "progress": not self.disable_tqdm},
+            "model": {"type": "hf", "path": model_path, "dtype": self._dtype(),
+                      "gradient_checkpointing": bool(self.gradient_checkpointing if self.activation_checkpointing
+                                                     is None else self.activation_checkpointing)},
+            "optim": {"lr": self.learning_rate, "weight_decay": self.weight_decay,
+                      "betas": [self.adam_beta1, self.adam_beta2], "eps": self.adam_epsilon},
+            "schedule": {"name": self._schedule(), "min_lr_ratio": 0.0,
+                         "warmup_steps": _steps(self.warmup_steps, steps)},
+            "train": {"ga_steps": ga, "grad_clip": self.max_grad_norm, "disable_dropout": bool(getattr(self, "disable_dropout", False)),
+                      "log_every": max(1, _steps(self.logging_steps, steps)),
+                      "keep_checkpoints": self.save_total_limit or 0},
+            "eval": {"batch_size": self.per_device_eval_batch_size},
+        }
+        data["run"].update(self._trackers())
+        if self.bf16:  # transformers' "bf16 (mixed) precision": autocast over the model's weights
+            data["run"]["mixed_precision"] = "bf16"
+        if self.use_cpu:
+            data["run"]["device"] = "cpu"
+        if self.fsdp:
+            data["distributed"] = {"strategy": "fsdp"}
+        data["train"]["eval_every"] = self._interval(_text(self.eval_strategy), self.eval_steps or self.logging_steps,
+                                                     steps, per_epoch, "eval")
+        data["train"]["ckpt_every"] = self._interval(_text(self.save_strategy), self.save_steps, steps, per_epoch,
+                                                     "save")
+        if self.metric_for_best_model:
+            data["train"]["best_metric"] = self._best_metric()
+        if peft_config is not None:
+            targets = peft_config.target_modules
+            data["lora"] = {"r": peft_config.r, "alpha": float(peft_config.lora_alpha),
+                            "dropout": float(peft_config.lora_dropout),
+                            "target_modules": ["all-linear"] if targets in (None, "all-linear") else
+                            [targets] if isinstance(targets, str) else sorted(targets)}
+        self._shape(data, batch=batch, steps=steps, world=world)
+        return config_from_dict(data, where=f"{type(self).__name__}(...)")
+
+    def _shape(self, data: dict, *, batch: int, steps: int, world: int) -> None:
+        """The kind's own sections."""
+        raise NotImplementedError
+
+    def _length(self, batch: int, rows: int) -> tuple[int, float]:
+        """(optimizer steps of the run, steps per pass over the data)."""
+        per_epoch = rows / batch
+        steps = int(self.max_steps) if self.max_steps > 0 else math.ceil(float(self.num_train_epochs) * per_epoch)
+        return max(steps, 1), per_epoch
+
+    def _refuse(self) -> None:
+        rules = table.rules(self.kind)
+        for name, value in self.given.items():
+            rule = rules[name]
+            if rule.effect == table.REFUSED and value not in rule.accepts:
+                raise ConfigError(f"{type(self).__name__}({name}={value!r}): {rule.how}")
+        optim = _text(self.optim)
+        if optim not in _OPTIMIZERS:
+            raise ConfigError(f"{type(self).__name__}(optim={optim!r}): lmrl trains with AdamW ({', '.join(_OPTIMIZERS)})")
+
+    def _dtype(self) -> str:
+        kwargs = dict(self.model_init_kwargs or {})
+        dtype = kwargs.pop("dtype", kwargs.pop("torch_dtype", None))
+        dtype = str(dtype).removeprefix("torch.") if dtype is not None else None
+        if dtype not in _DTYPES:
+            raise ConfigError(f"{type(self).__name__}(model_init_kwargs={{'dtype': {dtype!r}}}): lmrl loads models in "
+                              f"bfloat16 or float32")
+        others = sorted(k for k, v in kwargs.items() if v not in (None, False))
+        if others:
+            self.notes.append(f"model_init_kwargs {', '.join(others)} change nothing here (lmrl loads the local "
+                              f"model with its own settings)")
+        return _DTYPES[dtype]
+
+    def _schedule(self) -> str:
+        name = _text(self.lr_scheduler_type)
+        if name not in _SCHEDULES:
+            raise ConfigError(f"lr_scheduler_type={name!r} is not one of {', '.join(_SCHEDULES)}")
+        return _SCHEDULES[name]
+
+    def _trackers(self) -> dict:
+        report = self.report_to or []
+        report = [report] if isinstance(report, str) else list(report)
+        report = [r for r in report if r != "none"]
+        unknown = sorted(set(report) - {"tensorboard", "wandb", "all"})
+        if unknown:
+            raise ConfigError(f"report_to={unknown}: lmrl reports to tensorboard and wandb")
+        return {"tensorboard": "tensorboard" in report or "all" in report, "wandb": "wandb" in report}
+
+    def _interval(self, strategy: str, every, steps: int, per_epoch: float, what: str) -> int:
+        if strategy == "no":
+            if what == "eval":
+                self.notes.append("eval_strategy='no': lmrl still evaluates at the start and at the end (held-out "
+                                  "numbers for the run's summary; TRL evaluates nothing)")
+            return _NEVER
+        if strategy == "steps":
+            return max(1, _steps(every, steps))
+        if strategy == "epoch":
+            return max(1, round(per_epoch))
+        raise ConfigError(f"{what}_strategy={strategy!r}: lmrl takes steps, epoch or no")
+
+    def _best_metric(self) -> str:
+        from ..train.lifecycle import lower_is_better
+
+        metric = self.metric_for_best_model.removeprefix("eval_").removeprefix("eval/")
+        metric = f"eval/{metric}"
+        if self.greater_is_better is not None and self.greater_is_better == lower_is_better(metric):
+            raise ConfigError(f"greater_is_better={self.greater_is_better} for {self.metric_for_best_model!r}: lmrl "
+                              f"minimises metrics named like a loss and maximises the others")
+        return metric
+
+
+def _differs(value, default) -> bool:
+    try:
+        return bool(value != default)
+    except Exception:  # e.g. arrays: compared by identity
+        return value is not default
+
+
+def _steps(value, total: int) -> int:
+    """A step count given as TRL's fields give it: a fraction of the run below 1, else steps."""
+    value = float(value or 0)
+    return math.ceil(value * total) if 0 < value < 1 else int(value)
+
+
+@dataclass
+class GRPOConfig(_LmrlArgs, trl.GRPOConfig):
+    """TRL's GRPOConfig (lmrl.trl.fields says what each field does here)."""
+
+    kind = "grpo"
+
+    def _length(self, batch: int, rows: int) -> tuple[int, float]:
+        group = int(self.num_generations)
+        world = batch // (int(self.per_device_train_batch_size) * int(self.gradient_accumulation_steps))
+        if batch % group:
+            raise ConfigError(f"per_device_train_batch_size x gradient_accumulation_steps x {world} process(es) = "
+                              f"{batch} completions per step must be a multiple of num_generations={group}")
+        per_epoch = rows * group / batch
+        steps = int(self.max_steps) if self.max_steps > 0 else math.ceil(float(self.num_train_epochs) * per_epoch)
+        return max(steps, 1), per_epoch
+
+    def _refuse(self) -> None:
+        per_step = int(self.per_device_train_batch_size) * int(os.environ.get("WORLD_SIZE", "1"))
+        ga = int(self.gradient_accumulation_steps)
+        # TRL's own derived values are what lmrl does: one generation per optimizer step
+        for name, value in (("generation_batch_size", per_step * ga), ("steps_per_generation", ga)):
+            if self.given.get(name) == value:
+                del self.given[name]
+        super()._refuse()
+
+    def _shape(self, data, *, batch, steps, world):
+        loss = _text(self.loss_type)
+        if loss not in _GRPO_LOSSES:
+            raise ConfigError(f"GRPOConfig(loss_type={loss!r}): lmrl's losses are {', '.join(_GRPO_LOSSES)}")
+        if loss == "bnpo" and data["train"]["ga_steps"] * world > 1:
+            self.notes.append("loss_type='bnpo' normalises by the tokens of the whole accumulated batch here (as "
+                              "dapo does); TRL divides each micro-batch by its own tokens")
+        scale = self.scale_rewards
+        scale = {True: "group", False: "none"}.get(scale, scale) if isinstance(scale, bool) else scale
+        algo = {"name": "grpo", "group_size": int(self.num_generations), "kl_coef": float(self.beta),
+                "ppo_epochs": int(self.num_iterations), "clip_range_left": float(self.epsilon),
+                "clip_range_right": float(self.epsilon if self.epsilon_high is None else self.epsilon_high),
+                "scale_rewards": scale, "loss_level": _GRPO_LOSSES[loss],
+                "mask_truncated_completions": bool(self.mask_truncated_completions),
+                "ent_coef": float(self.entropy_coef)}
+        data["algo"] = algo
+        data["run"]["trainer"] = "rl"
+        data["task"] = {"name": "prompts", "chat": False, "max_new_tokens": int(self.max_completion_length)}
+        data["sft"] = {"steps": 0}
+        data["train"].update(rollout_size=batch, steps=steps, temperature=float(self.temperature),
+                             top_p=float(self.top_p), top_k=int(self.top_k or 0))
+        if self.reward_weights is not None:
+            data["reward"] = {"weights": [float(w) for w in self.reward_weights]}
+        if self.use_vllm:
+            data["rollout"] = {"engine": "vllm", "gpu_memory_utilization": float(self.vllm_gpu_memory_utilization),
+                               "max_model_len": int(self.vllm_max_model_length or 0)}
+        if self.max_tool_calling_iterations is not None:  # tool calls answered, then the turn that answers
+            data["env"] = {"max_turns": int(self.max_tool_calling_iterations) + 1}
+
+
+class _OfflineArgs(_LmrlArgs):
+    trainer = ""
+
+    def _shape(self, data, *, batch, steps, world):
+        data["run"]["trainer"] = self.trainer
+        data["data"] = {"batch_size": batch, "epochs": float(self.num_train_epochs),
+                        "max_length": int(self.max_length), "chat": False}
+        data["train"]["max_steps"] = max(int(self.max_steps), 0)
+
+
+@dataclass
+class DPOConfig(_OfflineArgs, trl.DPOConfig):
+    """TRL's DPOConfig (lmrl.trl.fields says what each field does here)."""
+
+    kind, trainer = "dpo", "dpo"
+
+    def _shape(self, data, *, batch, steps, world):
+        super()._shape(data, batch=batch, steps=steps, world=world)
+        losses = [self.loss_type] if isinstance(self.loss_type, str) else list(self.loss_type)
+        if len(losses) != 1 or losses[0] not in _DPO_LOSSES:
+            raise ConfigError(f"DPOConfig(loss_type={self.loss_type!r}): lmrl takes one of {', '.join(_DPO_LOSSES)}")
+        data["dpo"] = {"beta": float(self.beta), "loss_type": losses[0], "label_smoothing": float(self.label_smoothing)}
+
+
+@dataclass
+class SFTConfig(_OfflineArgs, trl.SFTConfig):
+    """TRL's SFTConfig (lmrl.trl.fields says what each field does here)."""
+
+    kind, trainer = "sft", "sft"
+
+    def _shape(self, data, *, batch, steps, world):
+        super()._shape(data, batch=batch, steps=steps, world=world)
+        if not self.assistant_only_loss:
+            self.notes.append("conversations train on their assistant turns only (TRL's assistant_only_loss=False "
+                              "trains every token of a conversation); prompt/completion rows on the completion")
+
+
+@dataclass
+class RewardConfig(_OfflineArgs, trl.RewardConfig):
+    """TRL's RewardConfig (lmrl.trl.fields says what each field does here)."""
+
+    kind, trainer = "reward", "reward"
+
+
+CONFIGS = {"grpo": GRPOConfig, "dpo": DPOConfig, "sft": SFTConfig, "reward": RewardConfig}
+# the carried fields the translation above reads (tests/test_trl_fields.py checks the table against it)
+TRANSLATED = {
+    "common": {"output_dir", "per_device_train_batch_size", "gradient_accumulation_steps", "num_train_epochs",
+               "max_steps", "learning_rate", "lr_scheduler_type", "warmup_steps", "weight_decay", "adam_beta1",
+               "adam_beta2", "adam_epsilon", "max_grad_norm", "optim", "bf16", "gradient_checkpointing",
+               "activation_checkpointing", "use_cpu", "seed", "logging_steps", "eval_strategy", "eval_steps",
+               "save_strategy", "save_steps", "save_total_limit", "report_to", "run_name", "disable_tqdm",
+               "per_device_eval_batch_size", "metric_for_best_model", "greater_is_better", "fsdp",
+               "model_init_kwargs", "disable_dropout", "resume_from_checkpoint"},
+    "grpo": {"num_generations", "max_completion_length", "temperature", "top_p", "top_k", "beta", "num_iterations",
+             "epsilon", "epsilon_high", "scale_rewards", "loss_type", "mask_truncated_completions", "reward_weights",
+             "entropy_coef", "use_vllm", "vllm_gpu_memory_utilization", "vllm_max_model_length",
+             "max_tool_calling_iterations"},
+    "dpo": {"beta", "loss_type", "label_smoothing", "max_length"},
+    "sft": {"max_length", "assistant_only_loss"},
+    "reward": {"max_length"},
+}

@@ -1,0 +1,445 @@
+"""TRL's trainers on lmrl's: `GRPOTrainer`, `DPOTrainer`, `SFTTrainer`, `RewardTrainer` take TRL's
+arguments and show the surface of a `transformers.Trainer` that TRL's scripts and users' code touch,
+over an lmrl trainer built from the translated config (`trainer.config`, `trainer.task`, ... reach it):
+
+- `train(resume_from_checkpoint=None | True | path) -> TrainOutput`; a new run never overwrites an
+  output_dir that holds one (True continues it, a path continues from that checkpoint);
+- `state`: a `transformers.TrainerState` (`global_step`, `max_steps`, `epoch`, `log_history` with TRL's
+  metric names and `eval_*` for evaluations, `best_metric`, `best_model_checkpoint`);
+- `transformers.TrainerCallback`s, called with `(args, state, control)` at `on_init_end`,
+  `on_train_begin`, `on_epoch_begin`, `on_step_begin`, `on_step_end`, `on_log`, `on_evaluate`, `on_save`,
+  `on_epoch_end` and `on_train_end` (`control.should_training_stop` ends the run after the step,
+  `control.should_save` writes a checkpoint); lmrl's own `Callback`s go to the lmrl trainer;
+- `evaluate()` (`eval_*` names), `save_model(dir)` (a directory `from_pretrained` loads, a PEFT
+  adapter for LoRA, with the tokenizer), `push_to_hub()` (uploads output_dir; a one-line error
+  without network), `log(logs)`, `accelerator.print`, `is_world_process_zero()`, `end()`;
+- `processing_class` is the tokenizer used (also when the model is a path); `quantization_config`
+  is refused with the reason (lmrl loads models in bfloat16 or float32).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+from pathlib import Path
+
+import torch
+from transformers import TrainerCallback, TrainerControl, TrainerState
+from transformers.trainer_utils import TrainOutput
+
+from ..errors import ConfigError
+from ..train.callbacks import Callback
+from ..train.dpo_trainer import DPOTrainer as _LmrlDPOTrainer
+from ..train.reward_trainer import RewardTrainer as _LmrlRewardTrainer
+from ..train.run_dir import holds_a_run
+from ..train.sft_trainer import SFTTrainer as _LmrlSFTTrainer
+from ..train.trainers import GRPOTrainer as _LmrlGRPOTrainer
+from .configs import DPOConfig, GRPOConfig, RewardConfig, SFTConfig
+
+_PREFIXES = ("train/", "sft/", "dpo/", "rm/")  # lmrl's per-trainer prefixes; TRL's names have none
+_HF_NAMES = {"lr": "learning_rate"}
+
+
+def trl_logs(metrics: dict) -> dict:
+    """One step's lmrl metrics under TRL's names: evaluation metrics as `eval_<name>`, a trainer's own
+    prefix dropped (`dpo/loss` -> `loss`, `train/lr` -> `learning_rate`); names TRL's already are stay."""
+    logs: dict = {}
+    for key, value in metrics.items():
+        if not isinstance(value, (int, float)) or isinstance(value, bool):
+            continue
+        if key.startswith("eval/"):
+            logs[f"eval_{key[5:]}"] = value
+        elif not key.startswith(_PREFIXES):
+            logs[key] = value
+    for key, value in metrics.items():
+        prefix = next((p for p in _PREFIXES if key.startswith(p)), None)
+        if prefix is not None and isinstance(value, (int, float)):
+            name = key[len(prefix):]
+            logs.setdefault(_HF_NAMES.get(name, name), value)
+    return logs
+
+
+class _Accelerator:
+    """What TRL's scripts use of `trainer.accelerator`."""
+
+    def __init__(self, dist, device):
+        self.is_main_process = dist.is_main
+        self.num_processes = dist.world_size
+        self.process_index = dist.rank
+        self.device = device
+
+    def print(self, *args, **kwargs) -> None:
+        if self.is_main_process:
+            print(*args, **kwargs)
+
+
+class _Bridge(Callback):
+    """lmrl's hooks, turned into the TRL trainer's state, log history and TrainerCallback events."""
+
+    def __init__(self, outer):
+        self.outer = outer
+
+    def on_step_end(self, trainer, step, metrics) -> None:
+        self.outer._step_end(step, metrics)
+
+    def on_checkpoint(self, trainer, path) -> None:
+        self.outer._saved(path)
+
+
+class _TRLTrainer:
+    """The transformers-Trainer surface over an lmrl trainer (`self.inner`); see the module docstring."""
+
+    kind = ""
+
+    def __init__(self, inner, args, *, processing_class, callbacks, train_rows: int):
+        self.inner, self.args = inner, args
+        self.processing_class = processing_class if processing_class is not None else getattr(inner, "tokenizer", None)
+        self.train_rows = train_rows
+        self.callbacks: list[TrainerCallback] = []
+        for cb in callbacks:
+            self.add_callback(cb)
+        inner.callbacks.callbacks.append(_Bridge(self))
+        self.accelerator = _Accelerator(inner.dist, inner.device)
+        self.control = TrainerControl()
+        self.state = TrainerState(is_local_process_zero=inner.dist.is_main, is_world_process_zero=inner.dist.is_main)
+        self.state.max_steps = inner.total_steps
+        self.state.num_train_epochs = math.ceil(self.state.max_steps / max(self._steps_per_epoch(), 1e-9))
+        self.state.logging_steps, self.state.save_steps = inner.config.train.log_every, inner.config.train.ckpt_every
+        self.state.eval_steps = inner.config.train.eval_every
+        self.state.train_batch_size = int(args.per_device_train_batch_size)
+        inner.data_notes.extend(args.notes)
+        if args.ignored:
+            inner.data_notes.append(f"TRL arguments that change nothing here: {', '.join(args.ignored)}")
+        self._event("on_init_end")
+
+    def __getattr__(self, name):  # the lmrl trainer's attributes: config, task, run_dir, ...
+        inner = self.__dict__.get("inner")
+        if inner is None:
+            raise AttributeError(name)
+        return getattr(inner, name)
+
+    # -- what TRL's trainers expose --------------------------------------------------------------------
+    @property
+    def model(self):
+        """The transformers model being trained (a peft model with LoRA)."""
+        policy = self.inner.model
+        return getattr(policy, "model", policy)
+
+    @property
+    def hub_model_id(self) -> str:
+        return self.args.hub_model_id or Path(self.args.output_dir).name
+
+    def add_callback(self, callback) -> None:
+        """A `transformers.TrainerCallback` (class or instance) or an lmrl `Callback`."""
+        callback = callback() if isinstance(callback, type) else callback
+        if isinstance(callback, TrainerCallback):
+            self.callbacks.append(callback)
+        else:
+            self.inner.callbacks.callbacks.append(callback)
+
+    def is_world_process_zero(self) -> bool:
+        return self.inner.dist.is_main
+
+    def train(self, resume_from_checkpoint: bool | str | None = None, trial=None, ignore_keys_for_eval=None,
+              **kwargs) -> TrainOutput:
+        if trial is not None or kwargs:
+            raise TypeError(f"train() takes resume_from_checkpoint only here (got {['trial'] * (trial is not None) + list(kwargs)})")
+        self._resume_setting(resume_from_checkpoint)
+        start = time.perf_counter()
+        self._event("on_train_begin")
+        self._event("on_epoch_begin")
+        self._event("on_step_begin")
+        summary = self.inner.train()
+        self._event("on_epoch_end")
+        runtime = time.perf_counter() - start
+        losses = [e["loss"] for e in self.state.log_history if "loss" in e]
+        steps = max(self.state.global_step, 1)
+        metrics = {"train_runtime": round(runtime, 4),
+                   "train_samples_per_second": round(steps * self._rows_per_step() / max(runtime, 1e-9), 3),
+                   "train_steps_per_second": round(steps / max(runtime, 1e-9), 3), "total_flos": 0.0,
+                   "train_loss": sum(losses) / len(losses) if losses else float("nan"), "epoch": self.state.epoch}
+        self.state.log_history.append({**metrics, "step": self.state.global_step})
+        self._best(summary)
+        self._event("on_train_end")
+        return TrainOutput(self.state.global_step, metrics["train_loss"], metrics)
+
+    def evaluate(self, eval_dataset=None, ignore_keys=None, metric_key_prefix: str = "eval") -> dict:
+        """The held-out evaluation of the model as it is now, under `eval_*` names."""
+        if eval_dataset is not None:
+            raise ValueError("evaluate(eval_dataset=) is not supported: pass eval_dataset= to the trainer")
+        with torch.no_grad():
+            metrics = self.inner.evaluate()
+        logs = {f"{metric_key_prefix}_{k[5:]}": v for k, v in metrics.items() if k.startswith("eval/")}
+        self.log(logs)
+        self._event("on_evaluate", metrics=logs)
+        return logs
+
+    def log(self, logs: dict, start_time: float | None = None) -> None:
+        entry = {**logs, "epoch": self.state.epoch, "step": self.state.global_step}
+        self.state.log_history.append(entry)
+        self._event("on_log", logs=entry)
+
+    def save_model(self, output_dir: str | None = None, _internal_call: bool = False) -> None:
+        """Writes the model `from_pretrained` loads (with LoRA: the PEFT adapter, as TRL does) and its
+        tokenizer to `output_dir` (default: args.output_dir)."""
+        if not self.inner.dist.is_main:
+            return
+        if getattr(self.inner, "fsdp", False):
+            raise NotImplementedError("save_model under FSDP: the run exports its best model itself "
+                                      f"({self.inner.run_dir}/model)")
+        out = Path(output_dir or self.args.output_dir)
+        out.mkdir(parents=True, exist_ok=True)
+        if callable(getattr(self.inner.model, "save", None)):  # lmrl's reward model: a sequence classifier, merged
+            self.inner.model.save(out)
+            return
+        self.model.save_pretrained(str(out))
+        if self.processing_class is not None and hasattr(self.processing_class, "save_pretrained"):
+            self.processing_class.save_pretrained(str(out))
+
+    def push_to_hub(self, commit_message: str | None = "End of training", blocking: bool = True,
+                    token: str | None = None, revision: str | None = None, **kwargs) -> str:
+        """Uploads args.output_dir (save_model's output) to the Hub repo `hub_model_id`."""
+        try:
+            from huggingface_hub import HfApi
+
+            api = HfApi(token=token or self.args.hub_token)
+            api.create_repo(self.hub_model_id, exist_ok=True, private=self.args.hub_private_repo)
+            return str(api.upload_folder(repo_id=self.hub_model_id, folder_path=self.args.output_dir,
+                                         commit_message=commit_message or "End of training", revision=revision))
+        except Exception as e:  # offline, no token, no such repo: one line, nothing lost
+            raise RuntimeError(f"push_to_hub({self.hub_model_id!r}) failed: {type(e).__name__}: "
+                               f"{str(e).splitlines()[0] if str(e) else ''}. The model stays in "
+                               f"{self.args.output_dir}; upload it later with `hf upload`") from None
+
+    def end(self) -> None:
+        """transformers' end of training (trackers and process group): lmrl's run closes its own."""
+
+    # -- bridging ------------------------------------------------------------------------------------
+    def _event(self, name: str, **kwargs) -> None:
+        for cb in self.callbacks:
+            getattr(cb, name)(self.args, self.state, self.control, model=self.model,
+                              processing_class=self.processing_class, **kwargs)
+
+    def _step_end(self, step: int, metrics: dict) -> None:
+        self.state.global_step = step
+        self.state.epoch = step / max(self._steps_per_epoch(), 1e-9)
+        self._event("on_step_end")
+        every = self.inner.config.train.log_every
+        evaluated = any(k.startswith("eval/") for k in metrics)
+        if step % every == 0 or step == 1 or step == self.state.max_steps or evaluated:
+            logs = trl_logs(metrics)
+            self.log({k: v for k, v in logs.items() if not k.startswith("eval_")})
+            if evaluated:
+                evals = {k: v for k, v in logs.items() if k.startswith("eval_")}
+                self.log(evals)
+                self._event("on_evaluate", metrics=evals)
+        if self.control.should_save:
+            self.inner.save_checkpoint()
+        if self.control.should_training_stop and step < self.state.max_steps:
+            self.inner.state["stopped_early"] = True
+            self.inner.info(f"a callback stopped training at step {step} (control.should_training_stop)")
+        self.control = TrainerControl(should_training_stop=self.control.should_training_stop)
+        if step < self.state.max_steps and not self.control.should_training_stop:
+            self._event("on_step_begin")
+
+    def _saved(self, path: Path) -> None:
+        self._event("on_save")
+
+    def _best(self, summary: dict) -> None:
+        best = self.inner.state.get("best", {})
+        if best.get("value") is not None:
+            self.state.best_metric = best["value"]
+            self.state.best_global_step = best["step"]
+            self.state.best_model_checkpoint = str(self.inner.ckpt_dir / "best")
+
+    def _resume_setting(self, resume) -> None:
+        run = self.inner.config.run
+        if resume in (None, False):
+            if self._held_a_run:
+                raise ConfigError(f"output_dir {run.dir} already holds a run: train(resume_from_checkpoint=True) "
+                                  f"continues it; another output_dir starts afresh (lmrl never overwrites a run)")
+            run.resume = "never"
+            return
+        if not self._held_a_run:
+            raise ValueError(f"resume_from_checkpoint={resume!r}: no run to continue in output_dir {run.dir}")
+        run.resume = "auto"
+        if not isinstance(resume, bool):
+            run.resume_from = str(resume)
+
+    def _steps_per_epoch(self) -> float:
+        return self.train_rows / max(self._rows_per_step(), 1)
+
+    def _rows_per_step(self) -> int:
+        world = self.inner.dist.world_size
+        return int(self.args.per_device_train_batch_size) * int(self.args.gradient_accumulation_steps) * world
+
+
+def _prepare(args, model, processing_class, peft_config, quantization_config, train_dataset, rows: str, kind: str):
+    """(lmrl config, ready policy or None, whether output_dir already held a run, training rows)."""
+    if quantization_config is not None:
+        raise ValueError("quantization_config= is not supported: lmrl loads models in bfloat16 or float32 "
+                         "(bitsandbytes' 4- and 8-bit kernels need a CUDA GPU and are not wired in)")
+    if train_dataset is None:
+        raise ValueError(f"{kind}Trainer needs train_dataset= ({rows})")
+    size = len(train_dataset) if hasattr(train_dataset, "__len__") else sum(1 for _ in train_dataset)
+    path = str(model) if isinstance(model, (str, os.PathLike)) else str(model.config.name_or_path)
+    loaded = not isinstance(model, (str, os.PathLike))
+    config = args.to_config(model_path=path, train_rows=size, peft_config=None if loaded else peft_config)
+    if kind != "GRPO" and size:  # TRL: conversations through the chat template, text rows as they are
+        config.data.chat = _conversational(train_dataset[0])
+    held = holds_a_run(Path(config.run.dir))
+    if held:  # the trainer decides at train() whether this run continues it
+        config.run.resume = "auto"
+    policy = None
+    if kind == "REWARD":
+        if loaded:
+            raise ValueError("RewardTrainer takes the model as a path (lmrl puts its own one-number head on the "
+                             "model's trunk)")
+    elif loaded or processing_class is not None:
+        policy = _policy(model, processing_class, peft_config, config)
+    return config, policy, held, size
+
+
+def _conversational(row: dict) -> bool:
+    """TRL's test: a row whose text columns are message lists."""
+    return any(isinstance(row.get(key), list) for key in ("messages", "conversations", "prompt", "chosen",
+                                                           "completion"))
+
+
+def _policy(model, processing_class, peft_config, config):
+    """An lmrl policy over a loaded transformers model, or the model at config.model.path, with the
+    given tokenizer and a LoRA adapter from peft_config."""
+    from ..models import build_model
+    from ..models.hf import HFPolicy
+    from ..models.lora import add_lora
+
+    if isinstance(model, (str, os.PathLike)):
+        policy = build_model(config.model, lora=config.lora)  # the config's LoRA (from peft_config) included
+        return HFPolicy(policy.model, processing_class)
+    if processing_class is None:
+        raise ValueError("a loaded model needs its tokenizer: pass processing_class=tokenizer")
+    policy = model if isinstance(model, HFPolicy) else HFPolicy(model, processing_class)
+    if peft_config is not None:
+        targets = peft_config.target_modules
+        add_lora(policy, r=peft_config.r, alpha=peft_config.lora_alpha, dropout=peft_config.lora_dropout,
+                 target_modules="all-linear" if targets in (None, "all-linear") else targets)
+    return policy
+
+
+def _split_callbacks(callbacks):
+    """(transformers TrainerCallbacks, lmrl Callbacks)."""
+    hf, own = [], []
+    for cb in callbacks or []:
+        (hf if isinstance(cb, TrainerCallback) or (isinstance(cb, type) and issubclass(cb, TrainerCallback))
+         else own).append(cb)
+    return hf, own
+
+
+class GRPOTrainer(_TRLTrainer):
+    """TRL's `GRPOTrainer(model, reward_funcs, args, train_dataset, eval_dataset, processing_class, ...,
+    peft_config, tools, environment_factory)` on lmrl's GRPO. Prompts are TRL's: a text `prompt` is used
+    as it is, a conversational one goes through the chat template; every other column reaches the
+    reward functions. `tools=` and `environment_factory=` answer each prompt over several turns with
+    tool calls (`lmrl.tasks.tool_task`; `max_tool_calling_iterations` bounds the turns)."""
+
+    kind = "grpo"
+
+    def __init__(self, model, reward_funcs=None, args: GRPOConfig | None = None, train_dataset=None,
+                 eval_dataset=None, processing_class=None, reward_processing_classes=None, callbacks=None,
+                 optimizers=(None, None), peft_config=None, tools=None, environment_factory=None,
+                 quantization_config=None, **kwargs):
+        if kwargs:
+            raise TypeError(f"GRPOTrainer got unexpected arguments {sorted(kwargs)}")
+        if optimizers != (None, None) or reward_processing_classes is not None:
+            raise ValueError("optimizers= and reward_processing_classes= are not supported: lmrl builds AdamW from "
+                             "the args, and a reward model's own tokenizer comes with its path")
+        if reward_funcs is None and environment_factory is None:
+            raise ValueError("no reward source: pass reward_funcs=, or an environment_factory whose class defines "
+                             "get_reward()")
+        args = args if args is not None else GRPOConfig(output_dir="trainer_output")
+        _require(args, GRPOConfig)
+        if train_dataset is None and environment_factory is not None:
+            train_dataset = _environment_prompts(args)
+        config, policy, held, rows = _prepare(args, model, processing_class, peft_config, quantization_config,
+                                              train_dataset, "the prompts to sample from", "GRPO")
+        hf_callbacks, own = _split_callbacks(callbacks)
+        inner = _LmrlGRPOTrainer(config, model=policy, reward_funcs=reward_funcs,
+                                 train_dataset=train_dataset, eval_dataset=eval_dataset, callbacks=own, tools=tools,
+                                 environment_factory=environment_factory)
+        self._held_a_run = held
+        super().__init__(inner, args, processing_class=processing_class, callbacks=hf_callbacks, train_rows=rows)
+
+
+def _environment_prompts(args: GRPOConfig) -> list[dict]:
+    """The prompts of an environment that owns its data (TRL: no train_dataset, the environment's `reset()`
+    text is the prompt): empty user turns, as many as one step's completions."""
+    if int(args.max_steps) <= 0:
+        raise ValueError("an environment_factory without train_dataset= needs max_steps= in the GRPOConfig (TRL's "
+                         "rule: the environment's reset() makes each prompt, so there is no data set to count)")
+    rows = int(args.per_device_train_batch_size) * int(args.gradient_accumulation_steps)
+    return [{"prompt": [{"role": "user", "content": ""}]} for _ in range(max(rows, 1))]
+
+
+def _require(args, cls) -> None:
+    if not isinstance(args, cls):
+        raise TypeError(f"args must be lmrl.trl.{cls.__name__} (TRL's {cls.__name__} with lmrl's translation), got "
+                        f"{type(args).__module__}.{type(args).__name__}: import it from lmrl.trl")
+
+
+class _OfflineTRLTrainer(_TRLTrainer):
+    lmrl_class = None
+    config_class = None
+    rows = ""
+
+    def __init__(self, model, args=None, data_collator=None, train_dataset=None, eval_dataset=None,
+                 processing_class=None, callbacks=None, optimizers=(None, None), peft_config=None,
+                 quantization_config=None, **extra):
+        if data_collator is not None or optimizers != (None, None):
+            raise ValueError("data_collator= and optimizers= are not supported: lmrl batches rows itself and "
+                             "builds AdamW from the args")
+        args = args if args is not None else self.config_class(output_dir="trainer_output")
+        _require(args, self.config_class)
+        config, policy, held, rows = _prepare(args, model, processing_class, peft_config, quantization_config,
+                                              train_dataset, self.rows, self.kind.upper())
+        hf_callbacks, own = _split_callbacks(callbacks)
+        tokenizer = policy.tokenizer if policy is not None else processing_class
+        inner = self.lmrl_class(config, model=policy, tokenizer=tokenizer,
+                                train_dataset=train_dataset, eval_dataset=eval_dataset, callbacks=own, **extra)
+        self._held_a_run = held
+        super().__init__(inner, args, processing_class=processing_class, callbacks=hf_callbacks, train_rows=rows)
+
+
+class DPOTrainer(_OfflineTRLTrainer):
+    """TRL's `DPOTrainer(model, ref_model, args, data_collator, train_dataset, eval_dataset,
+    processing_class, ..., peft_config)` on lmrl's DPO, rows in any of TRL's preference formats."""
+
+    kind, lmrl_class, config_class, rows = "dpo", _LmrlDPOTrainer, DPOConfig, "preference pairs"
+
+    def __init__(self, model, ref_model=None, args: DPOConfig | None = None, data_collator=None, train_dataset=None,
+                 eval_dataset=None, processing_class=None, callbacks=None, optimizers=(None, None), peft_config=None,
+                 quantization_config=None):
+        reference = None
+        if ref_model is not None:
+            if isinstance(ref_model, (str, os.PathLike)):
+                raise ValueError("ref_model= takes a loaded model (the default: the policy as training starts)")
+            from ..models.hf import HFPolicy
+
+            reference = ref_model if isinstance(ref_model, HFPolicy) else HFPolicy(ref_model, processing_class)
+            reference.eval().requires_grad_(False)
+        super().__init__(model, args, data_collator, train_dataset, eval_dataset, processing_class, callbacks,
+                         optimizers, peft_config, quantization_config, reference=reference)
+
+
+class SFTTrainer(_OfflineTRLTrainer):
+    """TRL's `SFTTrainer(model, args, data_collator, train_dataset, eval_dataset, processing_class, ...,
+    peft_config)` on lmrl's SFT: rows {text}, {prompt, completion} or {messages} (TRL's formats)."""
+
+    kind, lmrl_class, config_class, rows = "sft", _LmrlSFTTrainer, SFTConfig, "text, prompt/completion or messages rows"
+
+
+class RewardTrainer(_OfflineTRLTrainer):
+    """TRL's `RewardTrainer(model, args, data_collator, train_dataset, eval_dataset, processing_class, ...,
+    peft_config)` on lmrl's reward-model trainer: {chosen, rejected} pairs (with or without prompt)."""
+
+    kind, lmrl_class, config_class, rows = "reward", _LmrlRewardTrainer, RewardConfig, "preference pairs"
