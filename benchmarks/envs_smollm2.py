@@ -72,9 +72,8 @@ every episode's verdicts) goes to the `--out` JSON.
          and includes its start and end evaluation of one held-out prompt). Reported: median seconds per step
          (after the first), peak RSS of the child (ru_maxrss via wait4), steps done, and held-out accuracy of
          the adapter each arm ends with, scored for both by one function here (greedy, lmrl's tool task,
-         `lmrl.models.lora.load_adapter` on the base model), beside the base model's. lmrl.trl's trainer has
-         no `save_model`, so its arm writes the adapter with `lmrl.models.lora.save_adapter`; and it drops
-         `processing_class` when `model` is a path, so both arms are handed the model loaded. One setting
+         `lmrl.models.lora.load_adapter` on the base model), beside the base model's. Both arms write their
+         adapter with `trainer.save_model` and are handed the model loaded. One setting
          reads differently: TRL's max_completion_length bounds a whole completion (every turn and tool
          result), lmrl.trl's (task.max_new_tokens) each turn. If TRL refuses or crashes, its error is
          printed and lmrl's row still is.
@@ -487,7 +486,6 @@ def arm_worker(arm: str, spec: dict) -> None:
         rewards = [h["reward"] for h in trainer.state.log_history if "reward" in h]
         trainer.save_model(str(adapter))  # a PEFT adapter dir
     else:
-        from lmrl.models.lora import save_adapter
         from lmrl.train.callbacks import Callback
         from lmrl.trl import GRPOConfig, GRPOTrainer
 
@@ -503,9 +501,9 @@ def arm_worker(arm: str, spec: dict) -> None:
                               train_dataset=train, eval_dataset=held, processing_class=tokenizer,
                               peft_config=lora_config(spec), tools=[multiply], callbacks=[StepTimes()])
         trainer.config.train.time_limit_min = spec["minutes"]
-        summary = trainer.train()
-        wall, steps = summary["time_s"]["total"], summary["steps_done"]
-        save_adapter(trainer.model, adapter)
+        output = trainer.train()
+        wall, steps = output.metrics["train_runtime"], trainer.state.global_step
+        trainer.save_model(str(adapter))  # a PEFT adapter dir, as TRL's
     print(f"{arm}: {steps} steps in {wall:.0f}s, torch threads {torch.get_num_threads()}", flush=True)
     Path(spec["result"]).write_text(json.dumps({"step_s": step_s, "steps": steps, "train_wall_s": round(wall, 1),
                                                 "reward": rewards, "adapter": str(adapter)}))

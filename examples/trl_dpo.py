@@ -33,8 +33,8 @@ model = AutoModelForCausalLM.from_pretrained(model_dir)
 tokenizer = AutoTokenizer.from_pretrained(model_dir)
 training_args = DPOConfig(output_dir="runs/trl-dpo", learning_rate=5e-6, per_device_train_batch_size=4,
                           max_steps=2 if QUICK else 16, logging_steps=1, eval_strategy="steps",
-                          eval_steps=2 if QUICK else 8, bf16=False)  # TRL on a CPU needs bf16=False
+                          eval_steps=2 if QUICK else 8, use_cpu=True, bf16=False)
 trainer = DPOTrainer(model=model, args=training_args, processing_class=tokenizer, train_dataset=train_dataset,
                      eval_dataset=eval_dataset)
-summary = trainer.train()
-print(f"held-out preference accuracy {summary['final']['eval/accuracy']:.3f} after {summary['steps_done']} steps")
+trainer.train()
+print(f"held-out preference accuracy {trainer.evaluate()['eval_accuracy']:.3f} after {trainer.state.global_step} steps")

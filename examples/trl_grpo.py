@@ -26,10 +26,12 @@ def reward_len(completions, **kwargs):
 
 training_args = GRPOConfig(output_dir="runs/trl-grpo", learning_rate=1e-5, num_generations=4,
                            per_device_train_batch_size=8, max_completion_length=16 if QUICK else 32,
-                           max_steps=2 if QUICK else 30, logging_steps=1, bf16=False)  # TRL on a CPU needs bf16=False
+                           max_steps=2 if QUICK else 30, logging_steps=1, use_cpu=True, bf16=False)
 trainer = GRPOTrainer(model="smollm2-135m-instruct", reward_funcs=reward_len, args=training_args,
                       train_dataset=dataset)
-summary = trainer.train()
-start, final = summary["start_eval"]["eval/reward"], summary["final_eval"]["eval/reward"]
+start = trainer.evaluate()["eval_reward"]
+trainer.train()
+final = trainer.evaluate()["eval_reward"]
+trainer.save_model()  # runs/trl-grpo: what AutoModelForCausalLM.from_pretrained loads
 print(f"mean reward_len of greedy completions (held-out = the first prompts): {start:.2f} before, "
       f"{final:.2f} after RL")

@@ -47,7 +47,8 @@ args = GRPOConfig(output_dir="runs/trl-tools", learning_rate=1e-4, num_generatio
                   logging_steps=1, bf16=False, use_cpu=True)
 trainer = GRPOTrainer(model="smollm2-135m-instruct", reward_funcs=correct, args=args, train_dataset=dataset,
                       tools=[multiply])
-summary = trainer.train()
-start, final = summary["start_eval"], summary["final_eval"]
-print(f"held-out (the first prompts): reward {start['eval/reward']:.3f} before, {final['eval/reward']:.3f} after RL; "
-      f"tool calls per episode {start.get('eval/tools/calls', 0):.2f} -> {final.get('eval/tools/calls', 0):.2f}")
+start = trainer.evaluate()
+trainer.train()
+final = trainer.evaluate()
+print(f"held-out (the first prompts): reward {start['eval_reward']:.3f} before, {final['eval_reward']:.3f} after RL; "
+      f"tool calls per episode {start.get('eval_tools/calls', 0):.2f} -> {final.get('eval_tools/calls', 0):.2f}")
