@@ -27,8 +27,10 @@ PEFT adapter; a plain dict of them is written as model.safetensors); loading giv
 
 Every save goes into `.tmp-<name>-<pid>/` next to its final name, is fsynced, and is then
 renamed into place, so a killed run leaves either the old checkpoint or the new one, never half
-of one. Everything is loaded with `torch.load(weights_only=True)`: no pickled code runs on load.
-One process (rank 0) is assumed to write to a checkpoints dir at a time.
+of one. A full disk (ENOSPC or a quota, inside torch's or safetensors' writer) removes the temporary
+folder and raises `TrainingError` in one line naming the checkpoint and the previous one, intact.
+Everything is loaded with `torch.load(weights_only=True)`: no pickled code runs on load.
+One process (rank 0) writes to a checkpoints dir at a time (the run dir's lock, train/run_dir.py, sees to it).
 
 A file can still be damaged after its save (a full disk, a copy cut short, a hand edit).
 `check_checkpoint` reads every file of a checkpoint without touching a model and says which one
@@ -39,6 +41,7 @@ one aside to `damaged-step_<N>` (kept, never deleted or overwritten) and says wh
 from __future__ import annotations
 
 import copy
+import errno
 import json
 import os
 import random
@@ -55,6 +58,7 @@ import torch
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file, load_model, save_file, save_model
 
+from .errors import TrainingError
 from .models.reference import has_lora_adapter
 
 MODEL_FILE = "model.safetensors"
@@ -344,10 +348,29 @@ def _write_atomically(final: Path, write_files) -> Path:
         else:
             os.rename(tmp, final)
         _fsync(parent)
-    except BaseException:
+    except BaseException as e:
         shutil.rmtree(tmp, ignore_errors=True)
+        if _disk_full(e):
+            previous = final if final.exists() else latest_checkpoint(parent)
+            kept = f"the previous checkpoint {previous} is intact" if previous else "no earlier checkpoint exists"
+            raise TrainingError(f"no space left on device writing checkpoint {final}: {kept}; free space and run "
+                                f"again with --resume") from None
         raise
     return final
+
+
+def _disk_full(e: BaseException | None) -> bool:
+    """Whether `e` (or an error it was raised from or while handling) says the disk or a quota is full:
+    torch.save raises its own RuntimeError with the OSError as context, safetensors names the OS error."""
+    for _ in range(8):
+        if e is None:
+            return False
+        if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT):
+            return True
+        if "No space left on device" in str(e) or "os error 28" in str(e):
+            return True
+        e = e.__cause__ or e.__context__
+    return False
 
 
 def _write_text(path: Path, text: str) -> None:

@@ -62,10 +62,12 @@ TRL_ALIASES: dict[str, Alias] = {
     "loss_type": Alias("algo.loss_level", "GRPOConfig", bare=False, note="DPOConfig's loss_type is dpo.loss_type",
                        values={"grpo": "sequence", "bnpo": "token", "dr_grpo": "constant", "dapo": "token"}),
     "max_completion_length": Alias("task.max_new_tokens", "GRPOConfig"),
+    "max_prompt_length": Alias("task.max_prompt_length", "GRPOConfig"),  # older GRPOConfigs: prompts cut from the left
     "num_iterations": Alias("algo.ppo_epochs", "GRPOConfig"),
     "scale_rewards": Alias("algo.scale_rewards", "GRPOConfig",
                            values={"group": "group", "batch": "batch", "none": "none", True: "group", False: "none"}),
     "mask_truncated_completions": Alias("algo.mask_truncated_completions", "GRPOConfig"),
+    "reward_weights": Alias("reward.weights", "GRPOConfig"),
     "disable_dropout": Alias("train.disable_dropout", "GRPOConfig"),
     "temperature": Alias("train.temperature", "GRPOConfig"),
     "top_p": Alias("train.top_p", "GRPOConfig"),
@@ -438,6 +440,8 @@ def _coerce(value: Any, ftype, key: str, where: str):
             raise bad
         return value
     if ftype is list:
+        if isinstance(value, str):  # one item, as TRL's CLI takes it: reward.funcs=pkg.module:fn
+            return [value] if value else []
         if not isinstance(value, list):
             raise bad
         return value

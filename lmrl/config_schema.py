@@ -110,6 +110,9 @@ class TaskConfig(Section):
     test_file: str | None = _f(None, "math / prompts: JSONL rows held out for evaluation; env.id=sql: DBBench-format "
                                      "JSONL")
     max_new_tokens: int = _f(256, "longest completion sampled (env, or prompts with env.tools: longest turn)", ge=1)
+    max_prompt_length: int = _f(512, "math / prompts: tokens a rendered prompt may have; a longer one keeps its last "
+                                     "max_prompt_length tokens, as TRL's GRPOConfig cut them, and one line names its "
+                                     "file:line and length (0 = no limit)", ge=0)
     chat: bool = _f(True, "math: wrap plain-text prompts as a user message in the model's chat template")
     system_prompt: str = _f("", "math, prompts, env: system message put before each chat prompt or episode (empty: "
                                 "none)")
@@ -176,6 +179,10 @@ class RewardConfig(Section):
                          "**columns) -> a float or None (not applicable) per completion; their weighted sum "
                          "replaces the task's reward")
     weights: list = _f([], "one weight per reward.funcs entry (empty: 1.0 each)")
+    funcs_timeout_s: float = _f(300.0, "seconds one reward function (reward.funcs, reward.cls, reward_funcs=) may "
+                                       "take on a batch; past it its rewards count as None for that batch and a line "
+                                       "says so (the call runs on in a background thread); 0 = no limit, called in "
+                                       "the trainer's thread as TRL calls them", ge=0)
     format_weight: float = _f(0.0, "math: reward for a well-formed <think>...</think> <answer>...</answer>")
     correct_weight: float = _f(1.0, "math: reward for a correct answer (checked with math-verify)")
     require_format: bool = _f(True, "math: a correct answer counts only when well-formed")

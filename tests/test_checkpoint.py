@@ -1,3 +1,4 @@
+import errno
 import json
 import random
 
@@ -9,6 +10,7 @@ from safetensors import safe_open
 from lmrl.checkpoint import (
     CheckpointError,
     capture_rng_state,
+    check_checkpoint,
     latest_checkpoint,
     list_checkpoints,
     load_checkpoint,
@@ -16,6 +18,7 @@ from lmrl.checkpoint import (
     save_checkpoint,
     save_weights,
 )
+from lmrl.errors import TrainingError
 
 
 class TiedLM(torch.nn.Module):
@@ -203,3 +206,41 @@ def test_trainer_state_is_plain_json_on_disk(tmp_path):
     state = {"step": 4, "stage": "rl", "history": [{"reward": 0.5}], "baseline": None}
     path = save_checkpoint(tmp_path, 4, model=TiedLM(), trainer_state=state)
     assert json.loads((path / "trainer_state.json").read_text()) == state
+
+
+# --- a full disk (issue 45) ---------------------------------------------------------------------------
+
+def _no_space(*args, **kwargs):
+    raise OSError(errno.ENOSPC, "No space left on device")
+
+
+def _torch_save_on_a_full_disk(*args, **kwargs):
+    try:  # what torch.save raises when the file's write fails: its own error, the OSError as its context
+        _no_space()
+    except OSError:
+        raise RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 64 vs 0")
+
+
+@pytest.mark.parametrize("target, writer", [("lmrl.checkpoint.save_model", _no_space),
+                                            ("lmrl.checkpoint.torch.save", _torch_save_on_a_full_disk)],
+                         ids=["safetensors", "torch.save"])
+def test_a_full_disk_while_checkpointing_is_one_line_and_the_previous_checkpoint_stays(tmp_path, monkeypatch,
+                                                                                       target, writer):
+    model, opt, sched = make_training()
+    previous = save_checkpoint(tmp_path, 1, model=model, optimizer=opt, scheduler=sched, trainer_state={"step": 1})
+    monkeypatch.setattr(target, writer)
+    with pytest.raises(TrainingError) as raised:
+        save_checkpoint(tmp_path, 2, model=model, optimizer=opt, scheduler=sched, trainer_state={"step": 2})
+    message = str(raised.value)
+    assert message == (f"no space left on device writing checkpoint {tmp_path / 'step_2'}: the previous checkpoint "
+                       f"{previous} is intact; free space and run again with --resume")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["step_1"]  # the temporary folder is gone
+    assert check_checkpoint(previous) is None
+
+
+def test_a_full_disk_before_any_checkpoint_says_there_is_none(tmp_path, monkeypatch):
+    model, _, _ = make_training()
+    monkeypatch.setattr("lmrl.checkpoint.save_model", _no_space)
+    with pytest.raises(TrainingError, match=r"writing checkpoint .*step_1: no earlier checkpoint exists; free space"):
+        save_checkpoint(tmp_path, 1, model=model, trainer_state={"step": 1})
+    assert list(tmp_path.iterdir()) == []

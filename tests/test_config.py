@@ -233,3 +233,13 @@ def test_a_yaml_file_that_cannot_be_read_is_one_line_naming_it(tmp_path):
     with pytest.raises(ConfigError) as e:
         load_config(deep)
     assert str(e.value) == f"{deep}: not valid YAML: nested too deeply to read"
+
+
+def test_a_single_string_for_a_list_key_is_a_one_item_list_as_trls_cli_takes_it(tmp_path):
+    # reward.funcs=pkg:fn was refused with "must be a list" (issue 45)
+    cfg = load_config("math-grpo-smollm2", ["reward.funcs=tests.trl_rewards:reward_len", "lora.target_modules=q_proj"])
+    assert (cfg.reward.funcs, cfg.lora.target_modules) == (["tests.trl_rewards:reward_len"], ["q_proj"])
+    path = tmp_path / "one.yaml"
+    path.write_text("base: math-grpo-smollm2\nreward:\n  funcs: tests.trl_rewards:reward_len\n")
+    assert load_config(path).reward.funcs == ["tests.trl_rewards:reward_len"]
+    assert load_config("math-grpo-smollm2", ["reward.funcs="]).reward.funcs == []

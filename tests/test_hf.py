@@ -212,6 +212,33 @@ def test_convert_gguf_writes_a_plain_directory_once(tiny, tmp_path):
     assert (out / "model.safetensors").stat().st_mtime_ns == stamp
 
 
+def test_a_lora_adapter_on_a_gguf_model_names_a_base_that_from_pretrained_loads(tiny, tmp_path, monkeypatch):
+    # the adapter named the GGUF's folder, which from_pretrained cannot load without gguf_file (issue 45)
+    from peft import PeftModel
+
+    from lmrl import checkpoint as ckpt
+
+    monkeypatch.setenv("LMRL_CACHE", str(tmp_path / "cache"))
+    policy, _ = load_hf_policy(str(tiny["gguf_dir"]), gguf_file="tiny.gguf")
+    add_lora(policy, r=4, alpha=8)
+    with torch.no_grad():
+        for name, p in policy.named_parameters():
+            if "lora_B" in name:
+                p.normal_()  # an adapter that changes the outputs
+    saved = ckpt.save_weights(tmp_path / "best", policy, trainer_state={"step": 1})
+    base_path = json.loads((saved / "adapter_config.json").read_text())["base_model_name_or_path"]
+    assert base_path.startswith(str(tmp_path / "cache"))
+    base = AutoModelForCausalLM.from_pretrained(base_path)  # no gguf_file needed
+    ids = torch.tensor([[5, 6, 7, 8]])
+    with torch.no_grad():
+        torch.testing.assert_close(base(ids).logits, tiny["model"](ids).logits, rtol=0, atol=1e-6)
+        tuned = PeftModel.from_pretrained(base, str(saved)).eval()
+        torch.testing.assert_close(tuned(ids).logits, policy.eval()(ids), rtol=0, atol=1e-5)
+    again, _ = load_hf_policy(str(tiny["gguf_dir"]), gguf_file="tiny.gguf")
+    add_lora(again, r=4, alpha=8)  # the conversion is made once and found again
+    assert again.model.peft_config["default"].base_model_name_or_path == base_path
+
+
 def test_unsupported_gguf_architecture_names_the_file_and_architecture(tiny, tmp_path):
     tok, _ = _tokenizer()
     (tmp_path / "odd").mkdir()

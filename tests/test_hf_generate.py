@@ -342,3 +342,17 @@ def test_rows_with_distinct_heads_share_their_common_start_with_the_logits_and_g
     other, other_attn = left_pad([r[5:] for r in rows], 0, "cpu")
     model_logits(policy, other, other_attn, keep=3)
     assert taken == [None]
+
+
+def test_non_finite_weights_are_one_error_not_garbage_tokens(model, prompts):
+    # NaN logits sample silently (the CDF inversion picks some token); the trainer needs to hear of it (issue 45)
+    import copy
+
+    from lmrl.errors import NonFiniteOutputs
+
+    broken = copy.deepcopy(model)
+    with torch.no_grad():
+        broken.lm_head.weight.fill_(float("nan"))
+    ids, mask = prompts
+    with pytest.raises(NonFiniteOutputs, match="the next-token probabilities hold NaN or inf"):
+        generate(broken, ids, mask, 4, eos_token_ids=2, pad_token_id=PAD, generator=torch.Generator().manual_seed(0))

@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from lmrl import checkpoint as ckpt
+from lmrl.errors import TrainingError
 from lmrl.train.rl_trainer import RLTrainer
 
 
@@ -120,3 +121,17 @@ def test_the_trainers_step_adamw_with_its_fused_kernel_on_a_cpu(tiny_config):
     trainer = RLTrainer(tiny_config("train.steps=1"))
     trainer.train()
     assert isinstance(trainer.optimizer, torch.optim.AdamW) and trainer.optimizer.defaults["fused"]
+
+
+def test_a_learning_rate_that_blows_up_the_policy_stops_with_one_line_and_checkpoints_intact(tiny_config):
+    # optim.lr=1e10: NaN probabilities reached torch.multinomial while sampling, a traceback (issue 45)
+    cfg = tiny_config("sft.lr=1e10", "optim.lr=1e10", "train.steps=20")
+    with pytest.raises(TrainingError) as raised:
+        RLTrainer(cfg).train()
+    message = str(raised.value)
+    assert "\n" not in message
+    assert message.startswith("the policy's outputs became non-finite after step ")
+    assert "lower optim.lr (sft.lr for a warm-up)" in message
+    ckpt_dir = cfg.run_dir / "checkpoints"
+    assert not list(ckpt_dir.glob(".tmp-*"))
+    assert all(ckpt.check_checkpoint(path) is None for path in ckpt.list_checkpoints(ckpt_dir))

@@ -273,3 +273,56 @@ def test_reward_pickles_without_its_workers(reward):
 def test_completions_must_be_text_or_messages(reward):
     with pytest.raises(TypeError, match="a completion must be a string or a list of messages, got int"):
         reward(["p"], [19], ["19"])
+
+
+# --- memory (issue 45) ----------------------------------------------------------------------------
+
+def test_the_memory_budget_is_split_across_the_checks_that_run_at_once():
+    r = MathReward(max_parallel=8, memory_budget_bytes=1 << 30)
+    assert r.check_memory_bytes == 128 << 20
+    assert MathReward().check_memory_bytes * MathReward().max_parallel <= MathReward().memory_budget_bytes
+    with pytest.raises(ValueError, match=r"memory_budget_bytes=.* gives each of max_parallel=64 checks"):
+        MathReward(max_parallel=64, memory_budget_bytes=1 << 30)
+
+
+def test_a_check_past_its_share_of_the_memory_budget_dies_and_the_others_are_scored(monkeypatch):
+    def hungry(answer, ground_truth):
+        if answer == "hungry":
+            bytearray(256 << 20)  # past its 64 MiB
+        return True, None
+
+    monkeypatch.setattr(math_reward, "_check", hungry)  # the checks fork from this process
+    results = math_reward._check_forked([("19", "19"), ("hungry", "19"), ("19", "19")], timeout_s=20.0,
+                                        max_parallel=3, check_memory_bytes=64 << 20)
+    assert results == [("ok", (True, None)), ("died", None), ("ok", (True, None))]
+
+
+def test_an_answer_longer_than_max_answer_chars_is_wrong_without_a_check():
+    r = MathReward(require_format=False)
+    long_answer = "1" * (math_reward.MAX_ANSWER_CHARS + 1)
+    infos = r.score([done(long_answer), long_answer], [long_answer, long_answer])
+    assert [(i.reward, i.correct, i.timed_out, i.error) for i in infos] == [(0.0, False, False, None)] * 2
+    assert r._server is None  # nothing was parsed: no checker was started
+
+
+# --- currency, units and hedges (issue 45) --------------------------------------------------------
+
+@pytest.mark.parametrize("answer", ["\\$19", "19 dollars", "19 km/h", "\\$19.00", "$\\$19$", "19 \\text{ km/h}",
+                                    "19 miles per hour", "\\boxed{19 \\text{ dollars}}", "USD 19", "19 cm^2"])
+def test_currency_and_trailing_unit_words_are_not_part_of_the_value(reward, answer):
+    assert reward.score_one(done(answer), "19").reward == 1.0
+
+
+@pytest.mark.parametrize("answer", ["2 \\pi", "2 pi", "2x", "2 x", "2 \\sqrt{2}", "2 i"])
+def test_a_symbol_after_a_number_is_still_part_of_the_value(reward, answer):
+    assert reward.score_one(done(answer), "2").reward == 0.0
+
+
+@pytest.mark.parametrize("hedge", ["18 (or 19)", "18 \\lor 19", "18 \\vee 19", "[19, 19]", "19 (or 18)"])
+def test_an_answer_naming_two_values_is_wrong_against_one(reward, hedge):
+    assert reward.score_one(done(hedge), "19").reward == 0.0
+
+
+def test_a_disjunction_still_matches_a_ground_truth_of_both_values(reward):
+    assert reward.score_one(done("18 \\lor 19"), "18, 19").reward == 1.0
+    assert reward.score_one(done("x = 3 or x = 4"), "3, 4").reward == 1.0

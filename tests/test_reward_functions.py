@@ -5,16 +5,22 @@ positional functions and `reward.cls` still work. The last tests train on a tiny
 
 from __future__ import annotations
 
+import asyncio
 import json
+import logging
 import math
+import re
+import threading
+import time
 
+import numpy as np
 import pytest
 import torch
 
 from lmrl.config import ConfigError, load_config
 from lmrl.rollout.local import Rollout
-from lmrl.tasks.rewards import (RewardError, RewardFunctions, RewardModelScorer, build_reward, called_positionally,
-                                score_rollout)
+from lmrl.tasks.rewards import (RewardError, RewardFunctions, RewardLog, RewardModelScorer, build_reward,
+                                called_positionally, fill_unscored, score_rollout)
 from lmrl.train.callbacks import Callback
 from lmrl.train.rl_trainer import RLTrainer
 from tests.test_hf import save_tiny_llama
@@ -151,8 +157,8 @@ def test_a_function_that_does_not_take_the_keywords_is_told_to_take_kwargs():
         score_rollout(PlainTask(), IDS, ROLLOUT, [needs_solution])
 
 
-@pytest.mark.parametrize("value", [math.nan, math.inf, "high"])
-def test_a_non_number_other_than_none_is_refused_with_the_function_and_sample(value):
+@pytest.mark.parametrize("value", [math.nan, math.inf, -math.inf])
+def test_a_non_finite_reward_is_refused_with_the_function_and_sample(value):
     with pytest.raises(RewardError, match=r"reward function f returned .* for prompt 'Q1', completion 'twelve'; "
                                           r"rewards must be finite numbers \(or None"):
         score_rollout(PlainTask(), IDS, ROLLOUT, [returning("f", [1.0, value, 1.0])])
@@ -165,6 +171,191 @@ def test_reward_weights_must_match_the_functions():
         RewardFunctions([reward_len], [math.nan])
     with pytest.raises(ValueError, match="not both"):
         build_reward(None, reward_fn=reward_len, reward_funcs=[reward_len])
+
+
+def test_reward_weights_is_understood_as_trls_name_for_reward_weights():
+    funcs = "reward.funcs=[tests.trl_rewards:reward_len, tests.trl_rewards:Constant]"
+    for written in ("reward_weights", "algo.reward_weights"):
+        cfg = load_config(None, [funcs, f"{written}=[1, 2]"])
+        assert cfg.reward.weights == [1, 2] and build_reward(cfg.reward).weights == [1.0, 2.0]
+        assert any(note.startswith(f"{written} is TRL's name for reward.weights") for note in cfg.aliases)
+
+
+# -- the rest of TRL's calling convention: async functions, trainer_state, log_metric / log_extra ------
+
+def test_async_reward_functions_are_awaited_together():
+    async def slow_one(completions, **kwargs):
+        await asyncio.sleep(0.3)
+        return [1.0] * len(completions)
+
+    class SlowTwo:  # an object whose __call__ is a coroutine function
+        async def __call__(self, completions, **kwargs):
+            await asyncio.sleep(0.3)
+            return [2.0, None, 2.0]
+
+    start = time.perf_counter()
+    rewards, _, extras = score_rollout(PlainTask(), IDS, ROLLOUT, [slow_one, SlowTwo(), returning("f", [0, 0, 1])])
+    assert time.perf_counter() - start < 0.55  # side by side, as TRL gathers them
+    assert rewards.tolist() == [3.0, 1.0, 4.0]
+    assert extras["rewards/SlowTwo/mean"][0] == 2.0 and math.isnan(extras["rewards/SlowTwo/mean"][1])
+
+
+def test_trainer_state_has_the_names_of_transformers_trainer_state():
+    from transformers import TrainerState as HFTrainerState
+
+    seen = {}
+
+    def spy(completions, trainer_state, **kwargs):
+        seen["state"] = trainer_state
+        return [0.0] * len(completions)
+
+    score_rollout(PlainTask(), IDS, ROLLOUT, [spy], step=5, max_steps=9, epoch=0.25)
+    for name, value in (("global_step", 5), ("max_steps", 9), ("epoch", 0.25)):
+        assert hasattr(HFTrainerState(), name) and getattr(seen["state"], name) == value
+
+
+def test_log_metric_and_log_extra_are_passed_as_trl_passes_them_and_collected():
+    def judged(completions, log_metric, log_extra, **kwargs):
+        log_metric("judge/calls", 3)
+        log_metric("judge/calls", 1)
+        log_extra("verdict", ["ok", "bad", "ok"])
+        return [1.0, 0.0, 1.0]
+
+    log = RewardLog()
+    score_rollout(PlainTask(), IDS, ROLLOUT, [judged], log=log)
+    assert log.metrics == {"judge/calls": [3.0, 1.0]} and log.columns == {"verdict": ["ok", "bad", "ok"]}
+    score_rollout(PlainTask(), IDS, ROLLOUT, [judged])  # without a log to fill: still callable
+
+    def bad_metric(completions, log_metric, **kwargs):
+        log_metric("judge/calls", "many")
+        return [1.0] * 3
+
+    with pytest.raises(RewardError, match=r"^reward function bad_metric raised TypeError: log_metric\('judge/calls', "
+                                          r"'many'\): the value must be a number"):
+        score_rollout(PlainTask(), IDS, ROLLOUT, [bad_metric])
+
+
+# -- what a reward function may do wrong ---------------------------------------------------------------
+
+@pytest.mark.parametrize("value", [1e308, -1e39])
+def test_a_reward_beyond_float32_is_refused_naming_the_function_and_the_value(value):
+    with pytest.raises(RewardError, match=rf"^reward function f returned {re.escape(repr(value))} at index 1 "
+                                          rf"\(prompt 'Q1', completion 'twelve'\): beyond float32's range"):
+        score_rollout(PlainTask(), IDS, ROLLOUT, [returning("f", [1.0, value, 1.0])])
+
+
+def test_a_weighted_reward_beyond_float32_is_refused():
+    with pytest.raises(RewardError, match=r"^the weighted reward of completion 0 \(prompt 'Q0', completion '12'\) is "
+                                          r"1e\+40: beyond float32's range"):
+        score_rollout(PlainTask(), IDS, ROLLOUT, RewardFunctions([returning("f", [1e10] * 3)], [1e30]))
+
+
+@pytest.mark.parametrize("value, kind", [(True, "bool"), (np.bool_(False), "numpy.bool_?"), ("1.5", "str"),
+                                         ({"score": 1.0}, "dict"), ([1.0], "list"),
+                                         (torch.tensor([1.0, 2.0]), "torch.Tensor"),
+                                         (torch.tensor(True), "torch.Tensor")])
+def test_a_reward_that_is_not_a_number_is_refused_naming_the_function_the_index_and_the_type(value, kind):
+    with pytest.raises(RewardError, match=rf"^reward function f returned a {kind} \(.*\) at index 1 \(prompt 'Q1', "
+                                          rf"completion 'twelve'\); a reward is a number"):
+        score_rollout(PlainTask(), IDS, ROLLOUT, [returning("f", [1.0, value, 1.0])])
+
+
+def test_numpy_and_torch_scalars_are_numbers():
+    scalars = [np.float32(0.5), np.int64(2), torch.tensor(1.5, dtype=torch.float64)]
+    rewards, _, _ = score_rollout(PlainTask(), IDS, ROLLOUT, [returning("f", scalars)])
+    assert rewards.tolist() == [0.5, 2.0, 1.5]
+
+
+class Lines(logging.Handler):
+    """The lines logged to lmrl's logger while in a `with` block."""
+
+    def __enter__(self):
+        self.lines, logger = [], logging.getLogger("lmrl")
+        self.level = logger.level
+        logger.setLevel(logging.INFO)  # what a run's logging sets up
+        logger.addHandler(self)
+        return self
+
+    def __exit__(self, *exc):
+        logging.getLogger("lmrl").removeHandler(self)
+        logging.getLogger("lmrl").setLevel(self.level)
+
+    def emit(self, record):
+        self.lines.append(record.getMessage())
+
+
+def test_a_function_over_the_time_limit_is_left_out_of_that_batch_and_the_run_goes_on():
+    release, calls = threading.Event(), []
+
+    def stuck(completions, **kwargs):
+        calls.append(1)
+        release.wait(10)
+        return [5.0] * len(completions)
+
+    reward = RewardFunctions([stuck, returning("g", [1.0, 2.0, 3.0])], timeout_s=0.2)
+    log = RewardLog()
+    with Lines() as logged:
+        start = time.perf_counter()
+        rewards, _, extras = score_rollout(PlainTask(), IDS, ROLLOUT, reward, log=log)
+        assert time.perf_counter() - start < 2
+    assert rewards.tolist() == [1.0, 2.0, 3.0]  # g's alone: stuck's count as None (not applicable)
+    assert extras["rewards/stuck/mean"].isnan().all() and log.timed_out == ["stuck"]
+    assert logged.lines == ["reward function stuck took longer than reward.funcs_timeout_s=0.2s on a batch of 3: its "
+                            "rewards are left out of this batch (the call runs on in the background)"]
+
+    # alone, it leaves every completion unscored: NaN, for the trainer to leave out (`fill_unscored`)
+    alone = RewardFunctions([stuck], timeout_s=0.2)
+    log = RewardLog()
+    with Lines() as logged:
+        rewards, _, _ = score_rollout(PlainTask(), IDS, ROLLOUT, alone, log=log)
+    assert rewards.isnan().all() and log.timed_out == ["stuck"]
+    assert len(calls) == 2 and "still running its call" not in logged.lines[0]
+    with Lines() as logged:  # its last call has not returned: not called again meanwhile
+        assert score_rollout(PlainTask(), IDS, ROLLOUT, alone)[0].isnan().all()
+    assert len(calls) == 2 and "is still running its call on an earlier batch" in logged.lines[0]
+    release.set()
+    for _ in range(100):
+        if not any(t.is_alive() for t in alone._running.values()):
+            break
+        time.sleep(0.05)
+    assert score_rollout(PlainTask(), IDS, ROLLOUT, alone)[0].tolist() == [5.0, 5.0, 5.0]
+
+
+def test_a_function_with_math_verifys_default_timeouts_runs_in_the_main_thread():
+    from math_verify import parse
+
+    def parsed(completions, **kwargs):  # parse's default timeout sets a SIGALRM handler: main thread only
+        return [float(len(parse(c)) > 0) for c in completions]
+
+    reward = RewardFunctions([parsed])
+    with Lines() as logged:
+        assert score_rollout(PlainTask(), IDS, ROLLOUT, reward)[0].tolist() == parsed(PlainTask.completions)
+    assert reward._in_caller == {0} and "works in the main thread only" in logged.lines[0]
+
+
+def test_an_unscored_completion_takes_its_prompts_mean_reward():
+    rewards, unscored = fill_unscored(torch.tensor([1.0, math.nan, 3.0, 5.0, math.nan, math.nan]),
+                                      torch.tensor([0, 0, 1, 1, 2, 2]))
+    assert rewards.tolist() == [1.0, 1.0, 3.0, 5.0, 0.0, 0.0]  # no scored completion: 0
+    assert unscored.tolist() == [False, True, False, False, True, True]
+
+
+def test_a_stuck_reward_function_does_not_stop_training(tiny_config):
+    release = threading.Event()
+
+    def stuck(completions, **kwargs):
+        release.wait(10)
+        return [1.0] * len(completions)
+
+    cfg = tiny_config("train.steps=2", "sft.steps=0", "reward.funcs_timeout_s=0.1")
+    try:
+        RLTrainer(cfg, reward_funcs=[stuck]).train()
+    finally:
+        release.set()
+    rows = [json.loads(line) for line in (cfg.run_dir / "metrics.jsonl").read_text().splitlines()]
+    steps = [r for r in rows if "train/loss" in r]
+    assert len(steps) == 2 and all(r["rewards/timed_out"] == 1 and "reward" not in r for r in steps)
+    assert "reward function stuck took longer than" in (cfg.run_dir / "train.log").read_text()
 
 
 def test_reward_funcs_named_in_the_config_are_loaded_with_their_weights(tmp_path):
@@ -251,6 +442,7 @@ def test_trl_reward_functions_train_a_chat_math_task_for_two_steps(tiny_math, tm
     assert len(length.calls) == len(fmt.calls) == 2  # once per RL step; evaluation keeps the task's reward
     for step, ((kwargs, lengths), (_, formats)) in enumerate(zip(length.calls, fmt.calls)):
         assert kwargs["trainer_state"].global_step == step and kwargs["trainer_state"].max_steps == 2
+        assert kwargs["trainer_state"].epoch == step * 2 / 16  # 2 prompts a step of 16 training rows
         assert all(p[-1]["role"] == "user" and p[-1]["content"].startswith("What is") for p in kwargs["prompts"])
         texts = trainer.task.tokenizer.batch_decode(kwargs["completion_ids"], skip_special_tokens=True)
         assert [c for c in kwargs["completions"]] == [[{"role": "assistant", "content": t}] for t in texts]

@@ -78,3 +78,17 @@ def test_open_prompts_need_a_reward(rm, tmp_path):
     root, _ = rm
     with pytest.raises(ConfigError, match="task.name=prompts needs a reward: reward.model"):
         RLTrainer(_ppo(root, "", tmp_path / "run"))  # refused before the policy loads
+
+
+def test_a_missing_reward_model_is_one_line_before_the_policy_loads(tmp_path, monkeypatch):
+    # `lmrl train ppo-rm-smollm2` on a fresh clone loaded SmolLM2, then failed deep in transformers (issue 45)
+    def no_policy(*args, **kwargs):
+        raise AssertionError("the policy was loaded before the reward model was checked")
+
+    monkeypatch.setattr("lmrl.train.rl_trainer.build_model", no_policy)
+    missing = tmp_path / "runs" / "rm-smollm2" / "reward_model"
+    cfg = load_config("ppo-rm-smollm2", [f"reward.model={missing}", f"run.dir={tmp_path / 'run'}", *QUIET])
+    with pytest.raises(ConfigError) as raised:
+        RLTrainer(cfg)
+    assert str(raised.value) == (f"reward.model={missing} does not exist: train one with `lmrl train rm-smollm2`, "
+                                 f"or set reward.model= to a reward model dir")

@@ -197,23 +197,30 @@ def test_console_prefers_policy_loss_and_shows_eval_last():
 # The keys each trainer logs at a training step and at an evaluation, as a short real run of each
 # wrote them to metrics.jsonl (tests/test_console_lines.py checks the lines of such runs end to end).
 STEP_KEYS = {
-    "rl": ["perf/tokens_per_s", "rollout/length_mean", "rollout/reward_mean", "rollout/staleness",
+    "rl": ["clip_ratio/high_max", "clip_ratio/high_mean", "clip_ratio/low_mean", "clip_ratio/low_min",
+           "clip_ratio/region_mean", "completions/clipped_ratio", "completions/max_length",
+           "completions/max_terminated_length", "completions/mean_length", "completions/mean_terminated_length",
+           "completions/min_length", "completions/min_terminated_length", "entropy", "frac_reward_zero_std",
+           "grad_norm", "learning_rate", "loss", "num_tokens", "perf/tokens_per_s", "reward", "reward_std",
+           "rollout/length_mean", "rollout/reward_mean", "rollout/staleness",
            "time/rollout_s", "time/step_s", "time/update_s", "train/accuracy", "train/advantage_mean",
            "train/approx_kl", "train/avg_reward", "train/clip_frac", "train/entropy", "train/grad_norm",
            "train/loss", "train/lr", "train/nonfinite_skipped", "train/policy_loss", "train/ratio_mean"],
     "warm-up": ["perf/tokens_per_s", "sft/accuracy", "sft/grad_norm", "sft/loss", "sft/lr", "sft/nonfinite_skipped",
                 "time/step_s"],
-    "sft": ["sft/grad_norm", "sft/loss", "sft/lr", "sft/nonfinite_skipped", "sft/token_accuracy", "time/step_s"],
-    "dpo": ["dpo/grad_norm", "dpo/loss", "dpo/lr", "dpo/nonfinite_skipped", "logps/chosen", "logps/rejected",
-            "rewards/accuracy", "rewards/chosen", "rewards/margins", "rewards/rejected", "time/step_s"],
-    "rm": ["rm/accuracy", "rm/chosen_mean", "rm/grad_norm", "rm/loss", "rm/lr", "rm/margin_mean",
-           "rm/nonfinite_skipped", "rm/rejected_mean", "time/step_s"],
+    "sft": ["grad_norm", "learning_rate", "loss", "sft/grad_norm", "sft/loss", "sft/lr", "sft/nonfinite_skipped",
+            "sft/token_accuracy", "time/step_s"],
+    "dpo": ["dpo/grad_norm", "dpo/loss", "dpo/lr", "dpo/nonfinite_skipped", "grad_norm", "learning_rate",
+            "logps/chosen", "logps/rejected", "loss", "rewards/accuracies", "rewards/chosen", "rewards/margins",
+            "rewards/rejected", "time/step_s"],
+    "rm": ["grad_norm", "learning_rate", "loss", "rm/accuracy", "rm/chosen_mean", "rm/grad_norm", "rm/loss", "rm/lr",
+           "rm/margin_mean", "rm/nonfinite_skipped", "rm/rejected_mean", "time/step_s"],
 }
 EVAL_KEYS = {
     "rl": ["eval/accuracy", "eval/length_mean", "eval/reward"],
     "warm-up": ["eval/accuracy", "eval/length_mean", "eval/reward", "eval/warmup_accuracy"],
     "sft": ["eval/accuracy", "eval/loss", "eval/token_accuracy"],
-    "dpo": ["eval/accuracy", "eval/logps/chosen", "eval/logps/rejected", "eval/loss", "eval/rewards/accuracy",
+    "dpo": ["eval/accuracy", "eval/logps/chosen", "eval/logps/rejected", "eval/loss", "eval/rewards/accuracies",
             "eval/rewards/chosen", "eval/rewards/margins", "eval/rewards/rejected"],
     "rm": ["eval/accuracy", "eval/chosen_mean", "eval/loss", "eval/margin_mean", "eval/rejected_mean"],
 }
@@ -236,7 +243,7 @@ def test_console_step_line_of_every_trainer_shows_loss_acc_reward_or_margin_and_
     assert lines["sft"] == (f"Step 1 | Loss: {sft['sft/loss']:.3f} | Acc: {sft['sft/token_accuracy']:.3f} | "
                             f"LR: {sft['sft/lr']:.2e}")
     dpo = numbered(STEP_KEYS["dpo"])
-    assert lines["dpo"] == (f"Step 1 | Loss: {dpo['dpo/loss']:.3f} | Acc: {dpo['rewards/accuracy']:.3f} | "
+    assert lines["dpo"] == (f"Step 1 | Loss: {dpo['dpo/loss']:.3f} | Acc: {dpo['rewards/accuracies']:.3f} | "
                             f"Margin: {dpo['rewards/margins']:.3f} | LR: {dpo['dpo/lr']:.2e}")
     rm = numbered(STEP_KEYS["rm"])
     assert lines["rm"] == (f"Step 1 | Loss: {rm['rm/loss']:.3f} | Acc: {rm['rm/accuracy']:.3f} | "

@@ -10,6 +10,7 @@ import pytest
 
 from lmrl.tasks.sql import (InProcessSandbox, Sandbox, SandboxLimits, SQLEnv, SQLEnvConfig, SQLTask, Table,
                             parse_action, table_md5)
+from lmrl.tasks.sql.checking import row_hash
 
 TABLE = Table(name='Bob\'s "odd" table', columns=(("name", "TEXT"), ("home city", "TEXT"), ("age", "INTEGER")),
               rows=(("Ana", "Oslo", 31), ("Ben", "Lima", 45), ("Chen", "Oslo", 28)))
@@ -197,6 +198,42 @@ def test_malformed_turns_are_invalid_with_a_reason(text, reason):
     assert (action.kind, action.reason) == ("invalid", reason)
 
 
+@pytest.mark.parametrize("text, parsed", [
+    ("  Action:   Operation  \t\n```sql\nSELECT 1\n```", ("operation", "SELECT 1", None, None)),
+    ("Action:\tAnswer\t\nFinal Answer: [1]", ("answer", None, [1], None)),
+    ("Action: Operation\n```sqlite   \nSELECT 2```", ("operation", "SELECT 2", None, None)),
+    ("Action: Operation\n```python\nx\n```\n```\nSELECT 3\n```", ("operation", "SELECT 3", None, None)),
+    ("Action: Operation\n````sql\nSELECT 4\n````", ("operation", "`sql\nSELECT 4", None, None)),
+    ("Action: Operation\n```sql SELECT 5```", ("operation", "SELECT 5", None, None)),
+    ("Action: Operation\n```SQL\nSELECT 6\n``` and then ```", ("operation", "SELECT 6", None, None)),
+    ("action: Operation\n```sql\nSELECT 7\n```",
+     ("invalid", None, None, "no 'Action: Operation' or 'Action: Answer' line")),
+    ("xAction: Operation\n```sql\nSELECT 8\n```",
+     ("invalid", None, None, "no 'Action: Operation' or 'Action: Answer' line")),
+    ("Action:Operation\n```mysql\nSELECT 9;\n```", ("operation", "SELECT 9;", None, None)),
+    ("Action: Operation\n```c++\nint x;\n```\n```sql\n\tSELECT 10\n```", ("operation", "SELECT 10", None, None)),
+    ("Action: Operation\n```sql\nSELECT 11", ("invalid", None, None, "'Action: Operation' without a ```sql block")),
+    ("Action:   \n```sql\nSELECT 12\n```", ("invalid", None, None, "unknown action ''; use 'Operation' or 'Answer'")),
+    ("Action: Operation Answer\n",
+     ("invalid", None, None, "unknown action 'Operation Answer'; use 'Operation' or 'Answer'")),
+])
+def test_action_lines_and_fences_parse_as_they_always_have(text, parsed):
+    action = parse_action(text)
+    assert (action.kind, action.sql, action.answer, action.reason) == parsed
+
+
+@pytest.mark.parametrize("text", [
+    "Action: x" + " " * 200_000 + "y",  # the action line's pattern took 18.5 s at 100,000 spaces
+    "Action: Operation\n```" + "a" * 200_000,  # a fence label without a closing fence
+    "Action: Operation\n```sql" + " \t" * 100_000,
+    "Action: Operation\n" + "```sql\n" * 30_000,
+], ids=["action-line-spaces", "fence-label", "fence-blanks", "many-fences"])
+def test_parsing_a_turn_takes_linear_time(text):
+    start = time.monotonic()
+    parse_action(text)
+    assert time.monotonic() - start < 1
+
+
 # --- episodes --------------------------------------------------------------------------------------------
 
 def test_correct_answer_after_a_query_earns_reward_correct():
@@ -271,3 +308,42 @@ def test_modification_is_checked_by_the_final_table_not_the_answer():
     env.reset(task)
     assert env.step(op(f"DROP TABLE {T}"))[0].startswith("Error: not authorized")
     assert env.step(answer([]))[3]["outcome"] == "wrong"
+
+
+# --- the table hash's 1024-byte cut (issue 45) ---------------------------------------------------------------
+
+def long_delete_task() -> SQLTask:
+    """A DELETE on 200 rows whose row hash sorts last: AgentBench's hash reads ~170 rows, never that one."""
+    rows = tuple((f"person {i}", str(i)) for i in range(200))
+    gone = max(rows, key=row_hash)
+    table = Table(name="people", columns=(("name", "TEXT"), ("age", "TEXT")), rows=rows)
+    sql = f"DELETE FROM people WHERE name = '{gone[0]}'"
+    return SQLTask(id="d", description=f"Remove {gone[0]}.", add_description="", table=table, skill="delete",
+                   label=(sql,), answer_md5=table_md5([r for r in rows if r != gone]), reference_sql=sql)
+
+
+@pytest.mark.parametrize("strict, expected", [(False, "correct"), (True, "wrong")])
+def test_doing_nothing_on_a_long_delete_task_is_correct_only_with_agentbenchs_hash(strict, expected):
+    task = long_delete_task()
+    assert table_md5(task.table.rows) == task.answer_md5  # the row to delete is past the hash's cut
+    env = SQLEnv(SQLEnvConfig(strict_hash=strict, query_timeout_s=1.0), sandbox=InProcessSandbox)
+    env.reset(task)
+    assert env.step(answer([]))[3]["outcome"] == expected
+
+
+@pytest.mark.parametrize("strict", [False, True])
+def test_the_right_delete_on_a_long_table_is_correct_with_either_hash(strict):
+    task = long_delete_task()
+    env = SQLEnv(SQLEnvConfig(strict_hash=strict, query_timeout_s=1.0), sandbox=InProcessSandbox)
+    env.reset(task)
+    env.step(op(task.reference_sql))
+    assert env.step(answer([]))[3]["outcome"] == "correct"
+
+
+def test_the_whole_table_hash_reads_every_row():
+    rows = list(long_delete_task().table.rows)
+    last = sorted(rows, key=row_hash)[-1]
+    kept = [r for r in rows if r != last]
+    assert table_md5(rows) == table_md5(kept)  # AgentBench's: cut at 1024 bytes of row hashes
+    assert table_md5(rows, max_bytes=None) != table_md5(kept, max_bytes=None)
+    assert table_md5(rows[:10], max_bytes=None) == table_md5(rows[:10])  # a short table: the same hash

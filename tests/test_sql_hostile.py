@@ -283,3 +283,63 @@ def test_a_worker_that_never_answers_is_killed_at_the_deadline():
         assert db.run("SELECT 1") == "Error: query timed out after 0.2 s and was stopped"
         assert time.monotonic() - start < 5
         assert db.run("SELECT COUNT(*) FROM staff") == "[(3,)]"
+
+
+# --- issue 45: answers and worker recovery --------------------------------------------------------------------
+
+def test_an_answer_past_pythons_int_to_str_digit_limit_is_judged_wrong_without_raising():
+    turn = "Action: Answer\nFinal Answer: [0x" + "f" * 3700 + "]"
+    assert answers_match(parse_action(turn).answer, ["2"]) is False
+    obs, reward, done, info = play(question(), turn)[-1]
+    assert (info["outcome"], done) == ("wrong", True)
+    big = int("f" * 3700, 16)
+    assert answers_match([big], [big]) is True  # still compared exactly, not refused
+
+
+def test_an_sql_env_step_that_raises_is_one_env_error_for_the_rollout(monkeypatch):
+    from lmrl.envs import EnvError
+    from lmrl.rollout.agent import Stepper
+
+    def broken(*args):
+        raise ValueError("Exceeds the limit (4300 digits) for integer string conversion")
+
+    monkeypatch.setattr("lmrl.tasks.sql.env.answers_match", broken)
+    env = SQLEnv(SQLEnvConfig(query_timeout_s=1.0))
+    env.reset(question())
+    (result,) = Stepper(1, 30.0).map([(env, "step", (answer(["2"]),))])
+    env.close()
+    assert isinstance(result, EnvError)
+    assert "step() raised ValueError: Exceeds the limit (4300 digits)" in str(result)
+
+
+NOW_INSERT = "INSERT INTO staff VALUES (strftime('%Y-%m-%d %H:%M:%f', 'now'), 1)"  # milliseconds: a replay differs
+SLOW_INSERT = ("INSERT INTO staff SELECT 'slow', (WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c "
+               "WHERE x < 200000) SELECT COUNT(*) FROM c)")
+
+
+def test_a_killed_worker_comes_back_with_the_exact_rows_even_after_strftime_now():
+    with Sandbox(TABLE, SandboxLimits(query_timeout_s=1.0)) as db:
+        assert db.run(NOW_INSERT) == "[]"
+        before = db.table_rows()
+        time.sleep(0.05)
+        os.kill(db.process.pid, signal.SIGKILL)
+        assert db.run("SELECT 1").startswith("Error: the query crashed the database process")
+        assert db.table_rows() == before
+
+
+def test_recovery_runs_no_earlier_statement_so_its_time_does_not_grow_with_them(monkeypatch):
+    with Sandbox(TABLE, SandboxLimits(query_timeout_s=2.0)) as db:
+        for _ in range(12):
+            assert db.run(SLOW_INSERT) == "[]"
+        before = db.table_rows()
+        sent = []
+        request = Sandbox._request
+        monkeypatch.setattr(Sandbox, "_request", lambda self, line, deadline: sent.append(line) or
+                            request(self, line, deadline))
+        os.kill(db.process.pid, signal.SIGKILL)
+        start = time.monotonic()
+        db.run("SELECT 1")
+        recovery = time.monotonic() - start
+        assert sent == ['{"sql": "SELECT 1"}']  # the failed statement only: nothing replayed
+        assert recovery < 2  # 12 replayed statements of ~0.1 s each took longer
+        assert db.table_rows() == before

@@ -185,9 +185,11 @@ def test_a_reward_function_that_raises_names_itself_and_the_sample(tiny_config):
     assert ckpt.latest_checkpoint(cfg.run_dir / "checkpoints").name == "step_4"  # the warm-up is kept
 
 
-@pytest.mark.parametrize("value", [float("nan"), "high"])  # None (not applicable): tests/test_reward_functions.py
-def test_a_reward_function_returning_a_non_number_is_refused(tiny_config, value):
-    with pytest.raises(RewardError, match="rewards must be finite numbers"):
+@pytest.mark.parametrize("value, message", [(float("nan"), "rewards must be finite numbers"),
+                                            ("high", "returned a str .* a reward is a number")])
+def test_a_reward_function_returning_a_non_number_is_refused(tiny_config, value, message):
+    # None (not applicable) and the other kinds of value: tests/test_reward_functions.py
+    with pytest.raises(RewardError, match=message):
         RLTrainer(tiny_config(), reward_fn=lambda p, c: [value] * len(p)).train()
 
 

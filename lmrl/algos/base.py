@@ -34,6 +34,7 @@ from typing import Protocol
 import torch
 import torch.nn as nn
 
+from .advantages import masked_mean
 from .losses import aggregate, kl_estimate
 from .token_logprobs import token_logprobs
 
@@ -102,6 +103,17 @@ def score_sequences(model: nn.Module, sequences: torch.Tensor, n: int, temperatu
         logps.append(lp)
         values.append(v)
     return torch.cat(logps), None if values[0] is None else torch.cat(values)
+
+
+# Update statistics logged under TRL GRPOTrainer's names: its entropy and KL are token means over the
+# batch, where lmrl's train/entropy and train/kl aggregate by algo.loss_level as the loss does.
+TRL_STATS = {"token_entropy": "entropy", "token_kl": "kl"}
+
+
+def metric_name(stat: str) -> str:
+    """The metric an update statistic is logged as: TRL's name for the ones in TRL_STATS, a name
+    with a "/" as it is (the loss's clip_ratio/*, TRL's), else train/<stat>."""
+    return TRL_STATS.get(stat) or (stat if "/" in stat else f"train/{stat}")
 
 
 # name -> Algorithm subclass: what `algo.name` may be (the config check reads this dict).
@@ -202,11 +214,14 @@ class Algorithm:
         if self.cfg.ent_coef:
             loss = loss - self.cfg.ent_coef * mean_entropy
         stats["entropy"] = mean_entropy.item()
+        stats["token_entropy"] = masked_mean(entropy.detach(), batch.mask).item()
         if batch.ref_logprobs is not None:
-            kl = self.aggregate(kl_estimate(logprobs, batch.ref_logprobs, self.cfg.kl_estimator), batch.mask)
+            per_token_kl = kl_estimate(logprobs, batch.ref_logprobs, self.cfg.kl_estimator)
+            kl = self.aggregate(per_token_kl, batch.mask)
             if not self.cfg.kl_in_reward:
                 loss = loss + self.kl_coef * kl
             stats["kl"] = kl.item()
+            stats["token_kl"] = masked_mean(per_token_kl.detach(), batch.mask).item()
         return loss, stats
 
     def _size(self, mask: torch.Tensor) -> float:
@@ -230,8 +245,9 @@ class Algorithm:
 
     def step(self, learner: Learner, rollout, rewards: torch.Tensor) -> dict:
         """prepare, then ppo_epochs × minibatches × micro-batches of updates; returns the mean
-        of each statistic over optimizer steps, prefixed `train/`. The loss statistics describe
-        the completions the pass ran on (`train/update_fraction` of them, see `rows_in_pass`)."""
+        of each statistic over optimizer steps, named by `metric_name` (`train/<stat>`, or TRL's
+        name). The loss statistics describe the completions the pass ran on
+        (`train/update_fraction` of them, see `rows_in_pass`)."""
         batch, metrics = self.prepare(learner, rollout, rewards)
         n = len(batch)
         in_pass = self.rows_in_pass(learner, batch)
@@ -263,7 +279,7 @@ class Algorithm:
                 for k, v in learner.optimizer_step(total).items():
                     sums[k] += v
                 updates += 1
-        metrics.update({f"train/{k}": v / updates for k, v in sums.items()})
+        metrics.update({metric_name(k): v / updates for k, v in sums.items()})
         self.adapt_kl_coef(metrics.get("rollout/kl"), n)
         return metrics
 

@@ -64,7 +64,10 @@ def clipped_surrogate_loss(logprobs: torch.Tensor, old_logprobs: torch.Tensor, a
     constants. Padding is set to ρ = 1 before anything else, so a masked token contributes nothing,
     not even a nan from an extreme log-prob there. Stats: clip_frac (valid tokens where the clip
     bites: ρ > 1 + right with A > 0, or ρ < 1 − left with A < 0), approx_kl (k3 between old and new,
-    (ρ − 1) − log ρ, mean over valid tokens), ratio_mean."""
+    (ρ − 1) − log ρ, mean over valid tokens), ratio_mean, and TRL GRPOTrainer's clip_ratio/*:
+    low_mean, high_mean and region_mean (valid tokens clipped at the lower end, the upper end,
+    either: region_mean = clip_frac), low_min and high_max (the smallest row share of tokens
+    clipped low, the largest clipped high; rows without a valid token left out, 0 if none has one)."""
     old_logprobs, advantages = old_logprobs.detach(), advantages.detach()
     if advantages.dim() == 1:
         advantages = advantages.unsqueeze(1)
@@ -76,11 +79,24 @@ def clipped_surrogate_loss(logprobs: torch.Tensor, old_logprobs: torch.Tensor, a
     clipped = ratio.clamp(1 - clip_left, 1 + clip_right) * advantages
     loss = aggregate(-torch.min(unclipped, clipped), mask, level, constant)
     with torch.no_grad():
-        bites = ((ratio > 1 + clip_right) & (advantages > 0)) | ((ratio < 1 - clip_left) & (advantages < 0))
-        stats = {"clip_frac": masked_mean(bites.float(), mask).item(),
-                 "approx_kl": masked_mean((ratio - 1) - log_ratio, mask).item(),
-                 "ratio_mean": masked_mean(ratio, mask).item()}
+        low = ((ratio < 1 - clip_left) & (advantages < 0)).float()
+        high = ((ratio > 1 + clip_right) & (advantages > 0)).float()
+        valid = torch.ones_like(ratio) if mask is None else mask.float()
+        row_low, row_high = (low * valid).sum(1) / valid.sum(1), (high * valid).sum(1) / valid.sum(1)  # NaN: no token
+        numbers = torch.stack([masked_mean(torch.max(low, high), mask), masked_mean((ratio - 1) - log_ratio, mask),
+                               masked_mean(ratio, mask), masked_mean(low, mask), masked_mean(high, mask),
+                               _nan_extreme(row_low, torch.min), _nan_extreme(row_high, torch.max)]).tolist()
+        stats = dict(zip(("clip_frac", "approx_kl", "ratio_mean", "clip_ratio/low_mean", "clip_ratio/high_mean",
+                          "clip_ratio/low_min", "clip_ratio/high_max"), numbers))
+        stats["clip_ratio/region_mean"] = stats["clip_frac"]
     return loss, stats
+
+
+def _nan_extreme(x: torch.Tensor, extreme) -> torch.Tensor:
+    """`extreme` (torch.min or torch.max) of x's entries that are not NaN; 0 when none is (no row
+    with a valid token has none clipped; TRL's NaN there would reach the step's mean)."""
+    kept = x[~x.isnan()]
+    return extreme(kept) if kept.numel() else x.new_zeros(())
 
 
 def kl_estimate(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, estimator: str = "k3") -> torch.Tensor:

@@ -37,9 +37,11 @@ def _name(key: str) -> str:
 
 
 def is_rate(key: str) -> bool:
-    """A fraction in [0, 1]: train/accuracy, rewards/accuracies, eval/format_rate, train/clip_frac."""
+    """A fraction in [0, 1]: train/accuracy, rewards/accuracies, eval/format_rate, train/clip_frac,
+    and TRL's frac_reward_zero_std, clip_ratio/* and completions/clipped_ratio (not learning_rate)."""
     name = _name(key)
-    return name in ("accuracy", "accuracies") or name.endswith(("_accuracy", "_rate", "_frac"))
+    return (name in ("accuracy", "accuracies", "clipped_ratio") or name.endswith(("_accuracy", "_rate", "_frac"))
+            or name.startswith("frac_") or key.startswith("clip_ratio/")) and name != "learning_rate"
 
 
 def is_reward(key: str) -> bool:
@@ -58,7 +60,7 @@ FAMILIES: tuple[tuple[str, str, str, Callable[[str], bool]], ...] = (
     ("reward", "Rewards", "reward", is_reward),
     ("kl", "KL divergence", "KL", lambda k: _name(k) == "kl" or _name(k).endswith("_kl")),
     ("entropy", "Entropy", "entropy (nats)", lambda k: "entropy" in _name(k)),
-    ("lr", "Learning rate", "learning rate", lambda k: k.endswith("/lr")),
+    ("lr", "Learning rate", "learning rate", lambda k: k.endswith("/lr") or k == "learning_rate"),
     ("eval", "Evaluation", "value", lambda k: k.startswith("eval/")),
 )
 MARKERS_UP_TO = 40  # points: short series (evaluations, quick runs) get a dot per point

@@ -140,12 +140,15 @@ class WandbSink:
 # The console line: one field per family of metric, whatever the trainer. A family is (format,
 # {key: label}), the keys in order of preference: the first key present is shown, with its label.
 # Every trainer's loss, accuracy-like value, reward-like value and learning rate fit these four.
+# lmrl's names come first; TRL's (loss, reward, learning_rate), which lmrl's trainers log beside
+# them, close each family, so a line reads the same whichever a run has.
 CONSOLE_FIELDS: tuple[tuple[str, dict[str, str]], ...] = (
-    (".3f", dict.fromkeys(("train/policy_loss", "train/loss", "sft/loss", "dpo/loss", "rm/loss"), "Loss")),
-    (".3f", dict.fromkeys(("train/accuracy", "sft/accuracy", "sft/token_accuracy", "rewards/accuracy",
-                           "rewards/accuracies", "rm/accuracy"), "Acc")),
-    (".3f", {"train/avg_reward": "Reward", "rewards/margins": "Margin", "rm/margin_mean": "Margin"}),
-    (".2e", dict.fromkeys(("train/lr", "sft/lr", "dpo/lr", "rm/lr"), "LR")),
+    (".3f", dict.fromkeys(("train/policy_loss", "train/loss", "sft/loss", "dpo/loss", "rm/loss", "loss"), "Loss")),
+    (".3f", dict.fromkeys(("train/accuracy", "sft/accuracy", "sft/token_accuracy", "rewards/accuracies",
+                           "rm/accuracy"), "Acc")),
+    (".3f", {"train/avg_reward": "Reward", "rewards/margins": "Margin", "rm/margin_mean": "Margin",
+             "reward": "Reward"}),
+    (".2e", dict.fromkeys(("train/lr", "sft/lr", "dpo/lr", "rm/lr", "learning_rate"), "LR")),
 )
 # The held-out families, shown together as the last field: `Eval: loss 0.512, acc 0.750, margin 0.210`.
 # DPO's held-out margin is eval/rewards/margins, the reward model's eval/margin_mean (evaluation

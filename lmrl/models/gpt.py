@@ -19,6 +19,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from ..algos.token_logprobs import token_logprobs
+from ..errors import NonFiniteOutputs
 from ..rollout.sampling import warp_logits
 
 
@@ -286,7 +287,12 @@ class GPT(nn.Module):
             if greedy:
                 nxt = logp.argmax(dim=-1, keepdim=True)
             else:
-                nxt = torch.multinomial(logp.exp(), 1, generator=generator)
+                try:
+                    nxt = torch.multinomial(logp.exp(), 1, generator=generator)
+                except RuntimeError:
+                    if not torch.isfinite(logp).all():  # checked only on failure: free on the happy path
+                        raise NonFiniteOutputs("the next-token probabilities hold NaN or inf") from None
+                    raise
             tokens.append(nxt)
             logps.append(logp.gather(-1, nxt))
             step_input = nxt

@@ -5,12 +5,20 @@
     convert_gguf("smollm2-135m-instruct", None, "/tmp/smollm2")          # once: a safetensors directory
     policy, tokenizer = load_hf_policy("/tmp/smollm2", dtype="bf16")     # fast from then on
 
+A LoRA adapter names its base model by path (PEFT's `base_model_name_or_path`), and a GGUF's folder
+does not load without its file name, so before an adapter goes on a model loaded from a GGUF
+(`loadable_base`) the model is written once as a safetensors folder under `cache_dir()`, which the
+adapter then names: `AutoModelForCausalLM.from_pretrained(base_model_name_or_path)` loads it.
+
 `lmrl.models.hf` re-exports these names.
 """
 
 from __future__ import annotations
 
+import hashlib
 import importlib.util
+import os
+import shutil
 from pathlib import Path
 
 import torch
@@ -90,6 +98,7 @@ def load_hf_model(path: str, *, gguf_file: str | None = None, dtype: str = "fp32
         raise
     if gguf_file is not None:
         drop_quantizer_record(model)
+        model.lmrl_gguf = (str((directory / gguf_file).resolve()), dtype)  # for `loadable_base`
     model.to(device)
     if gradient_checkpointing:
         # Non-reentrant checkpointing also back-propagates into LoRA layers when the inputs need no grad.
@@ -133,6 +142,40 @@ def convert_gguf(name_or_path: str, gguf_file: str | None, out_dir, *, dtype: st
     model.save_pretrained(out_dir)
     tokenizer.save_pretrained(out_dir)
     return out_dir
+
+
+def cache_dir() -> Path:
+    """Where lmrl keeps what it makes once per machine: $LMRL_CACHE, else $XDG_CACHE_HOME/lmrl, else
+    ~/.cache/lmrl."""
+    if os.environ.get("LMRL_CACHE"):
+        return Path(os.environ["LMRL_CACHE"])
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "lmrl"
+
+
+def loadable_base(model: nn.Module, tokenizer) -> None:
+    """Make a model loaded from a GGUF file (by `load_hf_model`) name, as its `name_or_path`, a
+    safetensors copy of itself that `from_pretrained` loads without `gguf_file`: written once per GGUF
+    file (path, size, modification time) and dtype under `cache_dir()/gguf`, found again after. Call
+    it before an adapter goes on (PEFT reads the name then). Other models are left as they are, and so
+    is this one when the copy cannot be written (its adapter then names the GGUF's folder)."""
+    source = getattr(model, "lmrl_gguf", None)
+    if source is None:
+        return
+    path, dtype = source
+    stat = os.stat(path)
+    digest = hashlib.sha256(f"{path}|{stat.st_size}|{stat.st_mtime_ns}|{dtype}".encode()).hexdigest()[:16]
+    out = cache_dir() / "gguf" / f"{Path(path).stem}-{digest}"
+    if not (out / "config.json").is_file():
+        tmp = out.with_name(f"{out.name}.tmp-{os.getpid()}")
+        try:
+            model.save_pretrained(tmp)
+            tokenizer.save_pretrained(tmp)
+            os.rename(tmp, out)
+        except OSError:  # a full disk, or another process renamed its copy into place first
+            shutil.rmtree(tmp, ignore_errors=True)
+            if not (out / "config.json").is_file():
+                return
+    model.name_or_path = model.config._name_or_path = str(out)
 
 
 def _gguf_architecture(file: Path) -> str:

@@ -16,6 +16,7 @@ from pathlib import Path
 import torch
 
 from .hf import HFPolicy
+from .hf_loading import loadable_base
 
 try:
     from peft import LoraConfig, PeftModel, get_peft_model
@@ -36,6 +37,7 @@ def add_lora(policy: HFPolicy, r: int = 16, alpha: float = 32, dropout: float = 
         raise ValueError("the policy already has a LoRA adapter")
     config = LoraConfig(r=r, lora_alpha=alpha, lora_dropout=dropout, target_modules=target_modules,
                         task_type="CAUSAL_LM")
+    loadable_base(policy.model, policy.tokenizer)  # a GGUF's folder is no base from_pretrained can load
     policy.model = get_peft_model(policy.model, config)
     return policy
 

@@ -46,6 +46,7 @@ import math
 
 import torch
 
+from ..errors import NonFiniteOutputs
 from .kv_cache import new_cache  # without transformers: an ImportError naming the `hf` extra
 from .packed_linear import packed_linears, packing_available
 from .sampling import warp_logits
@@ -218,5 +219,7 @@ def generate(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, max_n
         keep = (is_eos.cumsum(1) - is_eos) == 0  # up to and including the first EOS
         completion = completion.masked_fill(~keep, pad_token_id)
         logprobs = logprobs.masked_fill(~keep, 0.0)
+        if not torch.isfinite(logprobs).all():  # NaN logits sample garbage silently: say so here, once
+            raise NonFiniteOutputs("the next-token probabilities hold NaN or inf")
     # Outside inference mode, so that the results can enter autograd (e.g. as a training forward's input).
     return completion.clone(), keep.float(), logprobs.clone()

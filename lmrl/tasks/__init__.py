@@ -57,7 +57,8 @@ def _math_task(config, *, tokenizer, **_):
     scorer = MathReward(format_weight=r.format_weight, correct_weight=r.correct_weight,
                         require_format=r.require_format, timeout_s=r.timeout_s)
     return MathTask(t.train_file, t.test_file, tokenizer, max_new_tokens=t.max_new_tokens, chat=t.chat,
-                    system_prompt=t.system_prompt, prompt_template=t.prompt_template, reward=scorer)
+                    system_prompt=t.system_prompt, prompt_template=t.prompt_template, reward=scorer,
+                    max_prompt_length=t.max_prompt_length)
 
 
 def _read_math_rows(path) -> None:
@@ -82,7 +83,8 @@ def _math_file(config, *, tokenizer, test_file, max_new_tokens):
     scorer = MathReward(format_weight=r.format_weight, correct_weight=r.correct_weight,
                         require_format=r.require_format, timeout_s=r.timeout_s)
     return MathTask(None, str(test_file), tokenizer, max_new_tokens=max_new_tokens, chat=t.chat,
-                    system_prompt=t.system_prompt, prompt_template=t.prompt_template, reward=scorer)
+                    system_prompt=t.system_prompt, prompt_template=t.prompt_template, reward=scorer,
+                    max_prompt_length=t.max_prompt_length)
 
 
 @register_task("prompts", help="open JSONL prompts scored by reward.model, reward.cls or reward functions",
@@ -109,7 +111,8 @@ def _prompt_task(config, *, tokenizer, device="cpu", **_):
     else:  # scored by the trainer's reward functions (`PromptTask.score_with`)
         scorer = None
     task = PromptTask(t.train_file, t.test_file, tokenizer, scorer=scorer, max_new_tokens=t.max_new_tokens,
-                      chat=t.chat, system_prompt=t.system_prompt, prompt_template=t.prompt_template)
+                      chat=t.chat, system_prompt=t.system_prompt, prompt_template=t.prompt_template,
+                      max_prompt_length=t.max_prompt_length)
     tools = config.env.tools
     if tools:
         from .tool_task import with_tools

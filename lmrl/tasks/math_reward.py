@@ -17,11 +17,20 @@ Lenient mode. With `require_format=False` a completion without an `<answer>` blo
 the last number it writes (`"56 + 67 = 123. The answer is 123."` answers 123), as GSM8K-style
 graders do, so a model that has not yet learned the tags can still be scored.
 
+Currency and units (`plain_value`). A currency sign or code around a number (`\$19`, `USD 19`,
+`€19`) and unit words after it (`19 dollars`, `19 km/h`, `19 \text{ miles per hour}`, `19 cm^2`)
+are dropped, from answers and ground truths alike, so each of these is 19. A unit is words of
+letters (`/` and powers such as `m^2` allowed), at least one of two letters or more; lone letters
+(`2 x`, `19 m/s`) and math names (`2 pi`, `2 \sqrt{2}`) stay part of the value.
+
 Hedging. Every value the answer names must be right (`answer_candidates`): each `\boxed{…}`,
 `$…$`, `\(…\)` or `\[…\]` group is a candidate, and so is the text around them if it holds a
 digit; without groups the whole answer is one. `\boxed{3} or \boxed{4}` and `$3$, no, $4$` are
 wrong against 4, and so is `3 or 4`, which math-verify reads as the set {3, 4}: a set equals only
-a ground truth that is the same set.
+a ground truth that is the same set. `18 \lor 19`, `18 \vee 19` and `18 (or 19)` are that set
+too (math-verify alone reads them as 19), and an answer that is a collection (a set, list, tuple
+or interval: `[19, 19]`, `\{19\}`) is wrong unless the ground truth is one, however many of its
+items are right.
 
 Relations. math-verify reads an equation as its right side, so `\boxed{20 = 19}` would be 19. A
 candidate that is a relation (`=`, `\ne`, `<`, `\le`, `>`, `\ge`, or several joined, such as
@@ -33,10 +42,16 @@ timeouts use signal.alarm, which only works in the main thread. So they are off,
 server process (spawned once, about 2 s, with math-verify imported) forks one process per answer,
 up to `max_parallel` at a time, and kills each that runs past `timeout_s`: the row scores 0 and
 `timeouts` counts it. The answers of a batch are checked side by side, so a batch of hostile
-answers costs about one `timeout_s`, not one per row. Each forked check may grow its address space
-by `_CHECK_MEMORY_BYTES` at most. This works from any thread, on Linux (it forks). Scripts that use
-MathReward need the usual `if __name__ == "__main__":` guard (the spawned server imports the main
-script).
+answers costs about one `timeout_s`, not one per row. This works from any thread, on Linux (it
+forks). Scripts that use MathReward need the usual `if __name__ == "__main__":` guard (the spawned
+server imports the main script).
+
+Memory. The checks that run at once share `memory_budget_bytes` (4 GiB by default): each may grow
+its address space past the server's by `memory_budget_bytes / max_parallel` at most (128 MiB at the
+default 32; a typical check adds under 10 MiB), so together they add at most `memory_budget_bytes`
+to the server's own size (about 70 MiB), whatever the answers; a check past its share dies and its
+row scores 0 (counted in `errors`). An answer longer than `MAX_ANSWER_CHARS` is wrong without
+being parsed.
 """
 
 from __future__ import annotations
@@ -60,9 +75,22 @@ _TAGS = ("<think>", "</think>", "<answer>", "</answer>")
 _FORMAT = re.compile(r"\s*<think>.*</think>\s*<answer>.*</answer>\s*", re.DOTALL)
 _MATH_GROUP = re.compile(r"\$\$(.+?)\$\$|\$(.+?)\$|\\\((.+?)\\\)|\\\[(.+?)\\\]", re.DOTALL)
 _LAST_NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?")
+# A value with its currency and units (`plain_value`): currency before, the number, currency or units after.
+_CURRENCY = r"(?:\\\$|\$|US\$|USD|EUR|GBP|€|£|¥|₹|\\pounds|\\euro|\\textdollar|\\textsterling)"
+_NUMBER = r"[-+]?(?:\d[\d,]*(?:\.\d*)?|\.\d+)(?:\s*/\s*\d+)?|\\d?frac\{[^{}]*\}\{[^{}]*\}"
+_VALUE_WITH_UNITS = re.compile(rf"\s*(?:{_CURRENCY}\s*)?({_NUMBER})(.*)", re.DOTALL)
+_UNIT_WORD = re.compile(r"[A-Za-z]+\.?(?:\^\{?-?\d\}?)?")  # `km`, `hr.`, `m^2`, `cm^{3}`
+_TEXT_WRAPPER = re.compile(r"\\(?:text|textrm|mathrm|mbox|operatorname)\s*\{([^{}]*)\}")
+_SPACING = re.compile(r"\\[,;:! ]|~")
+_MATH_WORDS = {"pi", "sqrt", "sin", "cos", "tan", "cot", "sec", "csc", "log", "ln", "lg", "exp", "arcsin",
+               "arccos", "arctan", "sinh", "cosh", "tanh", "inf", "infty", "infinity", "mod", "pmod", "and", "or"}
+_DISJUNCTION = re.compile(r"\\(?:lor|vee)(?![A-Za-z])")
+_PARENTHESISED_OR = re.compile(r"\(\s*or\s+([^()]*)\)", re.IGNORECASE)
 _STARTUP_S = 300.0  # the checker server's start (imports sympy and math-verify) is not counted in timeout_s
 _SERVER_SLACK_S = 30.0  # beyond its rows' own timeouts, how long a batch may take before the server is given up
-_CHECK_MEMORY_BYTES = 2 << 30  # address space one forked check may add to the server's
+MEMORY_BUDGET_BYTES = 4 << 30  # address space all the checks running at once may add to the server's
+_MIN_CHECK_MEMORY_BYTES = 64 << 20  # less would fail ordinary checks (sympy's caches grow as it works)
+MAX_ANSWER_CHARS = 1000  # a longer answer is wrong unparsed: no math answer needs more, a hostile one only costs
 
 
 def parse_completion(text: str) -> tuple[bool, str | None]:
@@ -82,6 +110,7 @@ def last_number(text: str) -> str | None:
 
 def answer_candidates(answer: str) -> list[str]:
     """Every value an answer names, as LaTeX without delimiters; each must be right."""
+    answer = answer.replace("\\$", "")  # an escaped dollar is a currency sign, never a math delimiter
     groups, rest = _take_boxed(answer)
     for m in _MATH_GROUP.finditer(rest):
         groups.append(next(g for g in m.groups() if g is not None))
@@ -90,6 +119,26 @@ def answer_candidates(answer: str) -> list[str]:
     if not groups:
         return [answer.strip()]
     return groups + [rest.strip()] if re.search(r"\d", rest) else groups
+
+
+def plain_value(text: str) -> str:
+    r"""`text` without a currency sign or code and trailing unit words when it is a number with them
+    (`\$19.00` -> `19.00`, `19 km/h` -> `19`), and with `\lor`, `\vee` and `(or …)` written as
+    math-verify writes `or`, a comma between the values (`18 (or 19)` -> `18 , 19`)."""
+    text = _PARENTHESISED_OR.sub(r", \1", _DISJUNCTION.sub(",", text))
+    m = _VALUE_WITH_UNITS.fullmatch(text)
+    if m is None:
+        return text
+    number, tail = m.groups()
+    tail = _SPACING.sub(" ", _TEXT_WRAPPER.sub(r" \1 ", tail)).strip()
+    tail = re.sub(rf"^{_CURRENCY}|{_CURRENCY}$", "", tail).strip()
+    if not tail:
+        return number
+    words = tail.replace("/", " ").split()
+    letters = [re.sub(r"[^A-Za-z]", "", w.split("^")[0]) for w in words]
+    is_unit = (all(_UNIT_WORD.fullmatch(w) for w in words) and any(len(w) >= 2 for w in letters)
+               and not any(w.lower() in _MATH_WORDS for w in letters))
+    return number if is_unit else text
 
 
 def _take_boxed(text: str) -> tuple[list[str], str]:
@@ -128,13 +177,15 @@ def _check(answer: str, ground_truth: str) -> tuple[bool, str | None]:
     """(correct, error) for one answer; runs in a forked checker process."""
     from math_verify import parse, verify
 
-    candidates = [_as_latex(c) for c in answer_candidates(answer)]
+    candidates = [_as_latex(plain_value(c)) for c in answer_candidates(answer)]
     try:
-        gold = parse(_as_latex(ground_truth), parsing_timeout=None)
+        gold = parse(_as_latex(plain_value(ground_truth.replace("\\$", ""))), parsing_timeout=None)
         if not gold:
             return False, f"the ground truth {ground_truth!r} does not parse as math"
         preds = [parse(c, parsing_timeout=None) for c in candidates]
         if not _is_relation(gold) and any(_is_relation(p, lone_variable_ok=True) for p in preds):
+            return False, None
+        if not _is_collection(gold) and any(_is_collection(p) for p in preds):
             return False, None
         return all(p and verify(gold, p, timeout_seconds=None) for p in preds), None
     except Exception as e:  # math-verify failing on this row: the row scores 0, the batch goes on
@@ -158,6 +209,13 @@ def _is_relation(parsed: list, lone_variable_ok: bool = False) -> bool:
     return False
 
 
+def _is_collection(parsed: list) -> bool:
+    """Whether math-verify's parse of an answer is a set, list, tuple or interval (`{19}`, `[19, 19]`)."""
+    from sympy import Set, Tuple
+
+    return any(isinstance(expr, (Set, Tuple)) for expr in parsed)
+
+
 @dataclass
 class RewardInfo:
     reward: float
@@ -175,11 +233,16 @@ class MathReward:
     A row whose check times out or fails scores 0 (counted in `timeouts` / `errors`)."""
 
     def __init__(self, format_weight: float = 0.0, correct_weight: float = 1.0, require_format: bool = True,
-                 timeout_s: float = 5.0, max_parallel: int = 32):
+                 timeout_s: float = 5.0, max_parallel: int = 32, memory_budget_bytes: int = MEMORY_BUDGET_BYTES):
         if importlib.util.find_spec("math_verify") is None:
             raise MissingPackage("MathReward needs math-verify: pip install 'lmrl[math]'")
         if max_parallel < 1:
             raise ValueError(f"max_parallel must be at least 1 (got {max_parallel})")
+        self.memory_budget_bytes, self.check_memory_bytes = memory_budget_bytes, memory_budget_bytes // max_parallel
+        if self.check_memory_bytes < _MIN_CHECK_MEMORY_BYTES:
+            raise ValueError(f"memory_budget_bytes={memory_budget_bytes} gives each of max_parallel={max_parallel} "
+                             f"checks {self.check_memory_bytes >> 20} MiB, under the {_MIN_CHECK_MEMORY_BYTES >> 20} "
+                             f"MiB a check needs: raise the budget or lower max_parallel")
         self.__name__ = "math_reward"  # TRL names reward functions in its logs by __name__
         self.format_weight, self.correct_weight = format_weight, correct_weight
         self.require_format, self.timeout_s, self.max_parallel = require_format, timeout_s, max_parallel
@@ -204,7 +267,7 @@ class MathReward:
         if not self.require_format:  # no <answer> block: the last number written is the answer
             parsed = [(ok, answer if answer is not None else last_number(t)) for (ok, answer), t in zip(parsed, texts)]
         todo = {i: (answer, str(gt)) for i, ((ok, answer), gt) in enumerate(zip(parsed, ground_truth))
-                if answer and (ok or not self.require_format)}
+                if answer and len(answer) <= MAX_ANSWER_CHARS and (ok or not self.require_format)}
         checked = self._check_all(todo)
         infos = []
         for i, (ok, _) in enumerate(parsed):
@@ -251,8 +314,8 @@ class MathReward:
         if self._server is None:
             ctx = multiprocessing.get_context("spawn")
             ours, theirs = ctx.Pipe()
-            process = ctx.Process(target=_serve_checks, args=(theirs, self.max_parallel), daemon=True,
-                                  name="lmrl-math-checker")
+            process = ctx.Process(target=_serve_checks, args=(theirs, self.max_parallel, self.check_memory_bytes),
+                                  daemon=True, name="lmrl-math-checker")
             process.start()
             theirs.close()
             self._server = (process, ours)
@@ -281,7 +344,7 @@ class MathReward:
         self.__dict__.update(state, _server=None, _lock=threading.Lock())
 
 
-def _serve_checks(conn, max_parallel: int) -> None:
+def _serve_checks(conn, max_parallel: int, check_memory_bytes: int) -> None:
     """The checker server: import math-verify once, then check each batch it receives in forked
     processes (`_check_forked`) and send back one (status, value) per row."""
     os.setpgid(0, 0)  # its own process group, so one killpg stops it and every check it forked
@@ -294,13 +357,15 @@ def _serve_checks(conn, max_parallel: int) -> None:
             jobs, timeout_s = conn.recv()
         except EOFError:  # the reward was closed or its process ended
             return
-        conn.send(_check_forked(jobs, timeout_s, max_parallel))
+        conn.send(_check_forked(jobs, timeout_s, max_parallel, check_memory_bytes))
 
 
-def _check_forked(jobs: list[tuple[str, str]], timeout_s: float, max_parallel: int) -> list[tuple]:
+def _check_forked(jobs: list[tuple[str, str]], timeout_s: float, max_parallel: int,
+                  check_memory_bytes: int) -> list[tuple]:
     """(status, value) per job: ("ok", `_check`'s result), ("timeout", None) for a check killed after
-    `timeout_s` of its own, ("died", None) for one that ended without a result, ("bug", message) for
-    an exception raised by lmrl's own code."""
+    `timeout_s` of its own, ("died", None) for one that ended without a result (past its
+    `check_memory_bytes` of address space, say), ("bug", message) for an exception raised by lmrl's
+    own code. At most `max_parallel` checks run at once."""
     results: list = [("died", None)] * len(jobs)
     waiting, running = list(range(len(jobs))), {}  # running: read fd -> [row, pid, deadline, chunks]
     while waiting or running:
@@ -310,7 +375,7 @@ def _check_forked(jobs: list[tuple[str, str]], timeout_s: float, max_parallel: i
             pid = os.fork()
             if pid == 0:  # the check: compute, write the pickled result, exit without cleanup
                 os.close(read_fd)
-                _check_in_child(jobs[row], write_fd)
+                _check_in_child(jobs[row], write_fd, check_memory_bytes)
             os.close(write_fd)
             running[read_fd] = [row, pid, time.monotonic() + timeout_s, []]
         wait = max(0.0, min(r[2] for r in running.values()) - time.monotonic())
@@ -336,14 +401,14 @@ def _check_forked(jobs: list[tuple[str, str]], timeout_s: float, max_parallel: i
     return results
 
 
-def _check_in_child(job: tuple[str, str], fd: int) -> None:
+def _check_in_child(job: tuple[str, str], fd: int, memory_bytes: int) -> None:
     import resource
 
     try:
         os.nice(10)  # below the server, which must stay free to fork the next check and kill late ones
         with open("/proc/self/statm") as f:  # the server's size, which the check starts from
             size = int(f.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
-        resource.setrlimit(resource.RLIMIT_AS, (size + _CHECK_MEMORY_BYTES, size + _CHECK_MEMORY_BYTES))
+        resource.setrlimit(resource.RLIMIT_AS, (size + memory_bytes, size + memory_bytes))
         result = ("ok", _check(*job))
     except MemoryError:
         result = ("died", None)

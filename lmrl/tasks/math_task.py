@@ -11,6 +11,9 @@ A plain prompt is put into `prompt_template` and, with `chat`, becomes the user 
 conversation (after `system_prompt`, if any) rendered by the tokenizer's chat template; a
 prompt that already holds the template's special tokens (e.g. `<|im_start|>`) is used as it is.
 `messages` rows are always rendered with the chat template. Every prompt is rendered once, here.
+A rendered prompt longer than `max_prompt_length` tokens keeps its last `max_prompt_length`
+(TRL's GRPOConfig cut prompts so: its question survives, the start of a long context goes), its
+BOS text kept in front; `notes` holds one line naming each such row (`path:line`) and its length.
 
 Ids. Training rows are numbered 0..T-1 and test rows T..T+H-1, so, as for the arithmetic tasks,
 a problem id says which split it belongs to: `sample_train_ids` draws from the first range only
@@ -31,11 +34,12 @@ from functools import cached_property
 
 import torch
 
-from ..data import read_jsonl
+from ..data import iter_jsonl, read_jsonl
 from ..rollout.local import Rollout, sample_text
 from . import reasoning_gym
 from .math_reward import RewardInfo
 
+CHARS_PER_TOKEN = 64  # no token is longer: a prompt is cut to this many characters per token before tokenizing
 FORMAT_INSTRUCTION = ("{prompt}\nThink it through inside <think> </think>, then write only the final number "
                       "inside <answer> </answer>.")
 
@@ -45,9 +49,32 @@ def read_rows(path: str) -> list[dict]:
     return read_jsonl(path, ["ground_truth"], alternatives=[["prompt"], ["messages"]])
 
 
+def keep_prompt_ends(texts: list[str], tokenizer, max_tokens: int) -> tuple[list[str], dict[int, int]]:
+    """Each text cut to its last `max_tokens` tokens (a text that starts with the BOS text keeps it in
+    front, within the count); returns the texts and {index: characters before the cut} of those cut.
+    A text is cut to its last CHARS_PER_TOKEN * max_tokens characters before it is tokenized, so a
+    huge prompt costs no more than one of that size."""
+    bos = getattr(tokenizer, "bos_token", None) or ""
+    heads = [bos if bos and text.startswith(bos) else "" for text in texts]
+    tails = [text[len(head):][-CHARS_PER_TOKEN * max_tokens:] for head, text in zip(heads, texts)]
+    out, cut = list(texts), {}
+    for i, ids in enumerate(tokenizer(tails, add_special_tokens=False)["input_ids"]):
+        keep = max_tokens - (1 if heads[i] else 0)
+        if len(tails[i]) == len(texts[i]) - len(heads[i]) and len(ids) <= keep:
+            continue
+        if getattr(tokenizer, "is_fast", False):
+            spans = tokenizer(tails[i], add_special_tokens=False, return_offsets_mapping=True)["offset_mapping"]
+            tail = tails[i][spans[-keep][0]:] if len(spans) > keep else tails[i]
+        else:
+            tail = tokenizer.decode(ids[-keep:])
+        out[i], cut[i] = heads[i] + tail, len(texts[i])
+    return out, cut
+
+
 class MathTask:
-    def __init__(self, train_file: str | None, test_file: str, tokenizer, *, max_new_tokens: int = 256, chat: bool = True,
-                 system_prompt: str = "", prompt_template: str = "{prompt}", reward=None):
+    def __init__(self, train_file: str | None, test_file: str, tokenizer, *, max_new_tokens: int = 256,
+                 chat: bool = True, system_prompt: str = "", prompt_template: str = "{prompt}", reward=None,
+                 max_prompt_length: int = 0):
         if "{prompt}" not in prompt_template:
             raise ValueError(f"task.prompt_template must contain {{prompt}}, got {prompt_template!r}")
         train = read_rows(train_file) if train_file is not None else []
@@ -55,9 +82,10 @@ class MathTask:
         self.tokenizer, self.max_new_tokens = tokenizer, max_new_tokens
         self.chat, self.system_prompt, self.prompt_template = chat, system_prompt, prompt_template
         self.rows = train + test
-        self.prompt_texts = [self._render(row) for row in self.rows]
-        self.ground_truths = [str(row["ground_truth"]) for row in self.rows]
         self.n_train = len(train)
+        self.prompt_texts = [self._render(row) for row in self.rows]
+        self.notes = self._cut_long_prompts(max_prompt_length, train_file, test_file)
+        self.ground_truths = [str(row["ground_truth"]) for row in self.rows]
         self.heldout_ids = torch.arange(len(train), len(self.rows))
         if reward is None:
             from .math_reward import MathReward
@@ -89,6 +117,22 @@ class MathTask:
         if messages is None:
             return self.prompt_template.format(prompt=row["prompt"])
         return apply_chat_template(self.tokenizer, messages)
+
+    def _cut_long_prompts(self, max_tokens: int, train_file: str | None, test_file: str) -> list[str]:
+        """Cut `prompt_texts` to `max_tokens` tokens each (0: no limit); the one line that says which were cut."""
+        if not max_tokens:
+            return []
+        self.prompt_texts, cut = keep_prompt_ends(self.prompt_texts, self.tokenizer, max_tokens)
+        if not cut:
+            return []
+        places = {}
+        for path, first, end in ((train_file, 0, self.n_train), (test_file, self.n_train, len(self.rows))):
+            if path is not None and any(first <= i < end for i in cut):
+                places.update({first + k: where for k, (where, _) in enumerate(iter_jsonl(path))})
+        named = [f"{places.get(i, f'row {i}')} ({chars:,} characters)" for i, chars in sorted(cut.items())[:3]]
+        more = f" and {len(cut) - 3} more" if len(cut) > 3 else ""
+        return [f"task.max_prompt_length={max_tokens}: {len(cut)} of {len(self.rows)} prompts keep their last "
+                f"{max_tokens} tokens (TRL's left truncation): {', '.join(named)}{more}"]
 
     def render_prompt(self, prompt: str) -> str:
         """A new question as the model is asked it in training (template, chat format)."""

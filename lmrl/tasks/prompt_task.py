@@ -9,7 +9,8 @@ of the trainer's reward functions (`score_with`, for training and held-out promp
 
 Open prompts have no right answer, so `eval/accuracy` is 0 by definition: the held-out measure is
 `eval/reward` (the mean score of greedy completions), which a preset names as `train.best_metric`.
-Prompts are rendered like MathTask's (chat template, `prompt_template`, `system_prompt`)."""
+Prompts are rendered and cut to `max_prompt_length` like MathTask's (chat template, `prompt_template`,
+`system_prompt`)."""
 
 from __future__ import annotations
 
@@ -23,7 +24,8 @@ from .rewards import RewardFunctions, TrainerState, call_reward_fn
 
 class PromptTask(MathTask):
     def __init__(self, train_file: str, test_file: str, tokenizer, *, scorer, max_new_tokens: int = 64,
-                 chat: bool = True, system_prompt: str = "", prompt_template: str = "{prompt}"):
+                 chat: bool = True, system_prompt: str = "", prompt_template: str = "{prompt}",
+                 max_prompt_length: int = 0):
         if "{prompt}" not in prompt_template:
             raise ValueError(f"task.prompt_template must contain {{prompt}}, got {prompt_template!r}")
         alternatives = [["prompt"], ["messages"]]
@@ -32,8 +34,9 @@ class PromptTask(MathTask):
         self.tokenizer, self.max_new_tokens = tokenizer, max_new_tokens
         self.chat, self.system_prompt, self.prompt_template = chat, system_prompt, prompt_template
         self.rows = train + test
-        self.prompt_texts = [self._render(row) for row in self.rows]
         self.n_train = len(train)
+        self.prompt_texts = [self._render(row) for row in self.rows]
+        self.notes = self._cut_long_prompts(max_prompt_length, train_file, test_file)
         self.heldout_ids = torch.arange(len(train), len(self.rows))
         self.reward = scorer
 

@@ -8,13 +8,19 @@ reward model as such a function.
     RLTrainer(cfg, reward_funcs=[reward_len, format_reward], reward_weights=[1.0, 0.5])
 
 A reward function is called as TRL's GRPOTrainer calls it, with keywords only:
-`f(prompts=, completions=, completion_ids=, trainer_state=, **columns)`. `prompts` and
-`completions` are message lists for a chat task (a prompt is its conversation, a completion
-`[{"role": "assistant", "content": text}]`) and texts otherwise; `completion_ids` are the sampled
-token ids of each completion; `columns` are the task's other columns of each row
-(`task.reward_kwargs`, e.g. a math row's `ground_truth`); `trainer_state` is a `TrainerState`. It
-returns one float or None per completion; None means "not applicable" and is left out of the
-weighted sum Σ_j w_j r_j, and a completion that no function scores is an error.
+`f(prompts=, completions=, completion_ids=, trainer_state=, log_metric=, log_extra=, **columns)`.
+`prompts` and `completions` are message lists for a chat task (a prompt is its conversation, a
+completion `[{"role": "assistant", "content": text}]`) and texts otherwise; `completion_ids` are
+the sampled token ids of each completion; `columns` are the task's other columns of each row
+(`task.reward_kwargs`, e.g. a math row's `ground_truth`); `trainer_state` is a `TrainerState`
+(`global_step`, `max_steps`, `epoch`); `log_metric(name, value)` adds a number to the step's
+metrics under `name` and `log_extra(column, values)` a column to the batch's (`RewardLog`). An
+`async def` function is awaited, side by side with the other async ones. It returns one number
+(int, float, a numpy or torch scalar) or None per completion; None means "not applicable" and is
+left out of the weighted sum Σ_j w_j r_j (computed in float64, refused beyond float32's range), and
+a completion that no function scores is an error. A bool, a string or a dict is refused with the
+function, the index and the type. A function gets `reward.funcs_timeout_s` per batch: past it its
+rewards count as None for that batch (`RewardFunctions`).
 
 lmrl's older style, `f(prompts, completions, **columns)` called positionally with texts, still
 works where one function is handed over on its own (`reward_fn=`, `reward.cls`): such a function
@@ -22,24 +28,38 @@ is recognised by its signature (see `called_positionally`)."""
 
 from __future__ import annotations
 
+import asyncio
+import functools
 import importlib
 import inspect
+import logging
 import math
-from dataclasses import dataclass
+import numbers
+import threading
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
+import numpy as np
 import torch
 
+from ..envs.tools import run_coroutines
 from ..models.reward_model import load_reward_model
 from .protocol import Conversational
 from .text_batches import TextCodec, pad_sequences
+
+logger = logging.getLogger("lmrl")
 
 # A batch of completions in, one float (or None: not applicable) per completion out.
 RewardFn = Callable[..., Sequence[float | None]]
 
 # The keywords a reward function gets from the trainer; a task column of the same name is not passed.
-RESERVED = ("prompts", "completions", "completion_ids", "trainer_state", "environments")
+RESERVED = ("prompts", "completions", "completion_ids", "trainer_state", "environments", "log_metric", "log_extra")
+# Rewards are weighted and summed in float64, then trained on in float32, where anything larger is inf.
+FLOAT32_MAX = float(torch.finfo(torch.float32).max)
+# Seconds one reward function may take on one batch (`reward.funcs_timeout_s`): a bound against a
+# hang, generous enough for a reward model on a CPU or a remote judge scoring a whole batch.
+DEFAULT_TIMEOUT_S = 300.0
 
 
 class RewardError(RuntimeError):
@@ -48,28 +68,60 @@ class RewardError(RuntimeError):
 
 @dataclass(frozen=True)
 class TrainerState:
-    """What a reward function gets as `trainer_state` (TRL passes its TrainerState), for rewards
-    shaped by training progress."""
+    """What a reward function gets as `trainer_state` (TRL passes transformers' TrainerState, whose
+    names these are), for rewards shaped by training progress."""
     global_step: int = 0  # optimizer steps done before this batch (the warm-up's included)
     max_steps: int = 0  # the step the run ends at
+    epoch: float = 0.0  # passes over the training prompts so far (0.0 where the task does not say how many)
+
+
+@dataclass
+class RewardLog:
+    """What the reward functions logged while scoring one batch through TRL's keywords, and which
+    of them ran out of time. `log_metric(name, value)`: a number; the trainer averages a step's
+    values of each name into the step's metrics under that name, as TRL does. `log_extra(column,
+    values)`: a column of the batch's completions (TRL's completions table; lmrl keeps no such
+    table, so the columns stay here for whoever scores with a log)."""
+    metrics: dict[str, list[float]] = field(default_factory=dict)
+    columns: dict[str, list] = field(default_factory=dict)
+    timed_out: list[str] = field(default_factory=list)  # names of the functions over the time limit
+
+    def log_metric(self, name: str, value: float) -> None:
+        number = _as_number(value)
+        if number is None:
+            raise TypeError(f"log_metric({name!r}, {value!r}): the value must be a number (int, float, a numpy or "
+                            f"torch scalar)")
+        self.metrics.setdefault(str(name), []).append(number)
+
+    def log_extra(self, column: str, values: Sequence) -> None:
+        self.columns.setdefault(str(column), []).extend(values)
 
 
 def called_positionally(func) -> bool:
     """Whether `func` is an lmrl reward function of the older style, called `f(prompts, completions,
     **columns)` positionally with texts: it takes *args, or two or more positional parameters of
-    which the first is not `completions`, and names neither `completion_ids` nor `trainer_state`.
-    Everything else (`f(completions, **kwargs)`, `f(prompts, completions, completion_ids, **kw)`,
-    `f(**kwargs)`) is called as TRL calls it."""
+    which the first is not `completions`, and names none of the keywords only TRL passes
+    (`completion_ids`, `trainer_state`, `log_metric`, `log_extra`). Everything else
+    (`f(completions, **kwargs)`, `f(prompts, completions, completion_ids, **kw)`, `f(**kwargs)`) is
+    called as TRL calls it."""
     try:
         params = inspect.signature(func).parameters
     except (TypeError, ValueError):  # no signature to read (some builtins): TRL's call
         return False
-    if "completion_ids" in params or "trainer_state" in params:
+    if any(name in params for name in ("completion_ids", "trainer_state", "log_metric", "log_extra")):
         return False
     if any(p.kind is p.VAR_POSITIONAL for p in params.values()):
         return True
     positional = [p for p in params.values() if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
     return len(positional) >= 2 and positional[0].name != "completions"
+
+
+def is_async_callable(func) -> bool:
+    """Whether calling `func` gives a coroutine, as TRL tells: an async function, a functools.partial
+    of one, or an object whose `__call__` is one."""
+    while isinstance(func, functools.partial):
+        func = func.func
+    return inspect.iscoroutinefunction(func) or inspect.iscoroutinefunction(getattr(func, "__call__", None))
 
 
 def function_name(func) -> str:
@@ -81,10 +133,19 @@ def function_name(func) -> str:
 class RewardFunctions:
     """Reward functions combined into one reward per completion, Σ_j w_j r_j over the functions that
     scored it. `positional[j]` says how function j is called: positionally with texts (lmrl's older
-    style) or, False, with keywords as TRL calls it. Names are the functions' own, made unique."""
+    style) or, False, with keywords as TRL calls it. Names are the functions' own, made unique.
+
+    As in TRL, plain functions are called one after another and async ones are then awaited side by
+    side in one event loop. Each runs in a thread of its own for at most `timeout_s` seconds (0: no
+    limit, in the caller's thread, as TRL runs them); past it, its rewards for the batch count as
+    None and a line says so. A Python thread cannot be stopped, so the call runs on in the
+    background, and the function is not called again until it has returned (its batches meanwhile
+    count as None too). A function whose call fails because it sets a signal handler (math-verify's
+    default timeouts use signal.alarm, which works in the main thread only) is called in the
+    caller's thread from then on, without the limit."""
 
     def __init__(self, funcs: Sequence[RewardFn], weights: Sequence[float] | None = None,
-                 positional: Sequence[bool] | None = None):
+                 positional: Sequence[bool] | None = None, timeout_s: float = DEFAULT_TIMEOUT_S):
         self.funcs = list(funcs)
         if not self.funcs:
             raise ValueError("reward functions: got an empty list (pass at least one function)")
@@ -98,56 +159,273 @@ class RewardFunctions:
         for w in weights:
             if isinstance(w, bool) or not isinstance(w, (int, float)) or not math.isfinite(w):
                 raise ValueError(f"reward weights must be finite numbers, got {w!r}")
+        if isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float)) or not 0 <= timeout_s < math.inf:
+            raise ValueError(f"reward functions' timeout_s must be a finite number of seconds >= 0 (0: no limit), "
+                             f"got {timeout_s!r}")
         self.weights = [float(w) for w in weights]
         self.positional = [False] * len(self.funcs) if positional is None else list(positional)
+        self.timeout_s = float(timeout_s)
         self.names = []
         for j, f in enumerate(self.funcs):
             name = function_name(f)
             self.names.append(name if name not in self.names else f"{name}_{j}")
+        self._running: dict[int, threading.Thread] = {}  # function -> its call still running past the limit
+        self._in_caller: set[int] = set()  # functions that set signal handlers: called in the caller's thread
 
     @classmethod
-    def of(cls, reward) -> RewardFunctions:
+    def of(cls, reward, timeout_s: float = DEFAULT_TIMEOUT_S) -> RewardFunctions:
         """`reward` as RewardFunctions: itself; a list or tuple of functions, each called as TRL calls
         it; or one function, called in the style its signature shows (`called_positionally`)."""
         if isinstance(reward, RewardFunctions):
             return reward
         if isinstance(reward, (list, tuple)):
-            return cls(reward)
-        return cls([reward], positional=[called_positionally(reward)])
+            return cls(reward, timeout_s=timeout_s)
+        return cls([reward], positional=[called_positionally(reward)], timeout_s=timeout_s)
 
     def __len__(self) -> int:
         return len(self.funcs)
 
-    def score(self, task, ids: torch.Tensor, rollout, trainer_state: TrainerState) -> tuple[torch.Tensor, dict]:
+    def score(self, task, ids: torch.Tensor, rollout, trainer_state: TrainerState,
+              log: RewardLog | None = None) -> tuple[torch.Tensor, dict]:
         """The combined rewards (B,) and each function's per-row rewards as
-        {"rewards/<name>/mean": (B,) float, NaN where it returned None}."""
+        {"rewards/<name>/mean": (B,) float, NaN where it returned None}. A completion left unscored
+        because a function ran out of time has the reward NaN (`fill_unscored`); one that every
+        function declined (None) is an error. `log` collects what the functions logged."""
+        log = RewardLog() if log is None else log
         p_txt, c_txt = task.texts(ids, rollout)
         columns = {k: v for k, v in task.reward_kwargs(ids).items() if k not in RESERVED}
         keywords = None  # built on first use: the TRL-style call's arguments
-        per_function = []
+        calls = []
         for j, func in enumerate(self.funcs):
             if self.positional[j]:
-                values = _call(func, self.names[j], p_txt, c_txt, lambda: func(p_txt, c_txt, **columns))
+                calls.append(functools.partial(func, p_txt, c_txt, **columns))
+                continue
+            if keywords is None:
+                prompts, completions = (task.conversations(ids, rollout) if isinstance(task, Conversational)
+                                        else (p_txt, c_txt))
+                keywords = dict(columns, prompts=prompts, completions=completions,
+                                completion_ids=completion_ids(rollout), trainer_state=trainer_state,
+                                log_metric=log.log_metric, log_extra=log.log_extra)
+                if getattr(rollout, "environments", None) is not None:  # a tool task's episodes, as TRL passes them
+                    keywords["environments"] = rollout.environments
+            calls.append(functools.partial(func, **keywords))
+        asynchronous = [j for j, f in enumerate(self.funcs) if is_async_callable(f)]
+        outcomes = {j: self._call(j, calls[j]) for j in range(len(calls)) if j not in asynchronous}
+        if asynchronous:
+            outcomes.update(self._await(asynchronous, calls))
+        per_function, timed_out = [], []
+        for j, name in enumerate(self.names):
+            kind, value = outcomes[j]
+            if kind == "raised":
+                raise _raised(name, value, p_txt, c_txt, trl=not self.positional[j]) from value
+            if kind == "timed out":
+                running_on = " (the call runs on in the background)" if value.startswith("took") else ""
+                logger.warning(f"reward function {name} {value}: its rewards are left out of this batch{running_on}")
+                timed_out.append(name)
+                per_function.append([math.nan] * len(p_txt))
             else:
-                if keywords is None:
-                    prompts, completions = (task.conversations(ids, rollout) if isinstance(task, Conversational)
-                                            else (p_txt, c_txt))
-                    keywords = dict(columns, prompts=prompts, completions=completions,
-                                    completion_ids=completion_ids(rollout), trainer_state=trainer_state)
-                    if getattr(rollout, "environments", None) is not None:  # a tool task's episodes, as TRL passes them
-                        keywords["environments"] = rollout.environments
-                values = _call(func, self.names[j], p_txt, c_txt, lambda: func(**keywords), trl=True)
-            per_function.append(values)
-        table = torch.tensor(per_function, dtype=torch.float32).T  # (B, F), NaN where a function returned None
+                per_function.append(_rewards(name, value, p_txt, c_txt))
+        log.timed_out.extend(timed_out)
+        table = torch.tensor(per_function, dtype=torch.float64).T  # (B, F), NaN where a function returned None
         unscored = torch.isnan(table).all(dim=1)
-        if unscored.any():
+        if unscored.any() and not timed_out:
             i = int(unscored.nonzero()[0])
             raise RewardError(f"every reward function ({', '.join(self.names)}) returned None for prompt {p_txt[i]!r}, "
                               f"completion {c_txt[i]!r}: at least one must score each completion "
                               f"(None means not applicable)")
-        weights = torch.tensor(self.weights, dtype=torch.float32)
+        weights = torch.tensor(self.weights, dtype=torch.float64)
         rewards = (torch.nan_to_num(table, nan=0.0) * weights).sum(dim=1)
-        return rewards, {f"rewards/{name}/mean": table[:, j] for j, name in enumerate(self.names)}
+        over = rewards.abs() > FLOAT32_MAX
+        if over.any():
+            i = int(over.nonzero()[0])
+            raise RewardError(f"the weighted reward of completion {i} (prompt {p_txt[i]!r}, completion "
+                              f"{c_txt[i]!r}) is {rewards[i].item():g}: beyond float32's range (±3.4e38), in which "
+                              f"rewards are trained on; scale the reward functions or their weights down")
+        rewards[unscored] = math.nan
+        return rewards.float(), {f"rewards/{name}/mean": table[:, j].float() for j, name in enumerate(self.names)}
+
+    def _limit(self) -> str:
+        return f"reward.funcs_timeout_s={self.timeout_s:g}s"
+
+    def _still_running(self, j: int) -> bool:
+        running = self._running.get(j)
+        return running is not None and running.is_alive()
+
+    def _call(self, j: int, call) -> tuple[str, Any]:
+        """("done", what function j returned) | ("raised", the exception) | ("timed out", why), the
+        call made in a thread of its own within the time limit."""
+        if not self.timeout_s or j in self._in_caller:
+            return _outcome(call)
+        if self._still_running(j):
+            return "timed out", f"is still running its call on an earlier batch (past {self._limit()})"
+        worker = _Worker(call)
+        worker.start()
+        worker.join(self.timeout_s)
+        if worker.is_alive():
+            self._running[j] = worker
+            return "timed out", f"took longer than {self._limit()} on a batch of {_batch_size(call)}"
+        kind, value = worker.outcome
+        if kind == "raised" and _needs_main_thread(value) and threading.current_thread() is threading.main_thread():
+            self._in_caller.add(j)
+            logger.info(f"reward function {self.names[j]} sets a signal handler (math-verify's default timeouts "
+                        f"do), which works in the main thread only: it runs there from now on, without {self._limit()}")
+            return _outcome(call)
+        return kind, value
+
+    def _await(self, js: list[int], calls: list) -> dict[int, tuple[str, Any]]:
+        """The async functions `js`' outcomes (as `_call`'s), awaited side by side in one event loop, as
+        TRL gathers them, each within the time limit; the loop runs in a thread of its own, so a
+        coroutine that blocks it (a sleep that is not awaited) is bounded too."""
+        outcomes = {j: ("timed out", f"is still running its call on an earlier batch (past {self._limit()})")
+                    for j in js if self._still_running(j)}
+        ready = [j for j in js if j not in outcomes]
+        if not ready:
+            return outcomes
+        done: dict[int, tuple[str, Any]] = {}
+        took = f"took longer than {self._limit()} on a batch of {_batch_size(calls[js[0]])}"
+
+        async def bounded(j: int) -> None:
+            try:
+                task = asyncio.ensure_future(calls[j]())
+            except Exception as e:
+                done[j] = ("raised", e)
+                return
+            finished, _ = await asyncio.wait({task}, timeout=self.timeout_s or None)
+            if not finished:
+                task.cancel()
+                done[j] = ("timed out", took)
+            elif task.cancelled():
+                done[j] = ("raised", asyncio.CancelledError("the reward coroutine was cancelled"))
+            elif task.exception() is not None:
+                done[j] = ("raised", task.exception())
+            else:
+                done[j] = ("done", task.result())
+
+        gather = functools.partial(run_coroutines, [bounded(j) for j in ready])
+        if not self.timeout_s:
+            gather()
+            return {**outcomes, **done}
+        worker = _Worker(gather)
+        worker.start()
+        worker.join(self.timeout_s + 1.0)  # a second for the loop to wind down after cancelling
+        done = dict(done)
+        for j in ready:
+            if j not in done:
+                done[j] = ("timed out", took)
+            if done[j][0] == "timed out" and worker.is_alive():
+                self._running[j] = worker
+        return {**outcomes, **done}
+
+
+class _Worker(threading.Thread):
+    """One call in a daemon thread: abandoned past the time limit (a Python thread cannot be
+    stopped), and never keeping the process from exiting."""
+
+    def __init__(self, call):
+        super().__init__(daemon=True, name="lmrl-reward")
+        self.call, self.outcome = call, None
+
+    def run(self) -> None:
+        self.outcome = _outcome(self.call)
+
+
+def _outcome(call) -> tuple[str, Any]:
+    """("done", call()'s value, awaited if it is awaitable) or ("raised", the exception)."""
+    try:
+        value = call()
+        if inspect.isawaitable(value):
+            (value,) = run_coroutines([value])
+            if isinstance(value, Exception):
+                raise value
+        return "done", value
+    except Exception as e:
+        return "raised", e
+
+
+def _needs_main_thread(e: BaseException | None) -> bool:
+    """Whether `e` or what led to it is Python refusing to set a signal handler off the main thread."""
+    for _ in range(8):  # a chain of causes is short; this bounds a pathological one
+        if e is None:
+            return False
+        if isinstance(e, ValueError) and "signal only works in main thread" in str(e):
+            return True
+        e = e.__cause__ or e.__context__
+    return False
+
+
+def _batch_size(call) -> int:
+    """The number of completions a prepared call scores."""
+    kw = getattr(call, "keywords", {})
+    return len(kw["completions"]) if "completions" in kw else len(call.args[1])
+
+
+def _raised(name: str, e: Exception, p_txt: Sequence[str], c_txt: Sequence[str], trl: bool) -> RewardError:
+    hint = ""
+    if trl and isinstance(e, TypeError):
+        hint = (" (reward functions are called with keywords prompts=, completions=, completion_ids=, "
+                "trainer_state=, log_metric=, log_extra= and every column of the row: take **kwargs)")
+    return RewardError(f"reward function {name} raised {type(e).__name__}: {e}{hint} "
+                       f"(first sample: prompt {p_txt[0]!r}, completion {c_txt[0]!r})")
+
+
+def _as_number(v) -> float | None:
+    """`v` as a float if it is a number (int, float, a numpy number, a 0-d numpy array or torch tensor
+    of a real dtype), else None. A bool is no number here: True for 1.0 is a slip more often than not."""
+    if isinstance(v, torch.Tensor):
+        if v.dim() or v.dtype == torch.bool or v.is_complex():
+            return None
+        v = v.item()
+    elif isinstance(v, np.ndarray):
+        if v.ndim or v.dtype.kind not in "iuf":
+            return None
+        v = v.item()
+    if isinstance(v, (bool, np.bool_)) or not isinstance(v, numbers.Real):
+        return None
+    try:
+        return float(v)
+    except OverflowError:  # an int beyond float64
+        return math.copysign(math.inf, v)
+
+
+def _type_name(v) -> str:
+    kind = type(v)
+    return kind.__name__ if kind.__module__ == "builtins" else f"{kind.__module__.partition('.')[0]}.{kind.__name__}"
+
+
+def _excerpt(v, width: int = 40) -> str:
+    text = repr(v)
+    return text if len(text) <= width else text[: width - 3] + "..."
+
+
+def _rewards(name: str, returned, p_txt: Sequence[str], c_txt: Sequence[str]) -> list[float]:
+    """What reward function `name` returned as floats (NaN for None), or a RewardError naming the
+    function and the sample: the wrong count, a value that is not a number or None, a non-finite
+    number or one beyond float32's range."""
+    if isinstance(returned, (str, bytes, dict)) or not hasattr(returned, "__iter__"):
+        raise RewardError(f"reward function {name} returned a {_type_name(returned)} ({_excerpt(returned)}); it must "
+                          f"return a list with one reward per completion")
+    values = list(returned)
+    if len(values) != len(p_txt):
+        raise RewardError(f"reward function {name} returned {len(values)} rewards for {len(p_txt)} completions")
+    out = []
+    for i, v in enumerate(values):
+        if v is None:
+            out.append(math.nan)
+            continue
+        x = _as_number(v)
+        where = f"at index {i} (prompt {p_txt[i]!r}, completion {c_txt[i]!r})"
+        if x is None:
+            bool_hint = " (for a bool, return float(x))" if isinstance(v, (bool, np.bool_)) else ""
+            raise RewardError(f"reward function {name} returned a {_type_name(v)} ({_excerpt(v)}) {where}; a reward is "
+                              f"a number (int, float, a numpy or torch scalar) or None (not applicable){bool_hint}")
+        if not math.isfinite(x):
+            raise RewardError(f"reward function {name} returned {v!r} for prompt {p_txt[i]!r}, completion "
+                              f"{c_txt[i]!r}; rewards must be finite numbers (or None: not applicable)")
+        if abs(x) > FLOAT32_MAX:
+            raise RewardError(f"reward function {name} returned {x!r} {where}: beyond float32's range (±3.4e38), in "
+                              f"which rewards are trained on; scale it down")
+        out.append(x)
+    return out
 
 
 def completion_ids(rollout) -> list[list[int]]:
@@ -155,54 +433,42 @@ def completion_ids(rollout) -> list[list[int]]:
     return [c[m.bool()].tolist() for c, m in zip(rollout.completions.cpu(), rollout.mask.cpu())]
 
 
-def _call(func, name: str, p_txt: Sequence[str], c_txt: Sequence[str], call, trl: bool = False) -> list[float]:
-    """`call()`'s rewards as floats (NaN for None), or a RewardError that names the function and the
-    sample: it raised, returned the wrong count, or something that is neither a finite number nor None."""
-    try:
-        values = list(call())
-    except Exception as e:
-        hint = ""
-        if trl and isinstance(e, TypeError):
-            hint = (" (reward functions are called with keywords prompts=, completions=, completion_ids=, "
-                    "trainer_state= and every column of the row: take **kwargs)")
-        raise RewardError(f"reward function {name} raised {type(e).__name__}: {e}{hint} "
-                          f"(first sample: prompt {p_txt[0]!r}, completion {c_txt[0]!r})") from e
-    if len(values) != len(p_txt):
-        raise RewardError(f"reward function {name} returned {len(values)} rewards for {len(p_txt)} completions")
-    for i, v in enumerate(values):
-        if v is None:
-            values[i] = math.nan
-            continue
-        try:
-            values[i] = float(v)
-        except (TypeError, ValueError):
-            values[i] = math.nan
-        if not math.isfinite(values[i]):
-            raise RewardError(f"reward function {name} returned {v!r} for prompt {p_txt[i]!r}, "
-                              f"completion {c_txt[i]!r}; rewards must be finite numbers (or None: not applicable)")
-    return values
+def fill_unscored(rewards: torch.Tensor, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(rewards (B,) with each NaN, a completion no reward function scored because one ran out of
+    time, replaced by the mean reward of its prompt's scored completions (0.0 where none was), and
+    (B,) bool: which they were). The trainer zeroes their loss mask: they carry no gradient, and
+    the fill leaves their group's mean where the scored completions put it."""
+    unscored = rewards.isnan()
+    filled = rewards.clone()
+    ids = ids.to(rewards.device)
+    for i in unscored.nonzero()[:, 0].tolist():
+        same = (ids == ids[i]) & ~unscored
+        filled[i] = rewards[same].mean() if same.any() else 0.0
+    return filled, unscored
 
 
-def score_rollout(task, ids: torch.Tensor, rollout, reward_fn=None, *, step: int = 0,
-                  max_steps: int = 0) -> tuple[torch.Tensor, torch.Tensor, dict]:
+def score_rollout(task, ids: torch.Tensor, rollout, reward_fn=None, *, step: int = 0, max_steps: int = 0,
+                  epoch: float = 0.0, log: RewardLog | None = None) -> tuple[torch.Tensor, torch.Tensor, dict]:
     """Rewards (B,) (or (B, N) per token), exact-match flags (B,) and extra per-row metrics
     {name: (B,)} for a rollout of problems `ids`.
 
     Exact match always comes from the task's verifier (it is the accuracy we report); the reward is
     the task's unless `reward_fn` is given: RewardFunctions, a list of functions (called as TRL calls
     them) or one function (either style; see the module docstring). Their weighted sum replaces the
-    task's reward, and each function's per-row rewards join the extras as "rewards/<name>/mean"
-    (NaN where it returned None, so average them over the rows that are not NaN). `step` and
-    `max_steps` reach the functions as `trainer_state`."""
+    task's reward (NaN where a function's time ran out and no other scored the completion:
+    `fill_unscored`), and each function's per-row rewards join the extras as "rewards/<name>/mean"
+    (NaN where it returned None, so average them over the rows that are not NaN). `step`,
+    `max_steps` and `epoch` reach the functions as `trainer_state`; `log` collects what they logged."""
+    state = TrainerState(step, max_steps, epoch)
     if reward_fn is not None and getattr(task, "reward", None) is reward_fn:
         # open prompts scored by these very functions (`PromptTask.score_with`): no verifier, nothing to add
-        rewards, per_function = reward_fn.score(task, ids, rollout, TrainerState(step, max_steps))
+        rewards, per_function = reward_fn.score(task, ids, rollout, state, log)
         episode = task.episode_metrics(rollout) if hasattr(task, "episode_metrics") else {}
         return rewards, torch.zeros(len(ids)), {**episode, **per_function}
     rewards, exact, extras = task.score_rollout(ids, rollout)
     if reward_fn is None:
         return rewards, exact, extras
-    rewards, per_function = RewardFunctions.of(reward_fn).score(task, ids, rollout, TrainerState(step, max_steps))
+    rewards, per_function = RewardFunctions.of(reward_fn).score(task, ids, rollout, state, log)
     return rewards, exact, {**extras, **per_function}
 
 
@@ -210,7 +476,10 @@ def call_reward_fn(reward_fn: RewardFn, p_txt: Sequence[str], c_txt: Sequence[st
     """`reward_fn(prompts, completions, **columns)` called positionally as a float tensor (B,), or a
     RewardError that names the function and the sample (None is refused here: nothing else scores it)."""
     name = function_name(reward_fn)
-    values = _call(reward_fn, name, p_txt, c_txt, lambda: reward_fn(p_txt, c_txt, **columns))
+    kind, value = _outcome(lambda: reward_fn(p_txt, c_txt, **columns))
+    if kind == "raised":
+        raise _raised(name, value, p_txt, c_txt, trl=False) from value
+    values = _rewards(name, value, p_txt, c_txt)
     for i, v in enumerate(values):
         if math.isnan(v):
             raise RewardError(f"reward function {name} returned None for prompt {p_txt[i]!r}, completion "
@@ -223,21 +492,25 @@ def build_reward(cfg, *, reward_fn=None, reward_funcs=None, reward_weights=None)
     section `cfg`, the first given of: `reward_funcs` (one function or a list, each called as TRL
     calls it, weighted by `reward_weights`); `reward_fn` (one function in either style, or a list as
     reward_funcs); `reward.funcs` (pkg.module:function each, weighted by `reward.weights`);
-    `reward.cls` (one instance, either style). None: the task's own reward."""
+    `reward.cls` (one instance, either style). None: the task's own reward. Each function's time on
+    a batch is bounded by `reward.funcs_timeout_s`."""
     if reward_fn is not None and reward_funcs is not None:
         raise ValueError("pass reward_fn or reward_funcs, not both (reward_funcs takes one function or a list)")
+    timeout_s = getattr(cfg, "funcs_timeout_s", DEFAULT_TIMEOUT_S)
     if reward_funcs is not None:
         funcs = list(reward_funcs) if isinstance(reward_funcs, (list, tuple)) else [reward_funcs]
-        return RewardFunctions(funcs, reward_weights)
+        return RewardFunctions(funcs, reward_weights, timeout_s=timeout_s)
     if reward_fn is not None:
-        reward = RewardFunctions.of(reward_fn)
-        return reward if reward_weights is None else RewardFunctions(reward.funcs, reward_weights, reward.positional)
+        reward = RewardFunctions.of(reward_fn, timeout_s)
+        return reward if reward_weights is None else RewardFunctions(reward.funcs, reward_weights, reward.positional,
+                                                                      timeout_s=reward.timeout_s)
     if reward_weights is not None:
         raise ValueError("reward_weights needs reward_funcs (one weight per function)")
     if cfg is not None and cfg.funcs:
-        return RewardFunctions([load_reward_function(spec) for spec in cfg.funcs], cfg.weights or None)
+        return RewardFunctions([load_reward_function(spec) for spec in cfg.funcs], cfg.weights or None,
+                               timeout_s=timeout_s)
     if cfg is not None and cfg.cls:
-        return RewardFunctions.of(load_reward_class(cfg.cls))
+        return RewardFunctions.of(load_reward_class(cfg.cls), timeout_s)
     return None
 
 

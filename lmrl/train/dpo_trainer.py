@@ -6,10 +6,11 @@ the IPO, hinge and robust variants and conservative-DPO label smoothing (see `al
 The reference is the policy as training starts: with a LoRA adapter, the same model with the
 adapter switched off (no second copy in memory); otherwise a frozen copy. Both sides of every pair
 go through one forward pass, one row per pair with its prompt run once (`pair_rows`). Metrics
-follow TRL's names: dpo/loss, rewards/chosen, rewards/rejected, rewards/margins,
+follow TRL's names: loss (also dpo/loss), rewards/chosen, rewards/rejected, rewards/margins,
 rewards/accuracies (the fraction of pairs whose implicit reward β·log(π/π_ref) prefers the chosen
-response), logps/chosen, logps/rejected; evaluation reports them as eval/... with eval/accuracy =
-the held-out preference accuracy.
+response), logps/chosen, logps/rejected, grad_norm, learning_rate (also dpo/lr); evaluation
+reports them as eval/... with eval/accuracy = the held-out preference accuracy. TRL's
+logits/chosen, logits/rejected, entropy, mean_token_accuracy and num_tokens are not logged.
 """
 
 from __future__ import annotations

@@ -55,11 +55,11 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from ..config import Config, save_config, validate
 from ..distributed.ddp import all_reduce_sum, barrier, broadcast_object, init_distributed
-from ..errors import TrainingError
+from ..errors import NonFiniteOutputs, TrainingError
 from ..schedules import make_scheduler
 from .. import checkpoint as ckpt
 from .callbacks import CallbackList
-from .run_dir import RunLog, prepare_run_dir
+from .run_dir import RunLog, prepare_run_dir, unlock_run_dir
 from .weight_average import FILE as AVERAGE_FILE, NAME as AVERAGE, WeightAverage
 
 
@@ -255,6 +255,7 @@ class Trainer:
                 signal.signal(signal.SIGINT, previous)
             if self.log is not None:
                 self.log.close()
+            unlock_run_dir(self.run_dir)  # taken by prepare_run_dir (rank 0): the dir is free for the next run
 
     def describe(self) -> str:
         """The run's first log line."""
@@ -274,7 +275,14 @@ class Trainer:
         stopping or the time limit."""
         while self.state["step"] < stage.last and self._running() and not (stage.timed and self._out_of_time()):
             with self.autocast():
-                step(stage)
+                try:
+                    step(stage)
+                except NonFiniteOutputs as e:  # e.g. optim.lr=1e10: one line, not a traceback from sampling
+                    lr = f" (now {self.optimizer.param_groups[0]['lr']:.3g})" if self.optimizer else ""
+                    raise TrainingError(f"the policy's outputs became non-finite after step {self.state['step']} "
+                                        f"({e}): its weights blew up, most often from too high a learning rate{lr}; "
+                                        f"lower optim.lr (sft.lr for a warm-up) and train again. The checkpoints in "
+                                        f"{self.ckpt_dir} are as they were") from None
 
     def autocast(self, enabled: bool = True):
         """With `run.mixed_precision=bf16`: `torch.autocast` in bfloat16 on the run's device, or

@@ -170,6 +170,8 @@ class OfflineTrainer(Trainer):
         sums.update({f"{self.name}/{k}": v for k, v in stats.items()})
         self.scheduler.step()
         sums[f"{self.name}/lr"] = lr
+        # TRL's names (its Trainer logs them for every trainer) beside lmrl's
+        sums.update({"loss": total.item(), "grad_norm": stats["grad_norm"], "learning_rate": lr})
         self.end_step(stage, sums, time.perf_counter() - t0)
 
     # -- evaluation and the end --------------------------------------------------------------------

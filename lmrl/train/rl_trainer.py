@@ -20,10 +20,13 @@ one update behind, `rollout/staleness` = 1).
 from __future__ import annotations
 
 import copy
+import re
 import time
 from contextlib import nullcontext
+from pathlib import Path
 
 import torch
+import torch.distributed as dist
 import torch.nn.functional as F
 
 from ..algos import build_algorithm
@@ -41,7 +44,7 @@ from ..rollout.local import Rollout
 from ..tasks import build_task, task_spec
 from ..tasks.prompt_task import PromptTask, prompt_rows
 from ..tasks.protocol import LabeledTask, ScoredByModel, Task
-from ..tasks.rewards import RewardFn, build_reward, score_rollout
+from ..tasks.rewards import RewardFn, RewardLog, build_reward, fill_unscored, score_rollout
 from .. import checkpoint as ckpt
 from .evaluate import evaluate
 from .lifecycle import Stage, Trainer, TrainingError
@@ -96,6 +99,7 @@ class RLTrainer(Trainer):
         if tools or environment_factory is not None:
             self.task, reward_funcs, reward_weights = with_tool_rewards(self.task, cfg, tools or [], environment_factory,
                                                                         reward_funcs, reward_weights)
+        self.data_notes.extend(getattr(self.task, "notes", []))  # e.g. prompts cut to task.max_prompt_length
         model = model if model is not None else build_model(cfg.model, self.task.tokenizer.vocab_size)
         self.model = model.to(self.device)
         if cfg.model.init_from:
@@ -237,12 +241,21 @@ class RLTrainer(Trainer):
         more = state["step"] + 1 < stage.last
         self._pending = self._submit_rollout(n_prompts) if cfg.rollout.overlap and more else None
         ids, ro = sampled.ids, self._on_learner(sampled)
+        reward_log = RewardLog()
         rewards, exact, extras = score_rollout(self.task, ids, ro, self.reward_fn, step=state["step"],
-                                               max_steps=stage.last)
+                                               max_steps=stage.last, epoch=self.prompt_epochs(), log=reward_log)
         if cfg.train.replay_fraction:
             self.remember_failures(ids, exact)
         self.callbacks.rollout_end(self, state["step"] + 1, ids, ro, rewards)
-        metrics = rollout_metrics(ro, rewards, exact, extras, self.device)
+        metrics = rollout_metrics(ro, rewards, exact, extras, self.device, group_size=self.algo.group_size,
+                                  scale_rewards=cfg.algo.scale_rewards, logged=reward_log.metrics,
+                                  tokens_seen=state.get("num_input_tokens_seen", 0))
+        state["num_input_tokens_seen"] = metrics["num_tokens"]
+        if reward_log.timed_out:
+            metrics["rewards/timed_out"] = len(reward_log.timed_out)
+        if rewards.dim() == 1 and rewards.isnan().any():  # a reward function ran out of time and no other scored these
+            rewards, unscored = fill_unscored(rewards, ids)
+            ro.mask = ro.mask * ~unscored[:, None].to(ro.mask.device)  # in their group's baseline, without gradient
         if cfg.algo.mask_truncated_completions:
             if ro.truncated is None:
                 raise TrainingError(f"algo.mask_truncated_completions: {type(self.task).__name__}'s rollouts do not "
@@ -254,8 +267,17 @@ class RLTrainer(Trainer):
                         "rollout/staleness": float(ro.staleness)})
         state["algo"] = self.algo.state_dict()
         metrics["train/lr"] = self.optimizer.param_groups[0]["lr"]
+        metrics.update({trl: metrics[name] for name, trl in TRL_METRIC_NAMES.items() if name in metrics})
         self.scheduler.step()
         self.end_step(stage, metrics, time.perf_counter() - t0, tokens=ro.sequences.numel())
+
+    def prompt_epochs(self) -> float:
+        """Passes over the training prompts before this batch, as a reward function's
+        `trainer_state.epoch`: RL's prompts drawn so far over the task's training prompts (0.0 for
+        a task that does not say how many it has: `n_train`)."""
+        n_train = getattr(self.task, "n_train", 0)
+        drawn = (self.state["step"] - self.config.sft.steps) * (self.config.train.rollout_size // self.algo.group_size)
+        return drawn / n_train if n_train else 0.0
 
     def weights_version(self) -> int:
         """Updates the learner has made in RL: the version of its weights."""
@@ -339,6 +361,10 @@ def check_task_inputs(config: Config, *, reward_given: bool) -> None:
     if spec.needs_reward and not (reward_given or r.model or r.cls or r.funcs):
         raise ConfigError(f"task.name={t.name} needs a reward: reward.model (a reward model dir), reward.cls, "
                           f"reward.funcs, or reward_funcs= from Python")
+    # a local dir that is not there (a hub id, org/name, is left to the loader)
+    if r.model and not Path(r.model).exists() and not re.fullmatch(r"[\w.-]+/[\w.-]+", r.model):
+        raise ConfigError(f"reward.model={r.model} does not exist: train one with `lmrl train rm-smollm2`, or set "
+                          f"reward.model= to a reward model dir")
 
 
 def with_tool_rewards(task, config: Config, tools: list, environment_factory, reward_funcs, reward_weights):
@@ -376,23 +402,120 @@ def with_prompt_files(config: Config, train_dataset, eval_dataset=None) -> Confi
     return config
 
 
-def rollout_metrics(ro: Rollout, rewards: torch.Tensor, exact: torch.Tensor, extras: dict, device) -> dict:
+# TRL's names for numbers lmrl logs under its own; both are logged (lmrl's are what its tests,
+# benchmarks and plots read). rollout_metrics and the algorithms log TRL's other names themselves.
+TRL_METRIC_NAMES = {"train/loss": "loss", "train/grad_norm": "grad_norm", "train/lr": "learning_rate"}
+
+
+def rollout_metrics(ro: Rollout, rewards: torch.Tensor, exact: torch.Tensor, extras: dict, device, *,
+                    group_size: int = 1, scale_rewards: str = "group", logged: dict | None = None,
+                    tokens_seen: int = 0) -> dict:
     """Accuracy, mean reward, length and the task's extras (e.g. format rate) over every rank's
-    rollouts (a per-token reward counts as the fraction of the completion's tokens it rewards)."""
+    rollouts (a per-token reward counts as the fraction of the completion's tokens it rewards),
+    under lmrl's names and TRL GRPOTrainer's, computed as TRL computes them:
+
+    reward, reward_std          mean and std (Bessel-corrected) of the batch's rewards
+    frac_reward_zero_std        the share of completions whose group's rewards are all equal (with
+                                scale_rewards=batch: 1 or 0 as the whole batch's are); groups of 2 or more
+    rewards/<name>/mean, /std   each reward function's, over the rows it scored (an extra's mean is
+                                over its rows that are not NaN)
+    num_tokens                  prompt and completion tokens sampled so far (`tokens_seen` before this batch)
+    completions/{mean,min,max}_length, completions/{mean,min,max}_terminated_length
+                                completion tokens the policy chose, of all completions and of those
+                                that ended before the length limit (0 where none did)
+    completions/clipped_ratio   the share cut off by the length limit (0 for fixed-length answers)
+
+    and the reward functions' `log_metric` values (`logged`: name -> values), each name's mean
+    under that name. A NaN reward (a completion no reward function scored in time) is left out
+    of the reward's numbers; with none scored, they are not logged."""
     per_completion = rewards.float().mean(1) if rewards.dim() == 2 else rewards.float()
-    # an extra is averaged over the rows it has a value for: a reward function's "rewards/<name>/mean"
-    # is NaN where the function returned None (not applicable); a name holding "/" is logged as it is
+    scored = ~per_completion.isnan()
+    lengths = ro.mask.sum(1).float()
+    truncated = ro.truncated.bool() if ro.truncated is not None else torch.zeros_like(lengths, dtype=torch.bool)
     if ro.truncated is not None:
         extras = {**extras, "rollout/truncated_frac": ro.truncated.float()}
+    zero_std = 0.0
+    if group_size > 1 and scale_rewards != "batch":  # TRL's is_std_zero: the group's std is 0 (NaN rows left out)
+        std = _nanstd(per_completion.view(-1, group_size))
+        zero_std = (torch.isclose(std, torch.zeros_like(std)).sum() * group_size).item()
+    prompt_tokens = ro.prompts.numel() if ro.prompt_mask is None else ro.prompt_mask.sum().item()
+    # an extra is averaged over the rows it has a value for: a reward function's "rewards/<name>/mean"
+    # is NaN where the function returned None (not applicable); a name holding "/" is logged as it is
     names = sorted(extras)
     values = [extras[k].float() for k in names]
-    stats = all_reduce_sum(torch.tensor([exact.sum().item(), per_completion.sum().item(), len(rewards),
-                                         ro.mask.sum().item()] + [v.nansum().item() for v in values]
-                                        + [(~v.isnan()).sum().item() for v in values],
-                                        dtype=torch.float64, device=device)).cpu()
-    count, n = stats[2].item(), len(names)
-    reward = stats[1].item() / count
-    scored = {(k if "/" in k else f"rollout/{k}"): stats[4 + i].item() / stats[4 + n + i].item()
-              for i, k in enumerate(names) if stats[4 + n + i].item() > 0}  # no row scored: no value
-    return {"train/accuracy": stats[0].item() / count, "train/avg_reward": reward,
-            "rollout/reward_mean": reward, "rollout/length_mean": stats[3].item() / count, **scored}
+    logged = logged or {}
+    logged_names = _names_on_every_rank(logged)
+    logged_values = [torch.tensor(logged.get(k, []), dtype=torch.float64) for k in logged_names]
+    stats = all_reduce_sum(torch.tensor(
+        [exact.sum().item(), per_completion.nansum().item(), scored.sum().item(), len(rewards), ro.mask.sum().item(),
+         zero_std, prompt_tokens, truncated.sum().item(), lengths[~truncated].sum().item()]
+        + [v.nansum().item() for v in values] + [(~v.isnan()).sum().item() for v in values]
+        + [v.sum().item() for v in logged_values] + [len(v) for v in logged_values],
+        dtype=torch.float64, device=device)).cpu().tolist()
+    (correct, reward_sum, n_scored, count, tokens, zero_std, prompt_tokens, n_truncated, terminated_tokens), rest = \
+        stats[:9], stats[9:]
+    n, m = len(names), len(logged_names)
+    sums, counts, logged_sums, logged_counts = rest[:n], rest[n:2 * n], rest[2 * n:2 * n + m], rest[2 * n + m:]
+    out = {"train/accuracy": correct / count}
+    out.update({(k if "/" in k else f"rollout/{k}"): sums[i] / counts[i] for i, k in enumerate(names) if counts[i] > 0})
+    # the stds: squared deviations from the means just all-reduced, over every rank
+    columns = [i for i, k in enumerate(names) if k.startswith("rewards/") and k.endswith("/mean") and counts[i] > 1]
+    mean = reward_sum / n_scored if n_scored else 0.0
+    squares = all_reduce_sum(torch.tensor(
+        [(per_completion[scored].double() - mean).pow(2).sum().item()]
+        + [(values[i][~values[i].isnan()].double() - sums[i] / counts[i]).pow(2).sum().item() for i in columns],
+        dtype=torch.float64, device=device)).cpu().tolist()
+    out.update({names[i].removesuffix("/mean") + "/std": (squares[1 + c] / (counts[i] - 1)) ** 0.5
+                for c, i in enumerate(columns)})
+    if n_scored:
+        out.update({"train/avg_reward": mean, "rollout/reward_mean": mean, "reward": mean})
+        if n_scored > 1:
+            out["reward_std"] = (squares[0] / (n_scored - 1)) ** 0.5
+        if group_size > 1 and scale_rewards == "batch":
+            zero_std = count * float(n_scored > 1 and abs(out["reward_std"]) <= 1e-8)  # torch.isclose(std, 0)
+        if group_size > 1:
+            out["frac_reward_zero_std"] = zero_std / count
+    terminated = lengths[~truncated]
+    extremes = _all_reduce_min(torch.tensor([lengths.min().item(), -lengths.max().item(),
+                                             terminated.min().item() if len(terminated) else float("inf"),
+                                             -terminated.max().item() if len(terminated) else float("inf")],
+                                            dtype=torch.float64, device=device)).cpu().tolist()
+    n_terminated = count - n_truncated
+    out.update({
+        "rollout/length_mean": tokens / count, "num_tokens": int(tokens_seen + prompt_tokens + tokens),
+        "completions/mean_length": tokens / count, "completions/min_length": extremes[0],
+        "completions/max_length": -extremes[1], "completions/clipped_ratio": n_truncated / count,
+        "completions/mean_terminated_length": terminated_tokens / n_terminated if n_terminated else 0.0,
+        "completions/min_terminated_length": extremes[2] if n_terminated else 0.0,
+        "completions/max_terminated_length": -extremes[3] if n_terminated else 0.0,
+    })
+    for name, total, k in zip(logged_names, logged_sums, logged_counts):
+        if k and name not in out:  # the built-in numbers keep their names
+            out[name] = total / k
+    return out
+
+
+def _nanstd(x: torch.Tensor) -> torch.Tensor:
+    """The std of each row of x (G, K) over its entries that are not NaN, Bessel-corrected; NaN for
+    a row with fewer than two (TRL's nanstd)."""
+    count = (~x.isnan()).sum(1)
+    mean = x.nansum(1) / count
+    square = torch.where(x.isnan(), torch.zeros_like(x), (x - mean[:, None]) ** 2).sum(1)
+    return torch.where(count > 1, (square / (count - 1).clamp(min=1)).sqrt(), torch.full_like(mean, float("nan")))
+
+
+def _all_reduce_min(t: torch.Tensor) -> torch.Tensor:
+    """The minimum over ranks of `t`, in place (a maximum is a negated minimum); itself in a single process."""
+    if dist.is_available() and dist.is_initialized():
+        dist.all_reduce(t, op=dist.ReduceOp.MIN)
+    return t
+
+
+def _names_on_every_rank(names) -> list[str]:
+    """The sorted union of `names` over ranks, so every rank reduces the same numbers in the same order."""
+    names = sorted(names)
+    if dist.is_available() and dist.is_initialized():
+        every = [None] * dist.get_world_size()
+        dist.all_gather_object(every, names)
+        names = sorted(set().union(*every))
+    return names

@@ -1,8 +1,15 @@
 """The run directory and everything a run writes to it besides checkpoints: train.log,
-metrics.jsonl, TensorBoard events, Weights & Biases, and the console progress bar."""
+metrics.jsonl, TensorBoard events, Weights & Biases, and the console progress bar.
+
+One run dir, one run: preparing a run dir takes its lock (`flock` on `<run dir>/.lock`, which
+holds the owner's pid), fresh and resumed runs alike, so a second process on the same dir stops
+with one line instead of writing beside the first. The lock is the process's until the run ends
+(`unlock_run_dir`) or the process exits, whichever comes first: a killed run leaves none."""
 
 from __future__ import annotations
 
+import fcntl
+import os
 from pathlib import Path
 
 from ..config import Config, ConfigError, config_to_dict
@@ -10,22 +17,45 @@ from ..log.sinks import (ConsoleSink, JsonlSink, MetricsLogger, TensorBoardSink,
                          truncate_jsonl)
 
 
-def prepare_run_dir(cfg: Config) -> Path:
-    """Creates and returns the run dir, failing early with one line if it cannot be written.
+LOCK_FILE = ".lock"
+_locks: dict[Path, list] = {}  # run dir (resolved) -> [its open lock file, holders in this process]
 
-    A fresh run (run.resume=never) never writes into a directory that already holds a run: with
-    the default `runs/<name>` it moves on to `runs/<name>-2`, `-3`, ...; with an explicit run.dir
-    it stops and says what to do, so nothing already saved is overwritten."""
-    path = Path(cfg.run_dir)
-    if cfg.run.resume != "auto" and holds_a_run(path):
-        if cfg.run.dir is not None:
-            raise ConfigError(f"run.dir {path} already holds a run; continue it with --resume (run.resume=auto) "
-                              f"or choose another run.dir")
-        n = 2
-        while holds_a_run(path.with_name(f"{path.name}-{n}")):
-            n += 1
-        path = path.with_name(f"{path.name}-{n}")
+
+class RunDirInUse(ConfigError):
+    """Another process holds the run dir's lock."""
+
+
+def prepare_run_dir(cfg: Config) -> Path:
+    """Creates, locks (see the module docstring) and returns the run dir, failing early with one
+    line if it cannot be written or another process holds it.
+
+    A fresh run (run.resume=never) never writes into a directory that already holds a run, or that
+    another run holds: with the default `runs/<name>` it moves on to `runs/<name>-2`, `-3`, ...;
+    with an explicit run.dir it stops and says what to do, so nothing already saved is overwritten."""
+    base, fresh, explicit = Path(cfg.run_dir), cfg.run.resume != "auto", cfg.run.dir is not None
+    n = 1
+    while True:
+        path = base if n == 1 else base.with_name(f"{base.name}-{n}")
+        n += 1
+        if fresh and holds_a_run(path):
+            if explicit:
+                raise ConfigError(f"run.dir {path} already holds a run; continue it with --resume (run.resume=auto) "
+                                  f"or choose another run.dir")
+            continue
+        _writable(path)
+        try:
+            lock_run_dir(path)
+        except RunDirInUse:
+            if fresh and not explicit:
+                continue
+            raise
+        break
+    if path != base:
         cfg.run.dir = str(path)
+    return path
+
+
+def _writable(path: Path) -> None:
     try:
         path.mkdir(parents=True, exist_ok=True)
         probe = path / ".write-test"
@@ -33,7 +63,41 @@ def prepare_run_dir(cfg: Config) -> Path:
         probe.unlink()
     except OSError as e:
         raise ConfigError(f"run dir {path} is not writable: {e.strerror or e}") from None
-    return path
+
+
+def lock_run_dir(path: Path) -> None:
+    """Take `path`'s lock for this process (again, if it holds it already: each take needs its
+    `unlock_run_dir`); raises RunDirInUse, naming the holder's pid, when another process holds it."""
+    key = Path(path).resolve()
+    if key in _locks:
+        _locks[key][1] += 1
+        return
+    file = open(key / LOCK_FILE, "a+")
+    try:
+        fcntl.flock(file, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        file.seek(0)
+        owner = file.read().strip() or "unknown"
+        file.close()
+        raise RunDirInUse(f"run dir {path} is in use by another lmrl run (pid {owner}); wait for it to end or choose "
+                          f"another run.dir") from None
+    file.seek(0)
+    file.truncate()
+    file.write(f"{os.getpid()}\n")
+    file.flush()
+    _locks[key] = [file, 1]
+
+
+def unlock_run_dir(path: Path) -> None:
+    """Give back one take of `path`'s lock (`lock_run_dir`); nothing when this process holds none."""
+    key = Path(path).resolve()
+    entry = _locks.get(key)
+    if entry is None:
+        return
+    entry[1] -= 1
+    if entry[1] == 0:
+        del _locks[key]
+        entry[0].close()
 
 
 def holds_a_run(path: Path) -> bool:

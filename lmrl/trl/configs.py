@@ -240,7 +240,9 @@ class GRPOConfig(_LmrlArgs, trl.GRPOConfig):
                 "ent_coef": float(self.entropy_coef)}
         data["algo"] = algo
         data["run"]["trainer"] = "rl"
-        data["task"] = {"name": "prompts", "chat": False, "max_new_tokens": int(self.max_completion_length)}
+        # TRL 1.16 cuts no prompt (it has no max_prompt_length): neither does lmrl here
+        data["task"] = {"name": "prompts", "chat": False, "max_new_tokens": int(self.max_completion_length),
+                        "max_prompt_length": 0}
         data["sft"] = {"steps": 0}
         data["train"].update(rollout_size=batch, steps=steps, temperature=float(self.temperature),
                              top_p=float(self.top_p), top_k=int(self.top_k or 0))

@@ -15,6 +15,8 @@ not also equal "0".
 Stricter than Python's float(), which AgentBench uses: a number is ASCII digits only (no "٧", no
 "1_000", no "inf"), written without leading zeros ("07" is text, so it equals only "07"), and it
 is compared as an exact decimal, so integers above 2**53 that differ in the last digit differ.
+An integer of any size (`[0xfff...]` with thousands of digits) is compared too, never raising
+Python's int-to-str digit limit.
 
 Modifications (INSERT/UPDATE/DELETE): DBBench hashes the whole table after the episode, in MySQL:
 
@@ -24,7 +26,9 @@ Modifications (INSERT/UPDATE/DELETE): DBBench hashes the whole table after the e
 `table_md5` computes the same in Python (reproducing all 40 answer_md5 values of dev.jsonl): each
 row's non-NULL values joined by ",", md5, first 5 hex digits; those sorted and joined by ","; cut
 at 1024 bytes (MySQL's default group_concat_max_len, reached at 171 rows); md5. The row order
-does not matter, the column order does.
+does not matter, the column order does. Past 170 rows the hash reads only the first 170 row hashes
+in sorted order, so a change to a row whose hash sorts later goes unseen; `max_bytes=None` hashes
+every row (what `sql.strict_hash` checks with).
 """
 
 from __future__ import annotations
@@ -50,6 +54,8 @@ def normalise_value(value) -> str:
     numbers in one canonical form ("2.0", "2" and "2.00" -> "2"; "1,429" -> "1429"; "45%" -> "45")."""
     if value is None:
         return NULL_TEXT
+    if isinstance(value, int) and not isinstance(value, bool):
+        return _canonical(Decimal(value))  # str() refuses ints past 4,300 digits (`Final Answer: [0xfff...]`)
     text = str(value).strip()
     if len(text) >= 2 and text[0] == text[-1] and text[0] in "'\"":
         text = text[1:-1].strip()
@@ -64,7 +70,9 @@ def as_number(text) -> Decimal | None:
     when it is not a number written in ASCII digits without leading zeros."""
     if isinstance(text, bool):
         return None
-    if isinstance(text, (int, float)):
+    if isinstance(text, int):
+        return Decimal(text)  # exact, and no int-to-str digit limit
+    if isinstance(text, float):
         text = repr(text)
     text = str(text).strip()
     if text.endswith("%"):
@@ -108,12 +116,13 @@ def row_hash(row: Sequence) -> str:
     return hashlib.md5(text.encode("utf-8")).hexdigest()[:5]
 
 
-def table_md5(rows: Iterable[Sequence]) -> str:
-    """DBBench's order-independent hash of a table's rows (see the module docstring)."""
+def table_md5(rows: Iterable[Sequence], max_bytes: int | None = GROUP_CONCAT_MAX_LEN) -> str:
+    """DBBench's order-independent hash of a table's rows (see the module docstring); `max_bytes=None`:
+    of every row, not only those within MySQL's group_concat limit."""
     hashes = sorted(row_hash(row) for row in rows)
     if not hashes:
         return EMPTY_TABLE_MD5
-    joined = ",".join(hashes).encode("ascii")[:GROUP_CONCAT_MAX_LEN]
+    joined = ",".join(hashes).encode("ascii")[:max_bytes]
     return hashlib.md5(joined).hexdigest()
 
 

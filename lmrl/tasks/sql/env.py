@@ -10,7 +10,11 @@ breaks the protocol earns `-invalid_action_penalty` and the episode goes on; rea
 turns (the answer turn counts) without an answer ends it with `reward_timeout`. Other turns earn
 0, so an episode's return is the sum of its step rewards (`info["episode_reward"]`). Questions are
 checked with `checking.answers_match`, modifications by hashing the final table in the `main`
-schema (`checking.table_md5`, whatever the answer says). The database is fresh on `reset` and
+schema (`checking.table_md5`, whatever the answer says). That hash is AgentBench's, which reads at
+most 170 rows (MySQL's group_concat cut at 1024 bytes): on a longer table, a DELETE or UPDATE of a
+row past the cut is judged correct when the agent does nothing. With `strict_hash` the final table
+is compared, every row, with the table the task's reference statement makes (a task without one
+keeps AgentBench's check). The database is fresh on `reset` and
 closed when the episode ends. It is a `Sandbox` (its own worker process, for model SQL) unless the
 env is made with `sandbox=InProcessSandbox`, for scripted episodes whose SQL is trusted.
 """
@@ -43,6 +47,9 @@ class SQLEnvConfig(Section):
     invalid_action_penalty: float = option(0.0, "subtracted for each turn that breaks the protocol (>= 0; write "
                                                 "0.05 for a penalty of 0.05)", ge=0)
     answer_tolerance: float = option(1e-2, "absolute tolerance for numeric answers (DBBench: 1e-2)", ge=0)
+    strict_hash: bool = option(False, "modifications: compare every row of the final table with what the task's "
+                                      "reference statement makes (false: AgentBench's hash, which reads at most 170 "
+                                      "rows, so a change past them goes unseen)")
     train_tasks: int = option(2000, "procedural training tasks (distinct), unless task.train_file holds DBBench "
                                     "records", ge=1)
     heldout_per_skill: int = option(10, "procedural held-out tasks of each skill, unless task.test_file holds "
@@ -128,8 +135,21 @@ class SQLEnv:
         task = self.task
         if task.is_modification:
             rows = self._db.table_rows()
+            expected = self._whole_table_md5(task) if self.config.strict_hash else None
+            if expected is not None:
+                return rows is not None and table_md5(rows, max_bytes=None) == expected
             return rows is not None and table_md5(rows) == task.answer_md5
         return answers_match(answer, task.label, self.config.answer_tolerance)
+
+    def _whole_table_md5(self, task: SQLTask) -> str | None:
+        """The hash of every row of the table the task's reference statement makes (trusted SQL, run
+        in-process); None when the task has none or it fails."""
+        if not task.reference_sql:
+            return None
+        with InProcessSandbox(task.table, self.config.limits()) as db:
+            ok = db.execute(task.reference_sql)[1]
+            rows = db.table_rows() if ok else None
+        return None if rows is None else table_md5(rows, max_bytes=None)
 
     def close(self) -> None:
         """Discard the episode's database (also done when an episode ends)."""

@@ -23,9 +23,13 @@ import re
 from dataclasses import dataclass
 
 MAX_ANSWER_CHARS = 4000  # a longer answer is invalid: literal_eval on huge input is slow and deep
-_ACTION_LINE = re.compile(r"^[ \t]*Action:[ \t]*(.*?)[ \t]*$", re.MULTILINE)
-# A fence: ``` and an optional language label, then the block up to the closing ```.
-_FENCE = re.compile(r"```([A-Za-z0-9_+-]*)[ \t]*\n?(.*?)```", re.DOTALL)
+# Both patterns run in linear time on any text: the action's surrounding blanks are stripped in Python
+# (a lazy group before `[ \t]*$` tried every split of a long blank run), and a fence's body is found
+# with str.find (`(.*?)```` after a label retried the whole rest of the text for every shorter label).
+_ACTION_LINE = re.compile(r"^[ \t]*Action:(.*)$", re.MULTILINE)
+# A fence's opening after its ```: an optional language label, blanks, one optional newline.
+_FENCE_HEAD = re.compile(r"([A-Za-z0-9_+-]*)[ \t]*\n?")
+_FENCE = "```"
 SQL_LABELS = ("", "sql", "sqlite", "mysql")  # fence labels read as SQL (lower-cased)
 _FINAL_ANSWER = "Final Answer:"
 _SCALARS = (str, int, float, type(None))
@@ -94,7 +98,7 @@ def render_task(task) -> str:
 def parse_action(text: str) -> Action:
     """Read one agent turn (see the module docstring). Never raises on model text."""
     text = text.replace("\r\n", "\n").replace("\r", "\n")
-    actions = _ACTION_LINE.findall(text)
+    actions = [action.strip(" \t") for action in _ACTION_LINE.findall(text)]
     if not actions:
         return _invalid("no 'Action: Operation' or 'Action: Answer' line")
     if len(actions) > 1:
@@ -108,7 +112,7 @@ def parse_action(text: str) -> Action:
 
 
 def _operation(text: str) -> Action:
-    blocks = [body for label, body in _FENCE.findall(text) if label.lower() in SQL_LABELS]
+    blocks = [body for label, body in _fences(text) if label.lower() in SQL_LABELS]
     if not blocks:
         return _invalid("'Action: Operation' without a ```sql block")
     if len(blocks) > 1:
@@ -117,6 +121,19 @@ def _operation(text: str) -> Action:
     if not sql:
         return _invalid("the ```sql block is empty")
     return Action("operation", sql=sql)
+
+
+def _fences(text: str) -> list[tuple[str, str]]:
+    """Every fenced block as (label, body), in order: ``` and a label, then the body up to the next ```."""
+    blocks, start = [], text.find(_FENCE)
+    while start >= 0:
+        head = _FENCE_HEAD.match(text, start + len(_FENCE))
+        end = text.find(_FENCE, head.end())
+        if end < 0:  # no closing fence: nothing after this one can close either
+            break
+        blocks.append((head.group(1), text[head.end():end]))
+        start = text.find(_FENCE, end + len(_FENCE))
+    return blocks
 
 
 def _answer(text: str) -> Action:

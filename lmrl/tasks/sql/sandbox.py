@@ -6,8 +6,8 @@
 
 Model SQL is untrusted, so two layers hold it.
 
-The database (`InProcessSandbox`) lives in memory (`:memory:`) and is locked down before any model
-SQL reaches it:
+The database (`InProcessSandbox`) lives in memory (`:memory:`), or for a `Sandbox` worker in a file of
+its own in a temporary folder, and is locked down before any model SQL reaches it:
 - an authorizer allows only what DBBench tasks need and denies everything else: SELECT (WITH and
   WITH RECURSIVE included) and reading tables (the task's is the only one, beside `sqlite_master`);
   INSERT, UPDATE and DELETE of the task's table in the `main` schema; the functions in
@@ -30,8 +30,12 @@ the first layer cannot bound stays out of the caller's process:
 - time inside one C call (the progress handler runs only between VM instructions): a statement not
   answered `_KILL_GRACE_S` after its timeout has its worker killed;
 - crashes: a worker that dies takes only its own process down.
-After a kill or a crash the episode goes on: a fresh worker rebuilds the table and replays the
-statements that had changed it, so the failed statement is undone as SQLite undoes a failed statement.
+After a kill or a crash the episode goes on: a fresh worker opens the dead one's database file, and
+SQLite's rollback journal undoes the statement that was cut off (as after any crash of a program
+using SQLite), so the table is exactly as it was before that statement, byte for byte (values made
+by `strftime('now')` included), in the time one worker takes to start, however many statements
+came before. The file is written with `synchronous = OFF`: safe against the process dying, which
+is the only failure it is there for; it is removed when the sandbox closes.
 `InProcessSandbox` alone (same rules, no process) serves trusted SQL: reference statements, labels.
 
 Results are shown as AgentBench's DBBench shows MySQL results: Python's `str` of the row tuples,
@@ -45,10 +49,12 @@ import json
 import math
 import os
 import select
+import shutil
 import signal
 import sqlite3
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from dataclasses import asdict, dataclass
@@ -142,33 +148,44 @@ def quote_literal(value) -> str:
 
 
 class InProcessSandbox:
-    """The locked-down in-memory database holding one table, in this process, open until `close()`.
+    """The locked-down database holding one table, in this process, open until `close()`: in memory,
+    or in the file `path` (a `Sandbox` worker's), which is built once and reopened as it is after.
     For trusted SQL; model SQL goes through `Sandbox`, which runs this class in a worker process."""
 
-    def __init__(self, table: Table, limits: SandboxLimits = SandboxLimits()):
+    def __init__(self, table: Table, limits: SandboxLimits = SandboxLimits(), path: str | None = None):
+        if not table.columns:
+            raise ValueError(f"table {table.name!r} has no columns")
         self.table, self.limits = table, limits
         self._deadline = math.inf
         self._denied: str | None = None  # what the authorizer refused last, for the error text
         # Autocommit (no implicit BEGIN); usable from any one thread at a time, e.g. a rollout worker pool.
-        self.conn = sqlite3.connect(":memory:", isolation_level=None, check_same_thread=False)
+        self.conn = sqlite3.connect(path or ":memory:", isolation_level=None, check_same_thread=False)
         try:
-            self._create(table)
+            self._configure()
+            # Reading the schema first also rolls back a statement a killed worker left half done.
+            if not self.conn.execute("SELECT 1 FROM main.sqlite_master WHERE type = 'table' AND name = ?",
+                                     (table.name,)).fetchone():
+                self._create(table)
             self._lock_down()
         except BaseException:
             self.conn.close()
             raise
 
-    def _create(self, table: Table) -> None:
-        if not table.columns:
-            raise ValueError(f"table {table.name!r} has no columns")
+    def _configure(self) -> None:
+        """The connection's settings (they are not stored in a database file, so every open sets them)."""
         self.conn.execute("PRAGMA temp_store = MEMORY")  # sorts and temp data never touch the disk
+        self.conn.execute("PRAGMA synchronous = OFF")  # a file only has to survive its worker's death
         pages = max(1, self.limits.max_db_bytes // self.conn.execute("PRAGMA page_size").fetchone()[0])
         self.conn.execute(f"PRAGMA main.max_page_count = {pages}")
         self.conn.execute(f"PRAGMA temp.max_page_count = {pages}")
+
+    def _create(self, table: Table) -> None:
         columns = ", ".join(f"{quote_identifier(n)} {t}" for n, t in table.columns)
-        self.conn.execute(f"CREATE TABLE {quote_identifier(table.name)} ({columns})")
         marks = ", ".join("?" * len(table.columns))
+        self.conn.execute("BEGIN")  # one transaction: a file is built whole or not at all
+        self.conn.execute(f"CREATE TABLE {quote_identifier(table.name)} ({columns})")
         self.conn.executemany(f"INSERT INTO {quote_identifier(table.name)} VALUES ({marks})", table.rows)
+        self.conn.execute("COMMIT")
 
     def _lock_down(self) -> None:
         if hasattr(self.conn, "enable_load_extension"):  # absent when Python was built without it
@@ -290,14 +307,19 @@ class Sandbox:
         if not table.columns:
             raise ValueError(f"table {table.name!r} has no columns")
         self.table, self.limits = table, limits
-        self._setup = json.dumps({"table": [table.name, table.columns, table.rows], "limits": asdict(limits)})
-        self._replay: list[str] = []  # statements that changed the database, in order
-        self._lost = False  # a fresh worker could not rebuild the database
+        self._folder = tempfile.mkdtemp(prefix="lmrl-sql-")  # the database file, which outlives a worker
+        self._setup = json.dumps({"table": [table.name, table.columns, table.rows], "limits": asdict(limits),
+                                  "path": os.path.join(self._folder, "db.sqlite")})
+        self._lost = False  # a fresh worker could not open the database
         self._lock = threading.Lock()
         self.process: subprocess.Popen | None = None
         self._pending = b""  # bytes the worker wrote after its last reply line
         self._ready = self._closed = False
-        self._start()
+        try:
+            self._start()
+        except BaseException:
+            shutil.rmtree(self._folder, ignore_errors=True)
+            raise
 
     def _start(self) -> None:
         """Start a worker and send it the table; its reply is read by the next request (`_wait_ready`),
@@ -332,8 +354,6 @@ class Sandbox:
                 if why == "timeout":
                     return f"Error: query timed out after {self.limits.query_timeout_s:g} s and was stopped"
                 return f"Error: the query crashed the database process ({why}); the table is as it was before it"
-            if reply["ok"] and reply["changed"]:
-                self._replay.append(sql)
             return reply["text"]
 
     def table_rows(self, max_rows: int = 100_000) -> list[tuple] | None:
@@ -387,19 +407,13 @@ class Sandbox:
         return json.loads(reply), ""
 
     def _recover(self) -> None:
-        """A fresh worker with the table as it was before the failed statement; `_lost` if that fails."""
+        """A fresh worker on the database file, which SQLite brings back to its state before the failed
+        statement (the module docstring); `_lost` if that fails."""
         try:
             self._start()
             self._wait_ready()
         except (OSError, RuntimeError):
             self._lost = True
-            return
-        for sql in self._replay:
-            reply, _ = self._request(json.dumps({"sql": sql}), self._deadline())
-            if reply is None or not reply["ok"]:
-                self._stop()
-                self._lost = True
-                return
 
     def _stop(self) -> int:
         """Kill the worker (if still running) and reap it; returns its exit code."""
@@ -418,6 +432,7 @@ class Sandbox:
         with self._lock:
             self._closed = True
             self._stop()
+            shutil.rmtree(self._folder, ignore_errors=True)
 
     def __enter__(self) -> Sandbox:
         return self
@@ -426,11 +441,13 @@ class Sandbox:
         self.close()
 
     def __del__(self):
-        if getattr(self, "process", None) is not None:
-            try:
+        try:
+            if getattr(self, "process", None) is not None:
                 self._stop()
-            except Exception:  # at interpreter exit the modules it needs may be gone; the worker ends on EOF
-                pass
+            if getattr(self, "_folder", None) is not None:
+                shutil.rmtree(self._folder, ignore_errors=True)
+        except Exception:  # at interpreter exit the modules it needs may be gone; the worker ends on EOF
+            pass
 
 
 def _serve() -> None:
@@ -444,7 +461,8 @@ def _serve() -> None:
     resource.setrlimit(resource.RLIMIT_AS, (limits.max_memory_bytes, limits.max_memory_bytes))
     sqlite3.connect(":memory:").execute(f"PRAGMA hard_heap_limit = {limits.max_memory_bytes // 2}")  # process-wide
     try:
-        db = InProcessSandbox(Table(name, tuple(map(tuple, columns)), tuple(map(tuple, rows))), limits)
+        db = InProcessSandbox(Table(name, tuple(map(tuple, columns)), tuple(map(tuple, rows))), limits,
+                              path=setup["path"])
     except Exception as e:
         _reply({"error": f"{type(e).__name__}: {e}"})
         return
@@ -452,9 +470,8 @@ def _serve() -> None:
     for line in sys.stdin:
         request = json.loads(line)
         if "sql" in request:
-            before = db.conn.total_changes
             text, ok = db.execute(request["sql"])
-            _reply({"text": text, "ok": ok, "changed": db.conn.total_changes != before})
+            _reply({"text": text, "ok": ok})
         else:
             table = db.table_rows(request["rows"])
             _reply({"rows": None if table is None else
