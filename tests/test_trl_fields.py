@@ -35,5 +35,13 @@ def test_every_field_at_trls_default_is_accepted(kind, tmp_path):
     args.to_config(model_path="m", train_rows=64)
 
 
+@pytest.mark.parametrize("kind", table.KINDS)
+def test_trls_command_line_at_its_defaults_sets_nothing(kind, tmp_path):
+    from lmrl.trl import TrlParser
+
+    (args,) = TrlParser((CONFIGS[kind],)).parse_args_and_config(["--output_dir", str(tmp_path), "--use_cpu"])
+    assert args.given == {"output_dir": str(tmp_path), "use_cpu": True} and args.ignored == []
+
+
 def test_the_docs_table_is_generated_from_the_code():
     assert DOC.read_text() == table.markdown(), "regenerate: python -m lmrl.trl.fields > docs/trl-fields.md"

@@ -185,7 +185,17 @@ class _LmrlArgs:
         return metric
 
 
+def _empty(value) -> bool:
+    return value is None or (isinstance(value, (str, list, tuple, dict)) and not value)
+
+
 def _differs(value, default) -> bool:
+    """Set away from its default: command-line parsing spells some defaults differently (None for "",
+    False for "no"), which is no change."""
+    if _empty(value) and _empty(default):
+        return False
+    if value is False and default == "no":
+        return False
     try:
         return bool(value != default)
     except Exception:  # e.g. arrays: compared by identity
