@@ -27,7 +27,7 @@ from . import fields as table
 _SCHEDULES = {"linear": "linear", "cosine": "cosine", "constant": "constant", "constant_with_warmup": "constant"}
 _OPTIMIZERS = ("adamw_torch", "adamw_torch_fused")
 _GRPO_LOSSES = {"grpo": "sequence", "dapo": "token", "bnpo": "token", "dr_grpo": "constant"}
-_DPO_LOSSES = ("sigmoid", "ipo", "hinge")
+_DPO_LOSSES = ("sigmoid", "ipo", "hinge", "robust")
 _DTYPES = {"bfloat16": "bf16", "float32": "fp32", "auto": "fp32", None: "fp32"}
 _NEVER = 10**9  # a step interval no run reaches: "only at the end"
 
@@ -256,8 +256,8 @@ class GRPOConfig(_LmrlArgs, trl.GRPOConfig):
         data["sft"] = {"steps": 0}
         data["train"].update(rollout_size=batch, steps=steps, temperature=float(self.temperature),
                              top_p=float(self.top_p), top_k=int(self.top_k or 0))
-        if self.reward_weights is not None:
-            data["reward"] = {"weights": [float(w) for w in self.reward_weights]}
+        # reward_weights weigh the trainer's reward_funcs (GRPOTrainer passes them on): reward.weights is for
+        # reward.funcs named in the config, and would be refused beside functions given from Python
         if self.use_vllm:
             data["rollout"] = {"engine": "vllm", "gpu_memory_utilization": float(self.vllm_gpu_memory_utilization),
                                "max_model_len": int(self.vllm_max_model_length or 0)}
@@ -270,8 +270,9 @@ class _OfflineArgs(_LmrlArgs):
 
     def _shape(self, data, *, batch, steps, world):
         data["run"]["trainer"] = self.trainer
-        data["data"] = {"batch_size": batch, "epochs": float(self.num_train_epochs),
-                        "max_length": int(self.max_length), "chat": False}
+        max_length = _NEVER if self.max_length is None else int(self.max_length)  # None: TRL cuts no row
+        data["data"] = {"batch_size": batch, "epochs": float(self.num_train_epochs), "max_length": max_length,
+                        "chat": False}
         data["train"]["max_steps"] = max(int(self.max_steps), 0)
 
 
@@ -286,7 +287,12 @@ class DPOConfig(_OfflineArgs, trl.DPOConfig):
         losses = [self.loss_type] if isinstance(self.loss_type, str) else list(self.loss_type)
         if len(losses) != 1 or losses[0] not in _DPO_LOSSES:
             raise ConfigError(f"DPOConfig(loss_type={self.loss_type!r}): lmrl takes one of {', '.join(_DPO_LOSSES)}")
-        data["dpo"] = {"beta": float(self.beta), "loss_type": losses[0], "label_smoothing": float(self.label_smoothing)}
+        smoothing = float(self.label_smoothing)
+        if smoothing and losses[0] != "robust":  # TRL's sigmoid, ipo and hinge do not read it (lmrl's sigmoid would)
+            self.notes.append(f"label_smoothing={smoothing} changes nothing with loss_type={losses[0]!r}, as in TRL "
+                              f"(it is the label-flip chance of loss_type='robust')")
+            smoothing = 0.0
+        data["dpo"] = {"beta": float(self.beta), "loss_type": losses[0], "label_smoothing": smoothing}
 
 
 @dataclass

@@ -115,7 +115,7 @@ _TRL_SHARED = {
     "eos_token": Rule(NO_EFFECT, "the tokenizer's eos token is used"),
     "activation_offloading": Rule(NO_EFFECT, "activations stay on the device"),
     "disable_dropout": Rule(CARRIED, "train.disable_dropout"),
-    "max_length": Rule(CARRIED, "data.max_length (rows longer are truncated, counted in the log)"),
+    "max_length": Rule(CARRIED, "data.max_length (rows longer are truncated, counted in the log; None: no row is cut)"),
     "chat_template_path": Rule(REFUSED, "the tokenizer's own chat template is used (pass processing_class= "
                                         "with the template you want)"),
     "sync_ref_model": Rule(REFUSED, "the reference model stays the starting policy (TR-DPO's syncing is not "
@@ -139,7 +139,8 @@ GRPO: dict[str, Rule] = {
                                "bnpo -> token (the run log says where it differs from TRL's per-micro-batch "
                                "count: with gradient accumulation), dr_grpo -> constant; others are refused"),
     "mask_truncated_completions": Rule(CARRIED, "algo.mask_truncated_completions"),
-    "reward_weights": Rule(CARRIED, "reward.weights"),
+    "reward_weights": Rule(CARRIED, "the weights of reward_funcs (lmrl's reward_weights=); an environment's "
+                                     "get_reward keeps weight 1"),
     "entropy_coef": Rule(CARRIED, "algo.ent_coef"),
     "use_vllm": Rule(CARRIED, "rollout.engine=vllm"),
     "vllm_gpu_memory_utilization": Rule(CARRIED, "rollout.gpu_memory_utilization"),
@@ -182,9 +183,10 @@ GRPO.update(_rules(NO_EFFECT, """log_multimodal num_completions_to_print log_uni
 
 DPO: dict[str, Rule] = {
     "beta": Rule(CARRIED, "dpo.beta"),
-    "loss_type": Rule(CARRIED, "dpo.loss_type: one of sigmoid, ipo, hinge (a list of several is refused)"),
+    "loss_type": Rule(CARRIED, "dpo.loss_type: one of sigmoid, ipo, hinge, robust (a list of several is refused)"),
     "loss_weights": Rule(REFUSED, "one loss type, weight 1", accepts=([1.0], [1])),
-    "label_smoothing": Rule(CARRIED, "dpo.label_smoothing"),
+    "label_smoothing": Rule(CARRIED, "dpo.label_smoothing with loss_type=robust; with sigmoid, ipo and hinge it "
+                                      "changes nothing, as in TRL (the run log says so)"),
     "truncation_mode": Rule(REFUSED, "rows keep their start (keep_start)"),
     "precompute_ref_log_probs": Rule(NO_EFFECT, "the reference's log-probs are computed with each batch"),
     "precompute_ref_batch_size": Rule(NO_EFFECT, "the reference's log-probs are computed with each batch"),

@@ -94,7 +94,10 @@ class _TRLTrainer:
 
     def __init__(self, inner, args, *, processing_class, callbacks, train_rows: int):
         self.inner, self.args = inner, args
-        self.processing_class = processing_class if processing_class is not None else getattr(inner, "tokenizer", None)
+        if processing_class is None:  # the run's tokenizer: an offline trainer's own, GRPO's policy's
+            own = getattr(inner, "tokenizer", None)
+            processing_class = own if own is not None else getattr(inner.model, "tokenizer", None)
+        self.processing_class = processing_class
         self.train_rows = train_rows
         self.callbacks: list[TrainerCallback] = []
         for cb in callbacks:
@@ -317,14 +320,27 @@ def _policy(model, processing_class, peft_config, config):
     if isinstance(model, (str, os.PathLike)):
         policy = build_model(config.model, lora=config.lora)  # the config's LoRA (from peft_config) included
         return HFPolicy(policy.model, processing_class)
-    if processing_class is None:
-        raise ValueError("a loaded model needs its tokenizer: pass processing_class=tokenizer")
+    if processing_class is None and not isinstance(model, HFPolicy):
+        processing_class = _saved_tokenizer(model)
     policy = model if isinstance(model, HFPolicy) else HFPolicy(model, processing_class)
     if peft_config is not None:
         targets = peft_config.target_modules
         add_lora(policy, r=peft_config.r, alpha=peft_config.lora_alpha, dropout=peft_config.lora_dropout,
                  target_modules="all-linear" if targets in (None, "all-linear") else targets)
     return policy
+
+
+def _saved_tokenizer(model):
+    """The tokenizer of a loaded model passed without processing_class: TRL's, loaded from the name in
+    the model's config (a PeftModel's: its base model's)."""
+    from transformers import AutoTokenizer
+
+    where = getattr(model.config, "_name_or_path", "")
+    try:
+        return AutoTokenizer.from_pretrained(where)
+    except Exception as e:
+        raise ValueError(f"a loaded model needs its tokenizer: pass processing_class=tokenizer (none loads from "
+                         f"the model's config name {where!r}: {type(e).__name__})") from None
 
 
 def _split_callbacks(callbacks):
@@ -354,6 +370,11 @@ class GRPOTrainer(_TRLTrainer):
         if optimizers != (None, None) or reward_processing_classes is not None:
             raise ValueError("optimizers= and reward_processing_classes= are not supported: lmrl builds AdamW from "
                              "the args, and a reward model's own tokenizer comes with its path")
+        if isinstance(environment_factory, dict):
+            named = ", ".join(f"{name!r}: ..." for name in environment_factory)
+            raise ValueError(f"environment_factory={{{named}}}: several environments picked by each row's "
+                             f"'environment' column are not supported; pass one environment class (lmrl's tool task "
+                             f"runs one kind of environment per trainer)")
         if reward_funcs is None and environment_factory is None:
             raise ValueError("no reward source: pass reward_funcs=, or an environment_factory whose class defines "
                              "get_reward()")
@@ -364,7 +385,8 @@ class GRPOTrainer(_TRLTrainer):
         config, policy, held, rows = _prepare(args, model, processing_class, peft_config, quantization_config,
                                               train_dataset, "the prompts to sample from", "GRPO")
         hf_callbacks, own = _split_callbacks(callbacks)
-        inner = _LmrlGRPOTrainer(config, model=policy, reward_funcs=reward_funcs,
+        weights = None if args.reward_weights is None else [float(w) for w in args.reward_weights]
+        inner = _LmrlGRPOTrainer(config, model=policy, reward_funcs=reward_funcs, reward_weights=weights,
                                  train_dataset=train_dataset, eval_dataset=eval_dataset, callbacks=own, tools=tools,
                                  environment_factory=environment_factory)
         self._held_a_run = held
