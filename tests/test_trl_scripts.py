@@ -55,6 +55,7 @@ def test_a_trl_grpo_script_trains_with_lmrls_trainer(model_dir, tmp_path):
     assert (cfg.optim.lr, cfg.optim.weight_decay, cfg.optim.betas, cfg.run.seed) == (1e-2, 0.0, [0.9, 0.999], 42)
     assert (cfg.schedule.name, cfg.schedule.min_lr_ratio, cfg.task.max_new_tokens) == ("linear", 0.0, 6)
     assert cfg.task.max_prompt_length == 0  # TRL 1.16 cuts no prompt
+    assert cfg.eval.size == 8  # eval_strategy="no": start and end only, per_device_eval_batch_size prompts
     assert not cfg.run.tensorboard and not cfg.run.wandb
     steps = [r for r in read_metrics(tmp_path / "grpo") if "train/avg_reward" in r]
     assert len(steps) == 2

@@ -141,10 +141,10 @@ class _LmrlArgs:
         if dtype not in _DTYPES:
             raise ConfigError(f"{type(self).__name__}(model_init_kwargs={{'dtype': {dtype!r}}}): lmrl loads models in "
                               f"bfloat16 or float32")
-        others = sorted(k for k, v in kwargs.items() if v not in (None, False))
+        others = sorted(k for k, v in kwargs.items() if v not in (None, False) and (k, v) != ("revision", "main"))
         if others:
-            self.notes.append(f"model_init_kwargs {', '.join(others)} change nothing here (lmrl loads the local "
-                              f"model with its own settings)")
+            self.notes.append(f"model_init_kwargs {', '.join(others)}: no effect here (lmrl loads the local model "
+                              f"with its own settings)")
         return _DTYPES[dtype]
 
     def _schedule(self) -> str:
@@ -164,9 +164,6 @@ class _LmrlArgs:
 
     def _interval(self, strategy: str, every, steps: int, per_epoch: float, what: str) -> int:
         if strategy == "no":
-            if what == "eval":
-                self.notes.append("eval_strategy='no': lmrl still evaluates at the start and at the end (held-out "
-                                  "numbers for the run's summary; TRL evaluates nothing)")
             return _NEVER
         if strategy == "steps":
             return max(1, _steps(every, steps))
@@ -254,6 +251,11 @@ class GRPOConfig(_LmrlArgs, trl.GRPOConfig):
         data["task"] = {"name": "prompts", "chat": False, "max_new_tokens": int(self.max_completion_length),
                         "max_prompt_length": 0}
         data["sft"] = {"steps": 0}
+        if _text(self.eval_strategy) == "no":  # lmrl's RL run is evaluated at its start and end: kept small here
+            data["eval"]["size"] = int(self.per_device_eval_batch_size)
+            self.notes.append(f"eval_strategy='no': the run is still evaluated at its start and end, on "
+                              f"{self.per_device_eval_batch_size} held-out prompts (per_device_eval_batch_size; "
+                              f"the first training prompts without an eval_dataset); TRL evaluates nothing")
         data["train"].update(rollout_size=batch, steps=steps, temperature=float(self.temperature),
                              top_p=float(self.top_p), top_k=int(self.top_k or 0))
         # reward_weights weigh the trainer's reward_funcs (GRPOTrainer passes them on): reward.weights is for
