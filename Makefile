@@ -5,7 +5,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 ARGS   ?=
 
-.PHONY: setup train train-gsm8k-gpu test test-slow test-vllm bench clean
+.PHONY: setup train train-gsm8k-gpu test test-slow test-vllm bench gpu-check clean
 
 # --system-site-packages: a torch the user already installed (e.g. a CUDA build) is used as it is.
 $(BIN)/python:
@@ -56,6 +56,13 @@ bench: setup
 	$(BIN)/python benchmarks/kv_cache.py
 	$(BIN)/python benchmarks/adder_rl_vs_sft.py
 	$(BIN)/python benchmarks/algorithms.py --threads 1 --parallel 2 train.steps=1000
+
+# The prepared device check on a GPU machine (no network needed; no set-up: it uses the machine's torch):
+# every stage in its own time-limited process, figures to $(OUT)/gpu_check.json, output to $(OUT)/gpu_check.log.
+# `scripts/gpu_check.sh --cpu --out DIR` is its dry run on a CPU (tests/test_gpu_check.py runs it).
+OUT ?= gpu-check-out
+gpu-check:
+	scripts/gpu_check.sh --out $(OUT) $(ARGS)
 
 clean:
 	rm -rf $(VENV) $(VLLM_VENV) runs *.egg-info

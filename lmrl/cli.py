@@ -16,6 +16,8 @@
     lmrl prepare-data --datasets hh-rlhf gsm8k belle alpaca-chinese [--hf NAME] [--from PATH] [--max-samples N]
                       [--skip-bad-rows] [--rg-tasks NAME ... --size N --seed S --rg-config KEY=VALUE ...]
     lmrl plot RUN_DIR [--out DIR]                        PNG curves from metrics.jsonl (default RUN_DIR/plots)
+    lmrl plan PRESET [key=value ...] [--device h100|h200|a100|cpu] [--device-memory GB] [--world-size N] [--json]
+                                                         memory per device and a step-time estimate, nothing loaded
     lmrl presets
 """
 
@@ -120,6 +122,17 @@ def _parser(key_reference: bool = False) -> argparse.ArgumentParser:
     for option, (default, texts) in options.items():
         d.add_argument(f"--{option.replace('_', '-')}", dest=option, default=None, help="; ".join(texts))
 
+    pl = sub.add_parser("plan", help="memory per device (weights, gradients, optimizer, activations, KV cache, "
+                                     "vLLM) and a step-time estimate of a preset, before launching it")
+    pl.add_argument("config", nargs="?", default=None, help="preset name or YAML path (default adder)")
+    pl.add_argument("overrides", nargs="*", help="config overrides such as model.path=DIR train.rollout_size=64")
+    pl.add_argument("--device", default=None, help="h100 | h200 | a100 | cpu (default: this machine's GPU if the run "
+                                                   "would use one, else its CPU)")
+    pl.add_argument("--device-memory", type=float, default=None, metavar="GB",
+                    help="the device's memory in GB (default: the device's own)")
+    pl.add_argument("--world-size", type=int, default=1, metavar="N", help="torchrun processes (default 1)")
+    pl.add_argument("--json", action="store_true", help="print the plan as JSON")
+
     sub.add_parser("presets", help="list the named presets")
     from .trl.scripts import SCRIPTS  # cheap: imports nothing of TRL's until a script runs
 
@@ -139,7 +152,8 @@ def _parse(argv: list[str]) -> argparse.Namespace:
     parser = _parser(key_reference=argv[:1] == ["train"] and bool({"-h", "--help"} & set(argv)))
     # Overrides may come before or after flags (`train adder --debug train.steps=5`).
     args, extra = parser.parse_known_args(argv)
-    unknown = [e for e in extra if args.command not in ("train", "config") or e.startswith("-") or "=" not in e]
+    unknown = [e for e in extra
+               if args.command not in ("train", "config", "plan") or e.startswith("-") or "=" not in e]
     if unknown:
         parser.error(f"unrecognized arguments: {' '.join(unknown)}")
     if extra:
@@ -160,7 +174,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         commands = {"train": _train, "config": _config, "eval": _eval, "generate": _generate, "export": _export,
                     "data": _data, "presets": _presets, "plot": _plot, "prepare-data": _prepare_data,
-                    "trl": _trl}
+                    "trl": _trl, "plan": _plan}
         return commands[args.command](args)
     except (ConfigError, PromptError, TrainingError, RewardError, DataError, CheckpointError, FileNotFoundError,
             NotADirectoryError, PermissionError, MissingPackage) as e:
@@ -330,6 +344,17 @@ def _data(args) -> int:
     stats = f": {out[2]}" if len(out) > 2 else ""
     print(f"wrote {out[0]} and {out[1]}{stats}")
     return 0
+
+
+def _plan(args) -> int:
+    from .config import load_config
+    from .plan import plan
+
+    source, overrides = _source_and_overrides(args)
+    cfg = load_config(source or "adder", overrides)
+    result = plan(cfg, device=args.device, device_memory_gb=args.device_memory, world_size=args.world_size)
+    print(json.dumps(result.as_dict(), indent=2) if args.json else result.table())
+    return 0 if result.fits is not False else 3
 
 
 def _presets(args) -> int:

@@ -22,7 +22,7 @@ LAYERS = [
     ["lmrl.rollout.engine", "lmrl.rollout.vllm_engine", "lmrl.distributed.ray_engine", "lmrl.distributed.ray_cluster"],
     ["lmrl.rollout.engines"],
     ["lmrl.config", "lmrl.config_schema"],
-    ["lmrl.train"],
+    ["lmrl.train", "lmrl.plan"],
     ["lmrl.distributed.ray_launch", "lmrl.trl", "lmrl.cli", "lmrl.__main__", "lmrl"],
 ]
 

@@ -37,6 +37,14 @@ def _placements(run_dir) -> dict[str, tuple[str, str, str]]:
     return {who: tuple(rest) for who, *rest in found}
 
 
+def _held(run_dir) -> dict[str, tuple[dict[str, float], str]]:
+    """{"learner" | "rollout worker 0": ({resource: amount Ray gave the actor}, its CUDA_VISIBLE_DEVICES)}."""
+    found = re.findall(r"(learner|rollout worker \d+): .*, resources (.+), CUDA_VISIBLE_DEVICES (\S+)",
+                       (run_dir / "train.log").read_text())
+    return {who: ({name: float(amount) for name, amount in re.findall(r"(\w+) ([\d.]+)", held)}, visible)
+            for who, held, visible in found}
+
+
 @pytest.mark.parametrize("cluster", [1], indirect=True)
 def test_colocated_learner_and_worker_share_one_gpu(cluster, tmp_path):
     run_dir = tmp_path / "run"
@@ -45,6 +53,9 @@ def test_colocated_learner_and_worker_share_one_gpu(cluster, tmp_path):
     assert where["learner"][:2] == where["rollout worker 0"][:2]  # same node, same GPU id
     assert where["learner"][1] != "none"
     assert where["learner"][2] == where["rollout worker 0"][2] == "cpu"  # the GPU is Ray's, not torch's
+    held = _held(run_dir)
+    assert held["learner"] == ({"CPU": 1.0, "GPU": 0.5}, where["learner"][1])  # CUDA sees the one GPU Ray gave
+    assert held["rollout worker 0"] == ({"CPU": 1.0, "GPU": 0.5}, where["learner"][1])
 
 
 @pytest.mark.parametrize("cluster", [2], indirect=True)
@@ -54,6 +65,10 @@ def test_split_learner_and_worker_get_a_gpu_each(cluster, tmp_path):
     where = _placements(run_dir)
     gpus = {where["learner"][1], where["rollout worker 0"][1]}
     assert len(gpus) == 2 and "none" not in gpus
+    held = _held(run_dir)
+    for who in ("learner", "rollout worker 0"):  # a whole GPU each, and CUDA in each sees only its own
+        assert held[who] == ({"CPU": 1.0, "GPU": 1.0}, where[who][1])
+    assert {held["learner"][1], held["rollout worker 0"][1]} == {"0", "1"}
 
 
 @pytest.mark.parametrize("cluster", [1], indirect=True)

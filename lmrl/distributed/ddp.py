@@ -1,7 +1,9 @@
 """torchrun helpers: one process per device, gradients averaged by DDP, rank 0 logs and saves.
 
 `torchrun --nproc_per_node=N -m lmrl train adder` sets RANK/WORLD_SIZE/LOCAL_RANK; without them
-everything here degrades to a single process with no process group."""
+everything here degrades to a single process with no process group. Under torchrun the process group
+is joined even with one process (`--nproc_per_node=1`), so a one-GPU machine runs the DDP / FSDP code
+path of a multi-GPU run (one NCCL rank) rather than the plain one."""
 
 from __future__ import annotations
 
@@ -17,6 +19,7 @@ class DistInfo:
     rank: int = 0
     world_size: int = 1
     local_rank: int = 0
+    grouped: bool = False  # in a torch.distributed process group (torchrun), whatever its size
 
     @property
     def is_main(self) -> bool:
@@ -24,7 +27,8 @@ class DistInfo:
 
     @property
     def enabled(self) -> bool:
-        return self.world_size > 1
+        """DDP / FSDP wrapping and collectives are on: this process is one rank of a process group."""
+        return self.grouped or self.world_size > 1
 
 
 def resolve_device(preference: str, info: DistInfo) -> torch.device:
@@ -39,12 +43,13 @@ def resolve_device(preference: str, info: DistInfo) -> torch.device:
 
 
 def init_distributed(preference: str = "auto") -> tuple[DistInfo, torch.device]:
-    """Joins the torchrun process group when launched by torchrun (gloo on CPU, nccl on GPU)."""
+    """Joins the torchrun process group when launched by torchrun (gloo on CPU, nccl on GPU), also
+    when it started a single process (TORCHELASTIC_RUN_ID is torchrun's own variable)."""
     world = int(os.environ.get("WORLD_SIZE", "1"))
-    if world <= 1:
+    if world <= 1 and "TORCHELASTIC_RUN_ID" not in os.environ:
         info = DistInfo()
         return info, resolve_device(preference, info)
-    info = DistInfo(int(os.environ["RANK"]), world, int(os.environ.get("LOCAL_RANK", "0")))
+    info = DistInfo(int(os.environ["RANK"]), world, int(os.environ.get("LOCAL_RANK", "0")), grouped=True)
     device = resolve_device(preference, info)
     if not dist.is_initialized():
         backend = "nccl" if device.type == "cuda" else "gloo"

@@ -89,10 +89,16 @@ def actor_device(ray) -> str:
 
 
 def placement(ray, device) -> str:
-    """Where this Ray actor runs, for the run's log: node, the GPU ids Ray gave it, its device."""
-    node = ray.get_runtime_context().get_node_id()
+    """Where this Ray actor runs, for the run's log: node, the GPU ids Ray gave it, its device, its
+    process, the resources it holds (a GPU fraction when colocated) and the CUDA_VISIBLE_DEVICES Ray
+    set for it (what CUDA in the actor sees as device 0, 1, ...)."""
+    context = ray.get_runtime_context()
+    node = context.get_node_id()
     gpus = ",".join(str(g) for g in ray.get_gpu_ids()) or "none"
-    return f"Ray node {node[:12]}, GPU ids {gpus}, device {device}"
+    held = " ".join(f"{name} {amount:g}" for name, amount in sorted(context.get_assigned_resources().items()))
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    return (f"Ray node {node[:12]}, GPU ids {gpus}, device {device}, pid {os.getpid()}, resources {held or 'none'}, "
+            f"CUDA_VISIBLE_DEVICES {'unset' if visible is None else visible or 'empty'}")
 
 
 def check_resources(ray, *, learner=(0.0, 0.0), workers=(0, 0.0, 0.0)) -> None:

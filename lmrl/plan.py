@@ -1,0 +1,566 @@
+"""Will a run fit, and how long will a step take? Sized from the config alone, before anything loads.
+
+    p = plan(load_config("math-grpo-qwen-gpu", ["model.path=DIR"]), device="h100")
+    print(p.table())             # per device: weights, gradients, optimizer state, activations, KV cache, ...
+    p.peak_bytes, p.fits, p.step_seconds
+
+`lmrl plan PRESET [key=value ...] [--device h100|h200|a100|cpu] [--device-memory GB] [--world-size N]`
+prints the same table.
+
+The model's size comes from its config and nothing else: a Hugging Face model's config.json (or a
+GGUF file's header) is built on the meta device, where parameters have shapes but no storage, with
+the run's LoRA adapter added the same way, so parameter counts are exact; the built-in GPT is built
+on the meta device from the model section. Sequence lengths come from the run's data where the files
+exist (prompts rendered with the chat template and tokenized, a few hundred rows), else from the
+limits in the config.
+
+Memory per device, in bytes, for the phases of a step that do not overlap:
+
+- always held: weights (in `model.dtype`; a LoRA adapter in fp32, as peft keeps it), AdamW's two
+  moments for every trainable parameter (in the parameter's dtype), the weight average
+  (`train.ema_decay`), a frozen KL / DPO reference copy (none with LoRA: the adapter switched off),
+  PPO's separate value model, a sampling copy of the policy (`rollout.overlap`, colocated Ray
+  workers), vLLM's share of the device (`rollout.gpu_memory_utilization` x the device's memory);
+  under FSDP the weights, gradients and optimizer state divided by the ranks (sampling gathers the
+  whole policy);
+- the update: gradients of the trainable parameters, the activations a micro-batch keeps for its
+  backward pass (per token and layer of a Llama-style block: 4 hidden + 2 KV + 3 MLP widths, plus the
+  inputs of the layers that train or carry an adapter; with gradient checkpointing one hidden width per
+  layer plus one block recomputed), and the logits of the scored positions with their gradient;
+- sampling: the KV cache of the whole rollout batch (2 x layers x KV width x (prompt + completion)
+  tokens x rows), or of an evaluation batch if larger, and on a CPU the copies of the wide linear
+  layers the sampling loop runs from (rollout/packed_linear.py);
+- the process itself: a CUDA context, or on a CPU the interpreter with torch, transformers and peft
+  loaded (`RUNTIME_BYTES`, measured).
+
+The peak is what is always held plus the larger of the update and sampling (on a CPU plus both: the
+C allocator keeps what sampling freed, and the update's blocks do not reuse it). Step time is an
+estimate from counted operations and bytes against the device's rates (`DEVICES`): sampling is one
+prefill of the distinct prompts and one decode step per new token, each the slower of its matrix
+work and reading every weight (and the KV cache) once, never faster than the kernel launches a step
+makes on a GPU; the update is the forward and backward passes' matrix work (x2 forward for a LoRA
+backward, x3 for full training, one more forward under gradient checkpointing, one per reference or
+old-log-prob pass). Attention's own arithmetic is left out. docs/results.md compares the memory with
+measured peaks; the step times await the GPU check's (scripts/gpu_check.sh).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from .config import Config, ConfigError
+from .tasks import task_spec
+
+GiB = 2**30
+# The process before any tensor: on a GPU its CUDA context (about 0.5 GiB under torch 2.x, not measured
+# here yet: the device check's peak figures will say), on a CPU the interpreter with torch, transformers,
+# peft and lmrl's trainers imported (399 MiB RSS, measured on the dev machine, 2026-11-27).
+RUNTIME_BYTES = {"cuda": int(0.5 * GiB), "cpu": 399 * 2**20}
+
+
+@dataclass(frozen=True)
+class Device:
+    name: str
+    memory_gb: float | None  # None: unknown (give --device-memory)
+    matmul_tflops: float     # dense bf16 (fp32 on a CPU), what a large product reaches
+    bandwidth_gbs: float     # device memory, read + write counted
+    kind: str = "cuda"
+    launch_us: float = 6.0   # one kernel launch, the floor of a small decode step's every operation
+
+
+# Rates measured on this workplace's machines where stated (docs/results.md, KINDS.md), else datasheets.
+DEVICES = {
+    "h100": Device("h100", 80, 798, 3000),   # measured: 8192^3 bf16 product 798 TFLOP/s, copy 3.0 TB/s
+    "h200": Device("h200", 141, 788, 4300),  # measured: 788 TFLOP/s, copy 4.3 TB/s
+    "a100": Device("a100", 80, 250, 1500),   # datasheet 312 TFLOP/s, 2.0 TB/s, less what is usually reached
+    # the 2-core dev VM: fp32 products 0.10-0.28 TFLOP/s, 19-46 GB/s read (benchmarks/hf_rollout.py, results.md)
+    "cpu": Device("cpu", None, 0.2, 25, kind="cpu", launch_us=0.0),
+}
+# Fractions of the rates that real passes reach (a training pass's matrix products; decoding's weight reads).
+MATMUL_EFFICIENCY, BANDWIDTH_EFFICIENCY = 0.4, 0.5
+KERNELS_PER_LAYER = 14  # launches per decoder layer and decode step (norms, projections, rotary, attention, MLP)
+
+
+@dataclass
+class ModelSize:
+    """What the plan needs of a model: counts and widths, read off a meta-device build."""
+    description: str
+    parameters: int
+    trainable: int
+    lora: bool
+    layers: int
+    hidden: int
+    intermediate: int
+    kv_width: int            # key (= value) width per token and layer
+    vocab: int
+    largest_layer: int       # parameters of the biggest decoder layer (FSDP gathers one at a time)
+    weight_bytes: int        # every parameter in its stored dtype
+    trainable_bytes: int     # the trainable ones (their gradients and each AdamW moment take as much)
+    llama_like: bool = True  # a Llama-style block (gated MLP); else the built-in GPT
+    packable: int = 0        # parameters of the linear layers a CPU rollout runs from packed copies
+    heads: int = 1           # attention heads
+
+
+@dataclass
+class Lengths:
+    prompt: int              # tokens of a prompt (the longest of the rows read)
+    completion: int          # tokens sampled (or a reply, offline)
+    source: str              # where the numbers come from
+
+
+@dataclass
+class Plan:
+    """Memory per device (bytes, by part) and an estimate of a step's seconds. `table()` prints it."""
+    config_name: str
+    model: ModelSize
+    lengths: Lengths
+    device: Device
+    world_size: int
+    held: dict[str, int] = field(default_factory=dict)      # held through the step
+    update: dict[str, int] = field(default_factory=dict)    # only during the update
+    sampling: dict[str, int] = field(default_factory=dict)  # only while sampling or evaluating
+    step_seconds: dict[str, float] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def peak_bytes(self) -> int:
+        """Held + the larger of update and sampling; on a CPU held + both: the C allocator keeps what
+        sampling freed in the process, and the update's blocks do not reuse it (measured, docs/results.md)."""
+        update, sampling = sum(self.update.values()), sum(self.sampling.values())
+        return sum(self.held.values()) + (update + sampling if self.device.kind == "cpu" else max(update, sampling))
+
+    @property
+    def memory_gb(self) -> float | None:
+        return self.device.memory_gb
+
+    @property
+    def fits(self) -> bool | None:
+        return None if self.memory_gb is None else self.peak_bytes <= self.memory_gb * 1e9
+
+    def as_dict(self) -> dict:
+        return {"config": self.config_name, "model": self.model.description, "parameters": self.model.parameters,
+                "trainable": self.model.trainable, "device": self.device.name, "world_size": self.world_size,
+                "prompt_tokens": self.lengths.prompt, "completion_tokens": self.lengths.completion,
+                "held_bytes": self.held, "update_bytes": self.update, "sampling_bytes": self.sampling,
+                "peak_bytes": self.peak_bytes, "device_memory_gb": self.memory_gb, "fits": self.fits,
+                "step_seconds": self.step_seconds, "notes": self.notes}
+
+    def table(self) -> str:
+        m = self.model
+        lines = [f"lmrl plan {self.config_name}: {m.description}, {m.parameters / 1e6:,.1f}M parameters "
+                 f"({m.trainable / 1e6:,.2f}M trainable{', LoRA' if m.lora else ''}), "
+                 f"{self.world_size} process{'es' if self.world_size > 1 else ''}, device {self.device.name}",
+                 f"sequences: {self.lengths.prompt} prompt + {self.lengths.completion} completion tokens "
+                 f"({self.lengths.source})", "", f"{'per device':44s}{'GiB':>9s}"]
+        for title, part in (("held through the step", self.held), ("the update", self.update),
+                            ("sampling", self.sampling)):
+            lines.append(f"{title}:")
+            lines += [f"  {name:42s}{size / GiB:9.2f}" for name, size in part.items()]
+        peak = self.peak_bytes / GiB
+        verdict = ""
+        if self.memory_gb is not None:
+            share = self.peak_bytes / (self.memory_gb * 1e9)
+            verdict = f"  of {self.memory_gb:.3g} GB: {'fits' if self.fits else 'does NOT fit'} ({share:.0%})"
+        how = "held + update + sampling (CPU)" if self.device.kind == "cpu" else "held + max(update, sampling)"
+        lines += [f"{'peak: ' + how:44s}{peak:9.2f}{verdict}"]
+        if self.step_seconds:
+            parts = ", ".join(f"{k} {v:.2f} s" for k, v in self.step_seconds.items() if k != "step")
+            lines.append(f"step time estimate: {self.step_seconds['step']:.2f} s ({parts}; rough: counted work over "
+                         f"{self.device.name} rates)")
+        lines += [f"note: {n}" for n in self.notes]
+        return "\n".join(lines)
+
+
+def plan(config: Config, *, device: str | None = None, device_memory_gb: float | None = None,
+         world_size: int = 1) -> Plan:
+    """The memory and step-time plan of `config` on `device` (a name in `DEVICES`; default: this machine's
+    GPU if the run would use one, else its CPU), with `world_size` torchrun processes."""
+    if world_size < 1:
+        raise ConfigError(f"--world-size must be at least 1, got {world_size}")
+    name = device or _this_device(config.run.device)
+    if name not in DEVICES:
+        raise ConfigError(f"--device {name!r} is not one plan knows: {', '.join(DEVICES)}")
+    if device_memory_gb is not None and device_memory_gb <= 0:
+        raise ConfigError(f"--device-memory must be a positive number of GB, got {device_memory_gb}")
+    dev = DEVICES[name]
+    if device is None and dev.kind == "cuda":  # this machine's GPU: its own memory
+        dev = Device(dev.name, torch.cuda.get_device_properties(0).total_memory / 1e9, dev.matmul_tflops,
+                     dev.bandwidth_gbs, dev.kind, dev.launch_us)
+    if device_memory_gb is not None:
+        dev = Device(dev.name, device_memory_gb, dev.matmul_tflops, dev.bandwidth_gbs, dev.kind, dev.launch_us)
+    elif dev.memory_gb is None and dev.kind == "cpu":
+        dev = Device(dev.name, _host_memory_gb(), dev.matmul_tflops, dev.bandwidth_gbs, dev.kind, dev.launch_us)
+    size, tokenizer = model_size(config)
+    lengths = sequence_lengths(config, tokenizer)
+    out = Plan(_config_name(config), size, lengths, dev, world_size)
+    if config.run.trainer == "rl":
+        _rl_memory(config, out)
+    else:
+        _offline_memory(config, out)
+    out.step_seconds = _step_time(config, out)
+    return out
+
+
+# ------------------------------------------------------------------------------------------ the model
+
+def model_size(config: Config) -> tuple[ModelSize, object | None]:
+    """(ModelSize, tokenizer or None) from the model section, without loading any weight."""
+    if config.model.type == "gpt":
+        return _gpt_size(config), None
+    return _hf_size(config)
+
+
+def _gpt_size(config: Config) -> ModelSize:
+    from .models import GPT, GPTConfig
+    from .tasks.arithmetic import ArithmeticTask
+
+    m, t = config.model, config.task
+    vocab = ArithmeticTask(t.name, ndigit=t.ndigit, use_format=t.use_format, scratchpad=t.scratchpad,
+                           heldout_size=1).tokenizer.vocab_size
+    with torch.device("meta"):
+        model = GPT(GPTConfig(vocab_size=vocab, n_position=m.n_position, n_layer=m.n_layer, n_head=m.n_head,
+                              n_embd=m.n_embd, dropout=m.dropout))
+    n = sum(p.numel() for p in model.parameters())
+    return ModelSize(f"built-in GPT ({m.n_layer} x {m.n_embd})", n, n, False, m.n_layer, m.n_embd, 4 * m.n_embd,
+                     m.n_embd, vocab, 12 * m.n_embd * m.n_embd, 4 * n, 4 * n, llama_like=False)
+
+
+def _hf_size(config: Config) -> tuple[ModelSize, object]:
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    from .models.hf_loading import resolve_model_path
+
+    m = config.model
+    try:
+        directory, gguf_file = resolve_model_path(m.path, m.gguf_file)
+    except (FileNotFoundError, ModuleNotFoundError) as e:
+        raise ConfigError(f"model.path={m.path}: {e} (lmrl plan reads only its config.json and tokenizer: a "
+                          f"directory holding those two is enough)") from None
+    kwargs = {"local_files_only": True} | ({"gguf_file": gguf_file} if gguf_file else {})
+    hf_config = AutoConfig.from_pretrained(directory, **kwargs)
+    tokenizer = AutoTokenizer.from_pretrained(directory, **kwargs)
+    if not tokenizer("Hello world", add_special_tokens=False)["input_ids"]:
+        tokenizer = None  # e.g. a tokenizer_config.json without its vocabulary: lengths from the config
+    dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[m.dtype]
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(hf_config, dtype=dtype)
+    arch = (getattr(hf_config, "architectures", None) or [type(model).__name__])[0]
+    lora = config.lora.r > 0
+    if lora:
+        from peft import LoraConfig, get_peft_model
+
+        targets = config.lora.target_modules
+        model = get_peft_model(model, LoraConfig(r=config.lora.r, lora_alpha=config.lora.alpha,
+                                                 target_modules="all-linear" if list(targets) == ["all-linear"]
+                                                 else list(targets)))
+    params = list(model.parameters())
+    trainable = [p for p in params if p.requires_grad]
+    from .rollout.packed_linear import MIN_FEATURES
+
+    packable = sum(mod.weight.numel() for mod in model.modules() if type(mod) is torch.nn.Linear
+                   and min(mod.in_features, mod.out_features) >= MIN_FEATURES)
+    layers_module = next((mod for name, mod in model.named_modules() if name.endswith("layers")
+                          and isinstance(mod, torch.nn.ModuleList)), None)
+    largest = max((sum(p.numel() for p in layer.parameters()) for layer in layers_module), default=0) \
+        if layers_module is not None else 0
+    text = hf_config.get_text_config() if hasattr(hf_config, "get_text_config") else hf_config
+    heads = text.num_attention_heads
+    head_dim = getattr(text, "head_dim", None) or text.hidden_size // heads
+    kv = (getattr(text, "num_key_value_heads", None) or heads) * head_dim
+    source = f"{Path(directory).name}/{gguf_file}" if gguf_file else Path(directory).name
+    size = ModelSize(f"{arch} from {source} ({m.dtype})", sum(p.numel() for p in params),
+                     sum(p.numel() for p in trainable), lora, text.num_hidden_layers, text.hidden_size,
+                     getattr(text, "intermediate_size", 4 * text.hidden_size), kv, text.vocab_size, largest,
+                     sum(p.numel() * p.element_size() for p in params),
+                     sum(p.numel() * (4 if lora else p.element_size()) for p in trainable), packable=packable,
+                     heads=heads)
+    if lora:  # peft keeps the adapter in fp32 on a bf16 base (autocast_adapter_dtype)
+        size.weight_bytes += sum(p.numel() * (4 - p.element_size()) for p in trainable)
+    return size, tokenizer
+
+
+# ------------------------------------------------------------------------------------------ lengths
+
+def sequence_lengths(config: Config, tokenizer) -> Lengths:
+    """Prompt and completion tokens: from the data files where they exist, else the config's limits."""
+    t = config.task
+    if config.model.type == "gpt":
+        from .tasks.arithmetic import answer_length
+
+        prompt = 2 * t.ndigit + (2 if t.use_format else 0)
+        return Lengths(prompt, answer_length(t.name, t.ndigit, t.scratchpad), "the task's fixed layout")
+    if config.run.trainer != "rl":
+        return _offline_lengths(config, tokenizer)
+    if task_spec(t.name).multi_turn:
+        return Lengths(config.env.max_context - t.max_new_tokens, t.max_new_tokens,
+                       "env.max_context: a whole episode at its longest")
+    rows = _rows(t.train_file) if tokenizer is not None else []
+    if not rows:
+        why = f"no rows at task.train_file={t.train_file}" if tokenizer is not None else "no usable tokenizer"
+        return Lengths(256, t.max_new_tokens, f"{why}: 256 prompt tokens assumed")
+    from .models.hf import apply_chat_template
+
+    longest = 0
+    for row in rows:
+        if "messages" in row:
+            text = apply_chat_template(tokenizer, row["messages"])
+        else:
+            question = t.prompt_template.format(prompt=row.get("prompt", ""))
+            messages = ([{"role": "system", "content": t.system_prompt}] if t.system_prompt else []) + \
+                [{"role": "user", "content": question}]
+            text = apply_chat_template(tokenizer, messages) if t.chat else question
+        longest = max(longest, len(tokenizer(text, add_special_tokens=False)["input_ids"]))
+    return Lengths(longest, t.max_new_tokens, f"the longest of {len(rows)} prompts of {t.train_file}; "
+                                              f"completions at task.max_new_tokens")
+
+
+def _offline_lengths(config: Config, tokenizer) -> Lengths:
+    """Offline rows: the longest prompt and reply (a pair: its longer reply), each row cut at data.max_length."""
+    d = config.data
+    rows = _rows(d.train_file) if tokenizer is not None else []
+    if not rows:
+        why = f"no rows at data.train_file={d.train_file}" if tokenizer is not None else "no usable tokenizer"
+        return Lengths(d.max_length // 2, d.max_length // 2, f"{why}: data.max_length split in half")
+    from .models.hf import apply_chat_template
+    from .tasks.preference_data import preference_row
+
+    def as_messages(value, role: str) -> list[dict]:
+        return value if isinstance(value, list) else [{"role": role, "content": str(value)}]
+
+    def count_prompt(value) -> int:  # rendered as the trainers render it: the chat template's opening included
+        text = apply_chat_template(tokenizer, as_messages(value, "user")) if d.chat or isinstance(value, list) \
+            else str(value)
+        return len(tokenizer(text, add_special_tokens=False)["input_ids"])
+
+    def count_reply(value) -> int:  # its text and the turn's end
+        text = "".join(str(m.get("content", "")) for m in as_messages(value, "assistant"))
+        return len(tokenizer(text, add_special_tokens=False)["input_ids"]) + 2
+
+    prompt = reply = 0
+    for row in rows:
+        if config.run.trainer in ("dpo", "reward"):
+            pair = preference_row(row)
+            p, r = count_prompt(pair.prompt), max(count_reply(pair.chosen), count_reply(pair.rejected))
+        elif "messages" in row or "conversations" in row:
+            p, r = 0, count_reply(row.get("messages") or row.get("conversations"))
+        else:
+            p, r = count_prompt(row.get("prompt", "")), count_reply(row.get("completion") or row.get("response")
+                                                                    or row.get("text") or "")
+        p = min(p, d.max_length - 1)
+        prompt, reply = max(prompt, p), max(reply, min(r, d.max_length - p))
+    return Lengths(prompt, reply, f"the longest of {len(rows)} rows of {d.train_file}, cut at data.max_length")
+
+
+def _rows(path: str | None, limit: int = 256) -> list[dict]:
+    if not path or not Path(path).is_file():
+        return []
+    from .data import iter_jsonl
+
+    rows = []
+    for _, row in iter_jsonl(path):
+        rows.append(row)
+        if len(rows) >= limit:
+            break
+    return rows
+
+
+# ------------------------------------------------------------------------------------------ memory
+
+def _act_bytes(config: Config) -> int:
+    return 2 if config.model.dtype == "bf16" or config.run.mixed_precision == "bf16" else 4
+
+
+def _held(config: Config, p: Plan, *, sampling_copy: bool) -> None:
+    m, shards = p.model, p.world_size if config.distributed.strategy == "fsdp" and p.world_size > 1 else 1
+    p.held["weights"] = m.weight_bytes // shards
+    p.held["optimizer state (AdamW, 2 moments)"] = 2 * m.trainable_bytes // shards
+    if config.train.ema_decay > 0:
+        p.held["weight average (train.ema_decay)"] = m.trainable_bytes
+    if sampling_copy:
+        p.held["sampling copy of the policy"] = m.weight_bytes
+    p.held["runtime (" + ("CUDA context" if p.device.kind == "cuda" else "interpreter + libraries") + ")"] = \
+        RUNTIME_BYTES[p.device.kind]
+    if shards > 1:
+        p.update["one decoder layer gathered (FSDP)"] = m.largest_layer * m.weight_bytes // max(m.parameters, 1)
+        p.notes.append(f"FSDP over {shards} ranks: weights, gradients and optimizer state sharded; sampling and "
+                       f"evaluation gather the whole policy (counted under sampling)")
+
+
+def _trained_inputs(config: Config, m: ModelSize) -> tuple[int, int]:
+    """(elements, LoRA ranks) a Llama-style block saves per token beyond its fixed ones because a linear
+    layer trains (its input, for the weight's or adapter's gradient) or carries an adapter (the rank-r
+    product, for B's gradient). q/k/v share one input, gate/up another; o_proj's input is the attention
+    output, which attention saves anyway."""
+    lora = config.lora.r > 0
+    targets = set(config.lora.target_modules)
+    every = not lora or "all-linear" in targets
+
+    def trains(*names):
+        return every or any(n in targets for n in names)
+
+    extra = (m.hidden if trains("q_proj", "k_proj", "v_proj") else 0) + \
+        (m.hidden if trains("gate_proj", "up_proj") else 0) + (m.intermediate if trains("down_proj") else 0)
+    adapted = 7 if every else sum(n in targets for n in ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj",
+                                                          "up_proj", "down_proj"))
+    return extra, (adapted * config.lora.r if lora else 0)
+
+
+def _activations(config: Config, p: Plan, rows: float, tokens_per_row: float, prompt_tokens: float) -> dict[str, int]:
+    """The update's memory for one micro-batch: activations kept for backward, logits and their gradient.
+    A Llama-style block keeps per token (measured with saved-tensor hooks, tests/test_plan.py): its two
+    norms' inputs in fp32, the rotated queries, keys, values and attention output, the MLP's gate, its
+    activation and up (4 hidden + 2 KV + 3 MLP widths), plus `_trained_inputs`."""
+    m, b = p.model, _act_bytes(config)
+    tokens = rows * tokens_per_row + prompt_tokens
+    if m.llama_like:
+        extra, ranks = _trained_inputs(config, m)
+        per_token_layer = (2 * m.hidden * 4 + (2 * m.hidden + 2 * m.kv_width + 3 * m.intermediate + extra) * b
+                           + ranks * 4)  # bytes: norms in fp32, an adapter's products in fp32
+    else:  # the built-in GPT: attention written out, its (T x T) weights kept per head
+        per_token_layer = (18 * m.hidden + 8 * (p.lengths.prompt + p.lengths.completion)) * b
+    if config.model.gradient_checkpointing:
+        kept = tokens * m.hidden * m.layers * b + tokens * per_token_layer  # layer inputs + one block recomputed
+        label = "activations (checkpointed: layer inputs + 1 block)"
+    else:
+        kept = tokens * per_token_layer * m.layers
+        label = "activations kept for backward"
+    scored = rows * p.lengths.completion
+    logit_bytes = 4 if config.model.dtype == "fp32" and config.run.mixed_precision != "bf16" else 2
+    return {label: int(kept), "logits and their gradient": int(2 * scored * m.vocab * logit_bytes)}
+
+
+def _kv(p: Plan, rows: float, tokens: float, b: int) -> int:
+    return int(2 * p.model.layers * p.model.kv_width * tokens * rows * b)
+
+
+def _rl_memory(config: Config, p: Plan) -> None:
+    t, a, r, m = config.train, config.algo, config.rollout, p.model
+    colocated_workers = r.workers if config.distributed.backend == "ray" and 0 < r.worker_gpus < 1 else 0
+    _held(config, p, sampling_copy=r.overlap)
+    if colocated_workers:
+        p.held[f"{colocated_workers} colocated Ray rollout worker(s)"] = colocated_workers * m.weight_bytes
+    if a.kl_coef > 0 and not m.lora:
+        p.held["KL reference (frozen copy)"] = m.weight_bytes
+    if a.name == "ppo" and a.value_model == "separate":
+        p.held["value model (weights, gradients, AdamW)"] = m.weight_bytes + 3 * m.trainable_bytes
+    if r.engine == "vllm":
+        if p.memory_gb is None:
+            p.notes.append("rollout.engine=vllm takes rollout.gpu_memory_utilization of the device: give "
+                           "--device-memory to count it")
+        else:
+            p.held["vLLM (rollout.gpu_memory_utilization)"] = int(r.gpu_memory_utilization * p.memory_gb * 1e9)
+            p.notes.append("vLLM holds its own weight copy and KV cache inside its share")
+    rows_per_rank = t.rollout_size / p.world_size
+    rows = rows_per_rank / t.ga_steps
+    L = p.lengths
+    shared = config.model.type == "hf" and not config.model.gradient_checkpointing and a.group_size > 1
+    if shared:  # each distinct prompt runs once into a cache the group's rows share
+        per_row, prompts = L.completion, rows / a.group_size * L.prompt
+    else:
+        per_row, prompts = L.prompt + L.completion, 0
+    p.update["gradients (trainable)"] = m.trainable_bytes // (p.world_size if config.distributed.strategy == "fsdp"
+                                                              else 1)
+    p.update.update(_activations(config, p, rows, per_row, prompts))
+    if shared:  # the completions attend to the prompt's cache expanded to every row, through a mask
+        b_act = _act_bytes(config)
+        extra = 2 * rows * L.prompt * m.kv_width * m.layers * b_act
+        if p.device.kind == "cpu":  # a masked attention on the CPU keeps its probabilities (measured)
+            extra += rows * m.heads * L.completion * (L.prompt + L.completion) * 4 * m.layers
+        p.update["prompt cache shared by the rows"] = int(extra)
+    b = 4 if config.model.dtype == "fp32" else 2  # the sampling loop's cache takes the weights' dtype
+    if config.distributed.strategy == "fsdp" and p.world_size > 1:
+        p.sampling["whole policy, gathered"] = m.weight_bytes - p.held["weights"]
+    if p.device.kind == "cpu" and m.packable and r.engine != "vllm":  # rollout/packed_linear.py: one copy per call
+        copy = 2 if config.run.mixed_precision == "bf16" else (4 if config.model.dtype == "fp32" else 2)
+        p.sampling["weights packed for sampling (CPU)"] = m.packable * copy
+    if r.engine != "vllm":
+        p.sampling[f"KV cache ({rows_per_rank:g} rows x {L.prompt + L.completion} tokens)"] = \
+            _kv(p, rows_per_rank, L.prompt + L.completion, b)
+    eval_rows = min(config.eval.batch_size, config.eval.size)
+    evaluation = _kv(p, eval_rows, L.prompt + L.completion, b)
+    kv = [k for k in p.sampling if k.startswith("KV cache")]
+    if kv and evaluation > p.sampling[kv[0]]:
+        del p.sampling[kv[0]]
+        p.sampling[f"KV cache (evaluation: {eval_rows} rows)"] = evaluation
+    if not shared and config.model.type == "hf":
+        p.notes.append("gradient checkpointing turns off the learner's shared-prompt pass: every row runs its prompt")
+
+
+def _offline_memory(config: Config, p: Plan) -> None:
+    d, m = config.data, p.model
+    _held(config, p, sampling_copy=False)
+    if config.run.trainer == "dpo" and not m.lora:
+        p.held["DPO reference (frozen copy)"] = m.weight_bytes
+    rows = d.batch_size / p.world_size / config.train.ga_steps
+    L = p.lengths
+    pair = config.run.trainer in ("dpo", "reward")
+    per_row = L.prompt + (2 if pair else 1) * L.completion  # a pair: its prompt once, both replies after it
+    p.update["gradients (trainable)"] = m.trainable_bytes
+    acts = _activations(config, p, rows, per_row, 0)
+    if config.run.trainer == "reward":  # one score per side: no vocabulary-wide logits
+        acts.pop("logits and their gradient")
+    elif pair:  # both replies' positions are scored
+        acts["logits and their gradient"] *= 2
+    p.update.update(acts)
+    p.sampling = {}
+
+
+def _this_device(run_device: str) -> str:
+    """The DEVICES entry for this machine: its GPU when the run would use one (by name; h100 for another
+    GPU), else the CPU."""
+    if run_device == "cpu" or not torch.cuda.is_available():
+        return "cpu"
+    gpu = torch.cuda.get_device_name(0).lower()
+    return next((name for name in DEVICES if name != "cpu" and name in gpu), "h100")
+
+
+def _host_memory_gb() -> float | None:
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 1e9
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+# ------------------------------------------------------------------------------------------ time
+
+def _step_time(config: Config, p: Plan) -> dict[str, float]:
+    """Seconds of one step's sampling and update, from counted work (see the module docstring)."""
+    m, dev, L = p.model, p.device, p.lengths
+    flops = dev.matmul_tflops * 1e12 * MATMUL_EFFICIENCY
+    bandwidth = dev.bandwidth_gbs * 1e9 * BANDWIDTH_EFFICIENCY
+    forward_per_token = 2 * m.parameters
+    backward = 1 if m.lora else 2  # LoRA: activation gradients only; full: weight gradients too
+    recompute = 1 if config.model.gradient_checkpointing else 0
+    if config.run.trainer != "rl":
+        d = config.data
+        pair = config.run.trainer in ("dpo", "reward")
+        tokens = d.batch_size / p.world_size * (L.prompt + (2 if pair else 1) * L.completion)
+        reference = 1 if config.run.trainer == "dpo" else 0
+        update = tokens * forward_per_token * (1 + backward + recompute + reference) / flops
+        return {"update": update, "step": update}
+    t, a = config.train, config.algo
+    rows = t.rollout_size / p.world_size
+    prompts = rows / a.group_size
+    prefill = prompts * L.prompt * forward_per_token / flops
+    kv_read = lambda n: _kv(p, rows, n, 2 if config.model.dtype == "bf16" else 4)  # noqa: E731
+    decode = 0.0
+    launch = m.layers * KERNELS_PER_LAYER * dev.launch_us * 1e-6
+    for n in range(L.completion):
+        compute = rows * forward_per_token / flops
+        memory = (m.weight_bytes + kv_read(L.prompt + n)) / bandwidth
+        decode += max(compute, memory, launch)
+    learner_tokens = rows * L.completion + prompts * L.prompt
+    passes = 1 + backward + recompute
+    passes += 1 if a.kl_coef > 0 else 0  # the reference's log-probs
+    passes += 1 if (a.ppo_epochs > 1 or 0 < a.minibatch_size < t.rollout_size) else 0  # old log-probs
+    update = learner_tokens * forward_per_token * passes * a.ppo_epochs / flops
+    return {"sampling": prefill + decode, "update": update, "step": prefill + decode + update}
+
+
+def _config_name(config: Config) -> str:
+    return config.run.name
+
