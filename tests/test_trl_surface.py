@@ -207,3 +207,12 @@ def test_trl_configs_must_come_from_lmrl(model_dir, tmp_path):
     with pytest.raises(TypeError, match="import it from lmrl.trl"):
         GRPOTrainer(model=str(model_dir), reward_funcs=reward_len, train_dataset=PROMPTS,
                     args=trl.GRPOConfig(output_dir=str(tmp_path), use_cpu=True))
+
+
+def test_the_cli_names_trls_scripts_without_importing_trl():
+    import subprocess
+    import sys
+
+    code = "import sys, lmrl.cli; lmrl.cli._parser(); print('trl' in sys.modules, 'transformers' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
+    assert out == ["False", "False"]  # TRL (and transformers under it) load only when a script runs

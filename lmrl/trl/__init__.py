@@ -26,12 +26,20 @@ The model is a path (a local directory, a .gguf file, or a packaged name such as
 smollm2-135m-instruct) or a loaded transformers model with its tokenizer as `processing_class`; data
 sets are `datasets.Dataset`s or lists of dicts in TRL's formats. Needs the `trl` extra."""
 
-from trl import (DatasetMixtureConfig, ModelConfig, ScriptArguments, TrlParser, get_dataset, get_peft_config,
-                 get_quantization_config)
+# Loaded on first use: `lmrl trl` and `lmrl.trl.scripts` name the scripts without importing TRL.
+_FROM_TRL = ("DatasetMixtureConfig", "ModelConfig", "ScriptArguments", "TrlParser", "get_dataset", "get_peft_config",
+             "get_quantization_config")
+_OURS = {"DPOConfig": "configs", "GRPOConfig": "configs", "RewardConfig": "configs", "SFTConfig": "configs",
+         "DPOTrainer": "trainers", "GRPOTrainer": "trainers", "RewardTrainer": "trainers", "SFTTrainer": "trainers"}
 
-from .configs import DPOConfig, GRPOConfig, RewardConfig, SFTConfig
-from .trainers import DPOTrainer, GRPOTrainer, RewardTrainer, SFTTrainer
+__all__ = sorted([*_FROM_TRL, *_OURS])
 
-__all__ = ["DPOConfig", "DPOTrainer", "DatasetMixtureConfig", "GRPOConfig", "GRPOTrainer", "ModelConfig",
-           "RewardConfig", "RewardTrainer", "SFTConfig", "SFTTrainer", "ScriptArguments", "TrlParser", "get_dataset",
-           "get_peft_config", "get_quantization_config"]
+
+def __getattr__(name: str):
+    import importlib
+
+    if name in _OURS:
+        return getattr(importlib.import_module(f"{__name__}.{_OURS[name]}"), name)
+    if name in _FROM_TRL:
+        return getattr(importlib.import_module("trl"), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
