@@ -19,24 +19,19 @@ import torch.nn.functional as F
 pytestmark = [pytest.mark.cuda,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (scripts/gpu_check.sh)")]
 
-from transformers import LlamaConfig, LlamaForCausalLM  # noqa: E402
 
 from lmrl.rollout.hf_generate import generate  # noqa: E402
 from lmrl.rollout.packed_linear import packed_linears, packing_available  # noqa: E402
 from tests.conftest import TINY  # noqa: E402
+from tests.test_hf_generate import PAD, VOCAB, peaked_llama  # noqa: E402
 
 GPU_CHECK = Path(__file__).resolve().parents[1] / "scripts" / "gpu_check.py"
-PAD, VOCAB = 0, 64
 
 
 @pytest.fixture(scope="module")
 def llama():
-    """A 2-layer, 32-dim Llama on the GPU in fp32 (peaked distributions: argmax has no near-ties)."""
-    torch.manual_seed(0)
-    return LlamaForCausalLM(LlamaConfig(
-        vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, max_position_embeddings=64, initializer_range=0.2, pad_token_id=PAD,
-        bos_token_id=1, eos_token_id=2)).cuda().eval()
+    """tests/test_hf_generate.py's peaked Llama, on the GPU in fp32."""
+    return peaked_llama().cuda()
 
 
 @pytest.fixture(scope="module")

@@ -22,14 +22,19 @@ VARIANTS = [dict(compact_at=None, share_prefix=False), dict(compact_at=None), di
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 
-@pytest.fixture(scope="module")
-def model():
+def peaked_llama() -> LlamaForCausalLM:
+    """A 2-layer, 32-dim Llama, seeded, in eval mode. A larger init than the default makes the
+    next-token distributions peaked, so argmax has no near-ties."""
     torch.manual_seed(0)
-    # A larger init than the default makes the next-token distributions peaked, so argmax has no near-ties.
     return LlamaForCausalLM(LlamaConfig(
         vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
         num_key_value_heads=2, max_position_embeddings=64, initializer_range=0.2, pad_token_id=PAD,
         bos_token_id=1, eos_token_id=2)).eval()
+
+
+@pytest.fixture(scope="module")
+def model():
+    return peaked_llama()
 
 
 @pytest.fixture(scope="module")

@@ -72,11 +72,11 @@ class _LmrlArgs:
     def to_config(self, *, model_path: str, train_rows: int, peft_config=None) -> Config:
         """The lmrl Config these arguments describe, for a model at `model_path` and a training set of
         `train_rows` rows (see lmrl.trl.fields for each field)."""
-        self._refuse()
         world = int(os.environ.get("WORLD_SIZE", "1"))
+        self._refuse(world)
         ga = int(self.gradient_accumulation_steps)
         batch = int(self.per_device_train_batch_size) * ga * world
-        steps, per_epoch = self._length(batch, train_rows)
+        steps, per_epoch = self._length(batch, train_rows, world)
         data: dict[str, dict] = {
             "run": {"dir": self.output_dir, "seed": self.seed, "name": self.run_name or Path(self.output_dir).name,
                     "progress": not self.disable_tqdm},
@@ -118,17 +118,23 @@ class _LmrlArgs:
         """The kind's own sections."""
         raise NotImplementedError
 
-    def _length(self, batch: int, rows: int) -> tuple[int, float]:
+    samples_per_row = 1  # what one data row is per step: a row, or GRPO's group of completions
+
+    def _length(self, batch: int, rows: int, world: int) -> tuple[int, float]:
         """(optimizer steps of the run, steps per pass over the data)."""
-        per_epoch = rows / batch
+        per_epoch = rows * self.samples_per_row / batch
         steps = int(self.max_steps) if self.max_steps > 0 else math.ceil(float(self.num_train_epochs) * per_epoch)
         return max(steps, 1), per_epoch
 
-    def _refuse(self) -> None:
+    def _derived(self, name: str, value, world: int) -> bool:
+        """`value` is what TRL derives for `name` from the other fields (and lmrl does too)."""
+        return False
+
+    def _refuse(self, world: int) -> None:
         rules = table.rules(self.kind)
         for name, value in self.given.items():
             rule = rules[name]
-            if rule.effect == table.REFUSED and value not in rule.accepts:
+            if rule.effect == table.REFUSED and value not in rule.accepts and not self._derived(name, value, world):
                 raise ConfigError(f"{type(self).__name__}({name}={value!r}): {rule.how}")
         optim = _text(self.optim)
         if optim not in _OPTIMIZERS:
@@ -211,24 +217,22 @@ class GRPOConfig(_LmrlArgs, trl.GRPOConfig):
 
     kind = "grpo"
 
-    def _length(self, batch: int, rows: int) -> tuple[int, float]:
-        group = int(self.num_generations)
-        world = batch // (int(self.per_device_train_batch_size) * int(self.gradient_accumulation_steps))
-        if batch % group:
-            raise ConfigError(f"per_device_train_batch_size x gradient_accumulation_steps x {world} process(es) = "
-                              f"{batch} completions per step must be a multiple of num_generations={group}")
-        per_epoch = rows * group / batch
-        steps = int(self.max_steps) if self.max_steps > 0 else math.ceil(float(self.num_train_epochs) * per_epoch)
-        return max(steps, 1), per_epoch
+    @property
+    def samples_per_row(self) -> int:
+        return int(self.num_generations)
 
-    def _refuse(self) -> None:
-        per_step = int(self.per_device_train_batch_size) * int(os.environ.get("WORLD_SIZE", "1"))
+    def _length(self, batch: int, rows: int, world: int) -> tuple[int, float]:
+        if batch % self.samples_per_row:
+            raise ConfigError(f"per_device_train_batch_size x gradient_accumulation_steps x {world} process(es) = "
+                              f"{batch} completions per step must be a multiple of "
+                              f"num_generations={self.samples_per_row}")
+        return super()._length(batch, rows, world)
+
+    def _derived(self, name, value, world) -> bool:
+        # TRL's own sizes for one generation per optimizer step, which is what lmrl does
         ga = int(self.gradient_accumulation_steps)
-        # TRL's own derived values are what lmrl does: one generation per optimizer step
-        for name, value in (("generation_batch_size", per_step * ga), ("steps_per_generation", ga)):
-            if self.given.get(name) == value:
-                del self.given[name]
-        super()._refuse()
+        return value == {"generation_batch_size": int(self.per_device_train_batch_size) * world * ga,
+                         "steps_per_generation": ga}.get(name)
 
     def _shape(self, data, *, batch, steps, world):
         loss = _text(self.loss_type)
