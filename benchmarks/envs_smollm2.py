@@ -342,7 +342,7 @@ def before_and_after(trainer, score, ids, args) -> tuple:
 
 def run_env(args, model_dir: Path) -> dict:
     from lmrl import RLTrainer, load_config
-    from lmrl.data import write_jsonl
+    from lmrl.common.data import write_jsonl
 
     kwargs = json.loads(args.env_kwargs)
     run_dir = fresh_dir(Path(args.work_dir) / "env-run")
@@ -512,7 +512,7 @@ def arm_worker(arm: str, spec: dict) -> None:
 def tool_eval_task(tokenizer, train_rows: list[dict], heldout_rows: list[dict], data_dir: Path, spec: dict):
     """lmrl's tool task over the rows as lmrl.trl's GRPOTrainer builds it (prompts as it writes them, the
     reward functions as the scorer, one turn more than the tool-calling iterations)."""
-    from lmrl.data import write_jsonl
+    from lmrl.common.data import write_jsonl
     from lmrl.tasks.prompt_task import PromptTask, prompt_rows
     from lmrl.tasks.rewards import RewardFunctions
     from lmrl.tasks.tool_task import ToolPromptTask

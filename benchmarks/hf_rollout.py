@@ -14,21 +14,21 @@ tokens (their sampling does not depend on the batch's make-up), `generate` draws
   generate              `model.generate(do_sample=True)` with its default dynamic cache, nothing recorded
   generate+logprobs     `HFPolicy.generate_text` with generation_engine="hf": the same plus a logits
                         processor recording log-probs (lmrl's rollouts before the lean loop)
-  lean                  `lmrl.rollout.hf_generate.generate` with no prefix sharing, no compaction, no packing
+  lean                  `lmrl.generation.hf_generate.generate` with no prefix sharing, no compaction, no packing
   lean+share            prefill runs the prompts' common prefix (and repeated prompts) once
   lean+compact(f)       finished rows dropped once they are a fraction f of the running batch
   lean+share+compact(f) both
-  lean+pack             linear layers from weights prepacked for oneDNN (`lmrl.rollout.packed_linear`)
+  lean+pack             linear layers from weights prepacked for oneDNN (`lmrl.generation.packed_linear`)
   lean+share+compact(1/8)+pack   all three: the function's defaults
   lean+static+...       a preallocated StaticCache instead of the dynamic one
   ...+concat            transformers' own DynamicCache, which grows by concatenation, instead of the
-                        default one written in place (`lmrl.rollout.kv_cache`)
+                        default one written in place (`lmrl.generation.kv_cache`)
   default+autocast(bf16)   the defaults under `torch.autocast(cpu, bf16)`, as `run.mixed_precision=bf16` runs
                         rollouts: fp32 weights, wide layers packed in bf16, products in bf16 (`--dtype fp32` only)
   generate+autocast(bf16)  `model.generate` under the same autocast; the "/roof" of both is the bf16 compute roofline
   lora+autocast(bf16)   default+autocast(bf16) on the model with peft LoRA adapters (r 16, alpha 32 on
                         q/k/v/o, as benchmarks/trl_grpo_step.py trains; B drawn non-zero), whose layers
-                        run from merged weights (`lmrl.rollout.packed_linear`)
+                        run from merged weights (`lmrl.generation.packed_linear`)
   lora+autocast(bf16)+unmerged  the same with each adapter's own products, as before merging
 
 Before timing, greedy decoding by `generate` and by the lean loop (defaults) is compared token for
@@ -75,7 +75,7 @@ from transformers import GenerationConfig
 
 from lmrl.models.hf import apply_chat_template, convert_gguf, load_hf_policy
 from lmrl.rollout import packed_linear
-from lmrl.rollout.hf_generate import generate
+from lmrl.generation.hf_generate import generate
 
 
 def questions(n: int, seed: int = 0) -> list[str]:

@@ -50,7 +50,7 @@ LORA_TARGETS = "q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj"
 def select_pairs(args, tokenizer) -> list[dict]:
     """The first --pairs rows {chosen, rejected} whose sides differ and each fit in --max-length tokens
     with the end token."""
-    from lmrl.data import iter_jsonl
+    from lmrl.common.data import iter_jsonl
 
     rows = []
     for _, row in iter_jsonl(args.data):

@@ -53,7 +53,7 @@ def main() -> None:
     os.chdir(args.work)  # the presets' relative data paths and run dirs land here
     sys.path.insert(0, str(REPO))
     from lmrl.config import load_config
-    from lmrl.plan import GiB, plan
+    from lmrl.train.plan import GiB, plan
     from lmrl.tasks.registry import ensure_files
 
     rows = []

@@ -1,6 +1,6 @@
 """lmrl: reinforcement-learning post-training of language models."""
 
-from .errors import ConfigError
+from .common.errors import ConfigError
 
 __version__ = "0.1.0"
 

@@ -20,8 +20,8 @@ Layout of one checkpoint, `<run_dir>/checkpoints/step_<N>/`:
     trainer_state.json   whatever the trainer needs to resume; written last, so its presence
                          marks a complete checkpoint
 
-A model sharded by FSDP (`lmrl.distributed.fsdp`) is written in the same layout: every rank joins the
-gathers (`lmrl.distributed.fsdp.full_state_dict`, `full_optimizer_state`) and rank 0 passes the whole
+A model sharded by FSDP (`lmrl.parallel.fsdp`) is written in the same layout: every rank joins the
+gathers (`lmrl.parallel.fsdp.full_state_dict`, `full_optimizer_state`) and rank 0 passes the whole
 tensors here in place of the model and optimizer (`gathered_weights` turns a LoRA policy's into its
 PEFT adapter; a plain dict of them is written as model.safetensors); loading gives each rank its shard.
 
@@ -58,7 +58,7 @@ import torch
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file, load_model, save_file, save_model
 
-from .errors import TrainingError
+from .common.errors import TrainingError
 from .models.reference import has_lora_adapter
 
 MODEL_FILE = "model.safetensors"
@@ -468,17 +468,17 @@ def _adapter_only(model: torch.nn.Module) -> bool:
 
 def _sharded(model: torch.nn.Module) -> bool:
     """Sharded by FSDP (checked without importing FSDP, a second's work, when nothing has)."""
-    if "lmrl.distributed.fsdp" not in sys.modules:
+    if "lmrl.parallel.fsdp" not in sys.modules:
         return False
-    from .distributed.fsdp import is_sharded
+    from .parallel.fsdp import is_sharded
 
     return is_sharded(model)
 
 
 def _sharded_optimizer(optimizer) -> bool:
-    if "lmrl.distributed.fsdp" not in sys.modules:
+    if "lmrl.parallel.fsdp" not in sys.modules:
         return False
-    from .distributed.fsdp import is_sharded_optimizer
+    from .parallel.fsdp import is_sharded_optimizer
 
     return is_sharded_optimizer(optimizer)
 
@@ -621,7 +621,7 @@ def _load_weights(model: torch.nn.Module, file: Path, map_location) -> None:
                 raise CheckpointError(f"{file}: {name} has shape {tuple(t.shape)}, the model's is "
                                       f"{tuple(params[name].shape)} (saved with another lora.r?)")
         if sharded:
-            from .distributed.fsdp import load_full_state_dict
+            from .parallel.fsdp import load_full_state_dict
 
             load_full_state_dict(model, state)
         else:
@@ -637,7 +637,7 @@ def _load_weights(model: torch.nn.Module, file: Path, map_location) -> None:
         missing, unexpected = expected - set(state), set(state) - expected
         if not (missing or unexpected):
             if sharded:
-                from .distributed.fsdp import load_full_state_dict
+                from .parallel.fsdp import load_full_state_dict
 
                 load_full_state_dict(model, state)
             else:
@@ -691,7 +691,7 @@ def load_checkpoint(path: Path, *, model: torch.nn.Module, optimizer=None, sched
     if optimizer is not None:
         saved = _torch_load(_require(path / OPTIMIZER_FILE, "optimizer"), map_location)
         if _sharded_optimizer(optimizer):
-            from .distributed.fsdp import load_optimizer_state
+            from .parallel.fsdp import load_optimizer_state
 
             load_optimizer_state(optimizer, saved)  # each rank keeps its shard of Adam's moments
         else:

@@ -212,8 +212,8 @@ def stage_install(work: Path, cpu: bool) -> dict:
         how = "pip install --no-deps --no-build-isolation -e ."
     import importlib
 
-    modules = ["lmrl.cli", "lmrl.train.rl_trainer", "lmrl.models.hf", "lmrl.models.lora", "lmrl.distributed.fsdp",
-               "lmrl.rollout.hf_generate", "lmrl.plan"]
+    modules = ["lmrl.cli", "lmrl.train.rl_trainer", "lmrl.models.hf", "lmrl.models.lora", "lmrl.parallel.fsdp",
+               "lmrl.generation.hf_generate", "lmrl.train.plan"]
     for m in modules:
         importlib.import_module(m)
     return {"how": how, "lmrl": found.stdout.strip(), "modules_imported": len(modules)}
@@ -453,8 +453,8 @@ def torchrun_worker(strategy: str, work: Path, cpu: bool, result: Path) -> None:
     from torch.nn.parallel import DistributedDataParallel
 
     from lmrl.config import load_config
-    from lmrl.distributed.ddp import shutdown
-    from lmrl.distributed.fsdp import is_sharded
+    from lmrl.parallel.ddp import shutdown
+    from lmrl.parallel.fsdp import is_sharded
     from lmrl.train.rl_trainer import RLTrainer
 
     run_dir = work / f"torchrun-{strategy}-run"

@@ -1,4 +1,4 @@
-"""Multi-turn rollouts (lmrl/rollout/agent.py) on a tiny Llama built locally, with a scripted env."""
+"""Multi-turn rollouts (lmrl/generation/agent.py) on a tiny Llama built locally, with a scripted env."""
 
 import pytest
 import torch
@@ -7,7 +7,7 @@ pytest.importorskip("transformers")
 
 from lmrl.algos.base import policy_forward  # noqa: E402
 from lmrl.models.hf import load_hf_policy  # noqa: E402
-from lmrl.rollout.agent import observation_ids, run_episodes  # noqa: E402
+from lmrl.generation.agent import observation_ids, run_episodes  # noqa: E402
 from tests.test_hf import save_tiny_llama  # noqa: E402
 
 

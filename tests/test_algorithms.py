@@ -11,7 +11,7 @@ from lmrl.algos.base import policy_forward
 from lmrl.algos.losses import aggregate
 from lmrl.config import ConfigError, load_config
 from lmrl.models.gpt import GPT, GPTConfig
-from lmrl.rollout.local import sample
+from lmrl.generation.rollout import sample
 from lmrl.train.rl_trainer import RLTrainer
 
 from .conftest import TINY

@@ -18,7 +18,7 @@ from lmrl.checkpoint import (
     save_checkpoint,
     save_weights,
 )
-from lmrl.errors import TrainingError
+from lmrl.common.errors import TrainingError
 
 
 class TiedLM(torch.nn.Module):

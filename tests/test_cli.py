@@ -119,7 +119,7 @@ def test_seed_system_flags_train_with_the_preset_they_name(tmp_path, capsys):
 
 
 def test_config_path_algorithm_device_and_resume_from_checkpoint_are_overrides(tmp_path):
-    from lmrl.cli import train_config
+    from lmrl.cli.commands import train_config
 
     path = tmp_path / "config.yaml"
     path.write_text("base: adder-grpo\ntrain:\n  steps: 3\n")

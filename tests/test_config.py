@@ -102,8 +102,8 @@ def test_a_label_budget_larger_than_the_training_split_is_refused():
     ("dpo.loss_type", "lmrl.algos.preference_losses:DPO_LOSS_TYPES"),
     ("task.name", "lmrl.tasks:TASKS"),
     ("task.reward", "lmrl.tasks.arithmetic:REWARDS"),
-    ("schedule.name", "lmrl.schedules:SCHEDULES"),
-    ("rollout.engine", "lmrl.rollout.engines:ENGINES"),
+    ("schedule.name", "lmrl.common.schedules:SCHEDULES"),
+    ("rollout.engine", "lmrl.engines.registry:ENGINES"),
 ])
 def test_a_choice_key_takes_its_choices_from_the_implementing_modules_registry(key, registry):
     import importlib
@@ -116,7 +116,7 @@ def test_a_choice_key_takes_its_choices_from_the_implementing_modules_registry(k
 
 
 def test_every_schedule_in_the_registry_is_a_valid_schedule_name():
-    from lmrl.schedules import SCHEDULES
+    from lmrl.common.schedules import SCHEDULES
 
     for name in SCHEDULES:
         assert load_config("adder", [f"schedule.name={name}"]).schedule.name == name

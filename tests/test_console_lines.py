@@ -10,7 +10,7 @@ import re
 import pytest
 
 from lmrl.config import load_config
-from lmrl.data import write_jsonl
+from lmrl.common.data import write_jsonl
 from lmrl.train.dpo_trainer import DPOTrainer
 from lmrl.train.reward_trainer import RewardTrainer
 from lmrl.train.rl_trainer import RLTrainer

@@ -20,8 +20,8 @@ pytestmark = [pytest.mark.cuda,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (scripts/gpu_check.sh)")]
 
 
-from lmrl.rollout.hf_generate import generate  # noqa: E402
-from lmrl.rollout.packed_linear import packed_linears, packing_available  # noqa: E402
+from lmrl.generation.hf_generate import generate  # noqa: E402
+from lmrl.generation.packed_linear import packed_linears, packing_available  # noqa: E402
 from tests.conftest import TINY  # noqa: E402
 from tests.test_hf_generate import PAD, VOCAB, peaked_llama  # noqa: E402
 

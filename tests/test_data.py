@@ -3,7 +3,7 @@ import os
 
 import pytest
 
-from lmrl.data import DataError, read_jsonl, write_jsonl
+from lmrl.common.data import DataError, read_jsonl, write_jsonl
 
 PROMPT_OR_MESSAGES = [["prompt"], ["messages"]]
 

@@ -16,7 +16,7 @@ import sys
 from safetensors.torch import save_file
 from lmrl.config import load_config
 from lmrl.train.rl_trainer import RLTrainer
-from lmrl.distributed.ddp import shutdown
+from lmrl.parallel.ddp import shutdown
 trainer = RLTrainer(load_config("adder", sys.argv[1:]))
 trainer.train()
 state = {k: v.clone() for k, v in trainer.module.state_dict().items()}  # policy (+ value); tied weights: a copy each

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from lmrl.data import DataError
+from lmrl.common.data import DataError
 from lmrl.envs import skyrl, textarena
 from lmrl.envs.protocol import as_reset, as_step, check_env
 

@@ -19,7 +19,7 @@ from lmrl.config import ConfigError, load_config  # noqa: E402
 from lmrl.envs import EnvError, check_env, register_env  # noqa: E402
 from lmrl.envs.protocol import as_reset, as_step  # noqa: E402
 from lmrl.models.hf import load_hf_policy  # noqa: E402
-from lmrl.rollout.agent import run_episodes  # noqa: E402
+from lmrl.generation.agent import run_episodes  # noqa: E402
 from lmrl.tasks import register_task  # noqa: E402
 from lmrl.tasks.env_task import HELDOUT_SEED, EnvTask  # noqa: E402
 from lmrl.train.rl_trainer import RLTrainer  # noqa: E402
@@ -203,7 +203,7 @@ def test_environments_step_concurrently():
             time.sleep(0.3)
             return super().step(action)
 
-    from lmrl.rollout.agent import Stepper
+    from lmrl.generation.agent import Stepper
 
     envs = [Slow() for _ in range(8)]
     for s, e in enumerate(envs):

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from lmrl.cli import main
-from lmrl.data import DataError, iter_jsonl
+from lmrl.common.data import DataError, iter_jsonl
 from lmrl.tasks.reasoning_gym import generate
 from lmrl.train.file_eval import (Tally, difference_interval, evaluate_file, paired_difference_interval,
                                   wilson_interval)

@@ -30,7 +30,7 @@ import sys
 from safetensors.torch import save_file
 from torch.distributed.tensor import DTensor
 from lmrl.config import load_config
-from lmrl.distributed.ddp import shutdown
+from lmrl.parallel.ddp import shutdown
 from lmrl.train.rl_trainer import RLTrainer
 
 if __name__ == "__main__":  # MathReward's checker processes are spawned: they import this file

@@ -1,4 +1,4 @@
-"""The lean HF sampling loop (`lmrl.rollout.hf_generate.generate`) on a tiny random Llama built here:
+"""The lean HF sampling loop (`lmrl.generation.hf_generate.generate`) on a tiny random Llama built here:
 greedy decoding equals `model.generate`, recorded log-probs equal a full forward pass, completions
 end at the first EOS, sampling follows the generator and respects top-k, with and without batch
 compaction and for both cache kinds. No hub, no network."""
@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from lmrl.rollout.hf_generate import generate
+from lmrl.generation.hf_generate import generate
 
 PAD, VOCAB = 0, 64
 LENGTHS = [5, 4, 9, 7, 4, 9]  # ragged prompts, left-padded to 9
@@ -268,7 +268,7 @@ def test_learner_forward_runs_the_prompts_common_start_once_then_each_distinct_p
     chat template's system turn), 2 samples each: the start runs for one row, the prompts' rest once
     per distinct prompt, the completions for every row; logits and LoRA gradients equal the plain pass."""
     from lmrl.algos.base import policy_forward
-    from lmrl.rollout.agent import left_pad
+    from lmrl.generation.agent import left_pad
 
     policy = tiny_lora_policy(tmp_path)
     gen = torch.Generator().manual_seed(2)
@@ -311,7 +311,7 @@ def test_rows_with_distinct_heads_share_their_common_start_with_the_logits_and_g
     (right-padded) and RL rows (prompts left-padded, completions right-padded). The common start
     runs once; logits and LoRA gradients equal the plain pass."""
     from lmrl.models.hf import MIN_SHARED_PREFIX
-    from lmrl.rollout.agent import left_pad
+    from lmrl.generation.agent import left_pad
     from lmrl.tasks.text_batches import model_logits, pad_sequences
 
     policy = tiny_lora_policy(tmp_path)
@@ -353,7 +353,7 @@ def test_non_finite_weights_are_one_error_not_garbage_tokens(model, prompts):
     # NaN logits sample silently (the CDF inversion picks some token); the trainer needs to hear of it (issue 45)
     import copy
 
-    from lmrl.errors import NonFiniteOutputs
+    from lmrl.common.errors import NonFiniteOutputs
 
     broken = copy.deepcopy(model)
     with torch.no_grad():

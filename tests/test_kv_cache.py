@@ -1,4 +1,4 @@
-"""The sampling loop's KV cache (`lmrl.rollout.kv_cache`): the in-place layer keeps what
+"""The sampling loop's KV cache (`lmrl.generation.kv_cache`): the in-place layer keeps what
 transformers' concatenating layer keeps, and the loop samples the same with either."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 from transformers.cache_utils import DynamicLayer
 
-from lmrl.rollout.hf_generate import generate
-from lmrl.rollout.kv_cache import InPlaceLayer, new_cache
+from lmrl.generation.hf_generate import generate
+from lmrl.generation.kv_cache import InPlaceLayer, new_cache
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

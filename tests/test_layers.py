@@ -1,7 +1,7 @@
 """The package's layers import downward only, and no modules import each other in a cycle.
 
 Read from the source with `ast` (nothing is imported), every import counted, top-level or inside
-a function: a lazy import is still a dependency."""
+a function, `importlib.import_module("lmrl....")` too: a lazy import is still a dependency."""
 
 import ast
 from pathlib import Path
@@ -10,20 +10,18 @@ import lmrl
 
 PACKAGE = Path(lmrl.__file__).parent
 
-# Lowest first. A module belongs to the longest prefix that names it; a module may import its own
-# layer and the layers listed before it, never one listed after.
+# Lowest first: one line per layer, each naming whole folders (a top-level module is its own folder).
+# A module may import its own layer and the layers listed before it, never one listed after.
 LAYERS = [
-    ["lmrl.errors", "lmrl.data", "lmrl.options"],
-    ["lmrl.distributed.ddp", "lmrl.distributed.fsdp", "lmrl.algos", "lmrl.log", "lmrl.schedules"],
-    ["lmrl.rollout.local", "lmrl.rollout.hf_generate", "lmrl.rollout.kv_cache", "lmrl.rollout.packed_linear",
-     "lmrl.rollout.agent", "lmrl.rollout.sampling", "lmrl.envs"],
-    ["lmrl.models", "lmrl.checkpoint"],
-    ["lmrl.tasks"],
-    ["lmrl.rollout.engine", "lmrl.rollout.vllm_engine", "lmrl.distributed.ray_engine", "lmrl.distributed.ray_cluster"],
-    ["lmrl.rollout.engines"],
-    ["lmrl.config", "lmrl.config_schema"],
-    ["lmrl.train", "lmrl.plan"],
-    ["lmrl.distributed.ray_launch", "lmrl.trl", "lmrl.cli", "lmrl.__main__", "lmrl"],
+    ["lmrl.common"],
+    ["lmrl.envs", "lmrl.log", "lmrl.parallel"],
+    ["lmrl.generation"],
+    ["lmrl.algos", "lmrl.models"],
+    ["lmrl.checkpoint", "lmrl.tasks"],
+    ["lmrl.engines"],
+    ["lmrl.config"],
+    ["lmrl.train"],
+    ["lmrl.cli", "lmrl.trl", "lmrl.__main__", "lmrl"],
 ]
 
 
@@ -45,13 +43,13 @@ def layer_of(module: str) -> int:
     return found
 
 
-def imports_of(module: str) -> set[str]:
+def imports_of(module: str, source: str | None = None) -> set[str]:
     """The lmrl modules `module` imports (a name imported from a package counts as its submodule
-    when there is one)."""
+    when there is one); `source` stands in for the module's file."""
     path = MODULES[module]
     package = module if path.name == "__init__.py" else module.rpartition(".")[0]
     found = set()
-    for node in ast.walk(ast.parse(path.read_text())):
+    for node in ast.walk(ast.parse(path.read_text() if source is None else source)):
         if isinstance(node, ast.Import):
             found |= {a.name for a in node.names if a.name.split(".")[0] == "lmrl"}
         elif isinstance(node, ast.ImportFrom):
@@ -65,8 +63,34 @@ def imports_of(module: str) -> set[str]:
             for alias in node.names:
                 sub = f"{target}.{alias.name}"
                 found.add(sub if sub in MODULES else target)
+        elif isinstance(node, ast.Call) and _called_name(node.func) == "import_module" and node.args:
+            name = node.args[0]
+            if isinstance(name, ast.Constant) and isinstance(name.value, str):
+                dots = len(name.value) - len(name.value.lstrip("."))
+                base = package.split(".")[: len(package.split(".")) - (dots - 1)] if dots else []
+                found.add(".".join(base + [name.value.lstrip(".")]).rstrip("."))
+            else:
+                assert _names_its_own_package(name), (
+                    f"{module}:{node.lineno}: import_module of a computed name outside its own package "
+                    "cannot be placed in a layer: write the module's name out")
     found.discard(module)
     return {m for m in found if m in MODULES}
+
+
+def _called_name(func) -> str:
+    return func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "")
+
+
+def _names_its_own_package(name) -> bool:
+    """A computed module name inside the caller's own package (it starts with `__name__`,
+    `__package__` or one dot), or a user's module given at run time (a plain variable): neither
+    reaches another layer of lmrl."""
+    if isinstance(name, ast.JoinedStr) and name.values:
+        first = name.values[0]
+        if isinstance(first, ast.Constant):
+            return first.value.startswith(".") and not first.value.startswith("..")
+        return isinstance(first, ast.FormattedValue) and getattr(first.value, "id", "") in ("__name__", "__package__")
+    return isinstance(name, ast.Name)
 
 
 GRAPH = {m: imports_of(m) for m in MODULES}
@@ -103,3 +127,16 @@ def test_the_layer_table_names_only_existing_modules():
         for prefix in prefixes:
             assert any(m == prefix or m.startswith(prefix + ".") for m in MODULES), prefix
 
+
+
+def test_each_layer_names_whole_folders_and_each_folder_is_in_one_layer():
+    named = [prefix for prefixes in LAYERS for prefix in prefixes]
+    assert all(p == "lmrl" or p.count(".") == 1 for p in named), "a layer names part of a folder"
+    top = {m if m == "lmrl" else ".".join(m.split(".")[:2]) for m in MODULES}
+    assert sorted(named) == sorted(top), "each top-level folder or module of lmrl in exactly one layer"
+
+
+
+def test_import_module_calls_count_as_imports():
+    source = "import importlib\n\ndef f():\n    return importlib.import_module('lmrl.train.trainers')\n"
+    assert imports_of("lmrl.parallel.ddp", source) == {"lmrl.train.trainers"}

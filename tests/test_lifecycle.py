@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from lmrl import checkpoint as ckpt
-from lmrl.errors import TrainingError
+from lmrl.common.errors import TrainingError
 from lmrl.train.rl_trainer import RLTrainer
 
 
@@ -89,7 +89,7 @@ def test_an_early_stopped_rl_run_resumed_stays_stopped(tiny_config, monkeypatch)
 
 
 def test_run_trainer_choices_are_the_trainers_build_trainer_knows():
-    from lmrl.config_schema import TRAINERS as CONFIG_TRAINERS
+    from lmrl.config.schema import TRAINERS as CONFIG_TRAINERS
     from lmrl.train.trainers import TRAINERS
 
     assert set(CONFIG_TRAINERS) == set(TRAINERS)

@@ -8,7 +8,7 @@ import torch
 
 from lmrl.config import ConfigError
 from lmrl.models.gpt import GPT, GPTConfig, sequence_logprobs
-from lmrl.rollout.engine import ThreadEngine
+from lmrl.engines.local import ThreadEngine
 from lmrl.train.rl_trainer import RLTrainer
 
 

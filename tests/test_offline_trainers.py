@@ -11,7 +11,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification
 
 from lmrl.config import ConfigError, load_config
-from lmrl.data import write_jsonl
+from lmrl.common.data import write_jsonl
 from lmrl.models.reference import is_reference_view
 from lmrl.tasks.rewards import RewardModelScorer
 from lmrl.tasks.text_batches import pair_batch

@@ -1,4 +1,4 @@
-"""Linear layers on prepacked weights (`lmrl.rollout.packed_linear`): same outputs as `F.linear`,
+"""Linear layers on prepacked weights (`lmrl.generation.packed_linear`): same outputs as `F.linear`,
 only wide plain layers packed, everything restored on exit, autograd never goes through a packed
 copy, and sampling with packing draws the same tokens as without."""
 
@@ -13,8 +13,8 @@ import torch.nn as nn
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from lmrl.rollout import hf_generate
-from lmrl.rollout.hf_generate import generate
-from lmrl.rollout.packed_linear import MIN_FEATURES, packed_linears, packing_available
+from lmrl.generation.hf_generate import generate
+from lmrl.generation.packed_linear import MIN_FEATURES, packed_linears, packing_available
 
 needs_packing = pytest.mark.skipif(not packing_available(), reason="this torch build has no oneDNN weight packing")
 

@@ -135,7 +135,7 @@ def test_a_step_in_micro_batches_sorted_by_length_has_the_loss_metrics_and_gradi
     from lmrl.train.reward_trainer import RewardTrainer
     from tests.test_offline_trainers import _cfg, PAIRS
     from tests.test_hf import save_tiny_llama
-    from lmrl.data import write_jsonl
+    from lmrl.common.data import write_jsonl
 
     save_tiny_llama(tmp_path / "model", max_positions=128)
     rows = [{**p, "prompt": p["prompt"] + " Please answer." * (i % 3)} for i, p in enumerate(PAIRS)]

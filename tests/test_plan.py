@@ -16,7 +16,7 @@ import torch
 from lmrl.cli import main
 from lmrl.config import ConfigError, load_config
 from lmrl.models import build_model
-from lmrl.plan import GiB, plan
+from lmrl.train.plan import GiB, plan
 from lmrl.tasks.word_problems import write_addition_chat
 
 GPU_CHECK = Path(__file__).resolve().parents[1] / "scripts" / "gpu_check.py"

@@ -2,7 +2,7 @@ import json
 
 import pytest
 
-from lmrl.data import DataError
+from lmrl.common.data import DataError
 from lmrl.tasks.preference_data import (PreferenceRow, SFTRow, TruncationCounter, read_preference, read_sft,
                                         truncate_pair)
 

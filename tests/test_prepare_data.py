@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from lmrl.data import DataError, iter_jsonl
+from lmrl.common.data import DataError, iter_jsonl
 from lmrl.tasks.prepare_data import PreparedFile, add_parser, detect_format, prepare, run, write_gsm8k_splits
 
 

@@ -17,11 +17,11 @@ import torch
 
 from lmrl.cli import main
 from lmrl.config import ConfigError
-from lmrl.distributed.ray_engine import build_policy, concat_rollouts, group_shards, start_worker
-from lmrl.distributed.ray_cluster import RayMissing, require_ray
-from lmrl.rollout.agent import AgentRollout
-from lmrl.rollout.engine import trainable_state
-from lmrl.rollout.local import Rollout
+from lmrl.engines.ray_engine import build_policy, concat_rollouts, group_shards, start_worker
+from lmrl.parallel.ray_cluster import RayMissing, require_ray
+from lmrl.generation.agent import AgentRollout
+from lmrl.engines.local import trainable_state
+from lmrl.generation.rollout import Rollout
 from lmrl import checkpoint as ckpt
 from lmrl.train.rl_trainer import RLTrainer, TrainingError
 from tests.test_hf_training import _config as hf_config, tiny_hf  # noqa: F401  (tiny_hf: a fixture)

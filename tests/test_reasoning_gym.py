@@ -10,8 +10,8 @@ from decimal import Decimal
 import pytest
 import reasoning_gym
 
-from lmrl.data import DataError
-from lmrl.errors import MissingPackage
+from lmrl.common.data import DataError
+from lmrl.common.errors import MissingPackage
 from lmrl.tasks import reasoning_gym as rg
 
 

@@ -12,7 +12,7 @@ import shutil
 import pytest
 import torch
 
-from lmrl.data import write_jsonl
+from lmrl.common.data import write_jsonl
 from lmrl.train.trainers import build_trainer
 from tests.test_offline_trainers import _cfg
 

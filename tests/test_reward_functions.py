@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from lmrl.config import ConfigError, load_config
-from lmrl.rollout.local import Rollout
+from lmrl.generation.rollout import Rollout
 from lmrl.tasks.rewards import (RewardError, RewardFunctions, RewardLog, RewardModelScorer, build_reward,
                                 called_positionally, fill_unscored, score_rollout)
 from lmrl.train.callbacks import Callback

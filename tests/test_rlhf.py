@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from lmrl.config import ConfigError, load_config
-from lmrl.data import write_jsonl
+from lmrl.common.data import write_jsonl
 from lmrl.models.reward_model import load_reward_model
 from lmrl.train.rl_trainer import RLTrainer
 from lmrl.train.reward_trainer import RewardTrainer

@@ -10,8 +10,8 @@ import torch
 
 from lmrl.algos import build_algorithm
 from lmrl.config import ConfigError, load_config
-from lmrl.rollout.agent import AgentRollout
-from lmrl.rollout.engine import LocalEngine, ThreadEngine, draw_seed, load_state_into, rollout_to, trainable_state
+from lmrl.generation.agent import AgentRollout
+from lmrl.engines.local import LocalEngine, ThreadEngine, draw_seed, load_state_into, rollout_to, trainable_state
 from lmrl.train.rl_trainer import RLTrainer
 
 from .conftest import TINY

@@ -11,9 +11,9 @@ import torch
 from transformers import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
 
 from lmrl.config import ConfigError, load_config
-from lmrl.rollout.local import sample_text
-from lmrl.rollout.sampling import warp_logits
-from lmrl.rollout.vllm_engine import assemble_rollout
+from lmrl.generation.rollout import sample_text
+from lmrl.generation.sampling import warp_logits
+from lmrl.engines.vllm_engine import assemble_rollout
 from lmrl.train.rl_trainer import RLTrainer
 from tests.test_gpt import next_token_logits, prompts, tiny_model
 from tests.test_reward_functions import _math_config, tiny_math  # noqa: F401  (the fixture)

@@ -4,7 +4,7 @@ import math
 import pytest
 import torch
 
-from lmrl.schedules import SCHEDULES, PlateauScheduler, StepScheduler, lr_at, make_scheduler
+from lmrl.common.schedules import SCHEDULES, PlateauScheduler, StepScheduler, lr_at, make_scheduler
 
 
 def test_warmup_rises_linearly_from_zero_to_base_lr_at_step_w():

@@ -11,7 +11,7 @@ import torch
 
 from lmrl.cli import main
 from lmrl.config import ConfigError, load_config
-from lmrl.data import DataError
+from lmrl.common.data import DataError
 from lmrl.tasks.preference_data import TruncationCounter, read_sft
 from lmrl.tasks.sql.agent_task import SQLAgentTask, episode_preamble
 from lmrl.tasks.sql.demonstrations import DemoStats, demonstration, demonstrations, write_demo_splits

@@ -298,7 +298,7 @@ def test_an_answer_past_pythons_int_to_str_digit_limit_is_judged_wrong_without_r
 
 def test_an_sql_env_step_that_raises_is_one_env_error_for_the_rollout(monkeypatch):
     from lmrl.envs import EnvError
-    from lmrl.rollout.agent import Stepper
+    from lmrl.generation.agent import Stepper
 
     def broken(*args):
         raise ValueError("Exceeds the limit (4300 digits) for integer string conversion")

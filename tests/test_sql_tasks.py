@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from lmrl.config import load_config
-from lmrl.data import DataError
+from lmrl.common.data import DataError
 from lmrl.tasks.sql import (SKILLS, InProcessSandbox, ProceduralSQLTasks, Sandbox, SQLEnv, SQLEnvConfig, answers_match,
                             build_task, group_by_skill, is_heldout, load_dbbench, parse_answer_md5, table_md5)
 from lmrl.tasks.sql.procedural import content_hash

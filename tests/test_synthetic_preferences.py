@@ -3,7 +3,7 @@ import re
 
 import pytest
 
-from lmrl.data import read_jsonl
+from lmrl.common.data import read_jsonl
 from lmrl.tasks.preference_data import read_preference, read_sft
 from lmrl.tasks.synthetic_preferences import (CONCISE, generate_preferences, write_preference_splits,
                                               write_sft_splits, wrong_result)

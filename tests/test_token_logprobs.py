@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from lmrl.algos.token_logprobs import token_logprobs
+from lmrl.generation.token_logprobs import token_logprobs
 
 
 def reference(logits, targets, temperature):

@@ -279,7 +279,7 @@ def test_rl_turns_dropout_off_after_a_warm_up_that_used_it_unless_told_not_to(ti
 
 
 def test_the_warm_up_decays_to_its_own_floor_and_rl_to_schedules(tiny_config):
-    from lmrl.schedules import lr_at
+    from lmrl.common.schedules import lr_at
 
     cfg = tiny_config("sft.steps=8", "sft.min_lr_ratio=0.5", "schedule.name=cosine", "schedule.min_lr_ratio=0.0")
     RLTrainer(cfg).train()

@@ -13,7 +13,7 @@ import pytest
 from datasets import Dataset, DatasetDict
 
 from lmrl.config import load_config
-from lmrl.data import DataError
+from lmrl.common.data import DataError
 from lmrl.tasks.preference_data import (HH_ASSISTANT, PreferenceRow, SFTRow, TruncationCounter, hh_messages,
                                         hh_to_conversation, read_preference, read_sft)
 from lmrl.tasks.text_batches import TextCodec, encode_preferences, encode_sft, pair_batch

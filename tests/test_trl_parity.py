@@ -267,7 +267,7 @@ def test_reward_model_loss_is_trls(with_margin):
 
 
 def test_margin_column_is_read_and_checked():
-    from lmrl.data import DataError
+    from lmrl.common.data import DataError
     from lmrl.tasks.preference_data import read_preference
 
     rows = read_preference([{"prompt": "2+2?", "chosen": "4", "rejected": "5", "margin": 2},
@@ -280,7 +280,7 @@ def test_margin_column_is_read_and_checked():
 
 def test_reward_trainer_loss_on_rows_with_margins_is_trls(tmp_path):
     from lmrl.config import load_config
-    from lmrl.data import write_jsonl
+    from lmrl.common.data import write_jsonl
     from lmrl.tasks.text_batches import pair_batch
     from lmrl.train.reward_trainer import RewardTrainer
     from tests.test_hf import save_tiny_llama

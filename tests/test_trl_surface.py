@@ -213,6 +213,6 @@ def test_the_cli_names_trls_scripts_without_importing_trl():
     import subprocess
     import sys
 
-    code = "import sys, lmrl.cli; lmrl.cli._parser(); print('trl' in sys.modules, 'transformers' in sys.modules)"
+    code = "import sys, lmrl.cli.commands; lmrl.cli.commands._parser(); print('trl' in sys.modules, 'transformers' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
     assert out == ["False", "False"]  # TRL (and transformers under it) load only when a script runs

@@ -1,4 +1,4 @@
-"""vLLM as the rollout engine (`rollout.engine: vllm`, lmrl.rollout.vllm_engine).
+"""vLLM as the rollout engine (`rollout.engine: vllm`, lmrl.engines.vllm_engine).
 
 Without vLLM (the main environment): the refusals, the missing-extra message, and the rollout
 layout built from vLLM's token lists. With vLLM importable (`make test-vllm` builds an environment
@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from lmrl.config import ConfigError, load_config
-from lmrl.rollout.vllm_engine import assemble_rollout, import_vllm, unpadded, unsupported_reason
+from lmrl.engines.vllm_engine import assemble_rollout, import_vllm, unpadded, unsupported_reason
 from lmrl.tasks import task_spec
 
 needs_vllm = pytest.mark.skipif(importlib.util.find_spec("vllm") is None,
@@ -55,7 +55,7 @@ def test_config_check_refuses_vllm_for_gpt_and_agent_tasks(preset, overrides, wo
 
 
 def test_missing_vllm_says_which_extra_to_install(monkeypatch):
-    from lmrl.rollout.engines import make_engine
+    from lmrl.engines.registry import make_engine
 
     monkeypatch.setitem(sys.modules, "vllm", None)  # `import vllm` now raises ImportError
     with pytest.raises(ImportError) as e:
@@ -69,7 +69,7 @@ def test_missing_vllm_says_which_extra_to_install(monkeypatch):
 
 
 def test_engine_refuses_an_agent_task_before_loading_anything(monkeypatch):
-    from lmrl.rollout.vllm_engine import VLLMEngine
+    from lmrl.engines.vllm_engine import VLLMEngine
 
     monkeypatch.setitem(sys.modules, "vllm", None)
     cfg = load_config("math-grpo-smollm2", [])
@@ -144,7 +144,7 @@ def _tiny_math(tmp_path, max_new_tokens: int = 12):
 
 
 def _engine(tmp_path, lora: bool):
-    from lmrl.rollout.vllm_engine import VLLMEngine
+    from lmrl.engines.vllm_engine import VLLMEngine
 
     task, policy = _tiny_math(tmp_path)
     if lora:

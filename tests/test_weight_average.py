@@ -9,7 +9,7 @@ from safetensors.torch import load_file, save_file
 
 from lmrl import checkpoint as ckpt
 from lmrl.config import load_config
-from lmrl.errors import ConfigError
+from lmrl.common.errors import ConfigError
 from lmrl.train.inspect import load_run
 from lmrl.train.rl_trainer import RLTrainer
 from lmrl.train.sft_trainer import SFTTrainer

@@ -2,7 +2,7 @@ import re
 
 import pytest
 
-from lmrl.data import read_jsonl
+from lmrl.common.data import read_jsonl
 from lmrl.tasks.word_problems import generate_word_problems, write_splits
 
 ALL_KINDS = ("add", "sub", "mul", "div")

@@ -36,7 +36,7 @@ import torch.nn as nn
 
 from .advantages import masked_mean
 from .losses import aggregate, kl_estimate
-from .token_logprobs import token_logprobs
+from ..generation.token_logprobs import token_logprobs
 
 
 @dataclass

@@ -20,7 +20,7 @@ import importlib
 from dataclasses import dataclass
 from typing import Callable
 
-from ..errors import ConfigError
+from ..common.errors import ConfigError
 
 LIBRARIES = ("skyrl", "textarena")  # `env.id=<library>:<id>`: lmrl.envs.<library>.factory(id, **kwargs)
 

@@ -42,7 +42,7 @@ import random
 import re
 from typing import Callable
 
-from ..data import DataError, iter_jsonl
+from ..common.data import DataError, iter_jsonl
 from .protocol import HELDOUT_SEED
 
 # What SkyRL's GSM8K preparation appends to each question (its gsm8k environment reads the answer after "####").

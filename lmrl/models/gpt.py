@@ -18,9 +18,9 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from ..algos.token_logprobs import token_logprobs
-from ..errors import NonFiniteOutputs
-from ..rollout.sampling import warp_logits
+from ..generation.token_logprobs import token_logprobs
+from ..common.errors import NonFiniteOutputs
+from ..generation.sampling import warp_logits
 
 
 class CharTokenizer:
@@ -266,7 +266,7 @@ class GPT(nn.Module):
 
         Returns (tokens (B, N), logprobs (B, N)): the sampled ids and their log-probabilities under
         the distribution they were drawn from (logits / temperature, after top-k and top-p: see
-        `lmrl.rollout.sampling.warp_logits`). Greedy decoding
+        `lmrl.generation.sampling.warp_logits`). Greedy decoding
         reports the log-probs of the temperature-1 distribution. `use_cache=False` recomputes the
         whole prefix every step; it exists to check and benchmark the cache."""
         if max_new_tokens < 1:

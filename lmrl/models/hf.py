@@ -21,9 +21,9 @@ try:
 except ImportError as e:  # the core of lmrl runs without transformers
     raise ImportError(f"lmrl.models.hf needs the `hf` extra ({e}): pip install -e '.[hf]'") from None
 
-from ..algos.token_logprobs import token_logprobs
-from ..rollout.hf_generate import generate, prefill, unique_rows, with_cache
-from ..rollout.sampling import warp_logits
+from ..generation.token_logprobs import token_logprobs
+from ..generation.hf_generate import generate, prefill, unique_rows, with_cache
+from ..generation.sampling import warp_logits
 from .hf_loading import (DTYPES, PACKAGED_GGUF, convert_gguf, drop_quantizer_record,  # noqa: F401 (re-exported)
                          load_hf_model, resolve_model_path)
 
@@ -144,7 +144,7 @@ class HFPolicy(nn.Module):
         ids = [] if ids is None else [ids] if isinstance(ids, int) else list(ids)
         # a completion ends at the first of these; settable, e.g. to stop on a chat turn's end
         self.eos_token_ids = sorted({*ids, *([tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else [])})
-        # "lean": lmrl.rollout.hf_generate (shared prompt prefixes, finished rows dropped); "hf": HF `generate`
+        # "lean": lmrl.generation.hf_generate (shared prompt prefixes, finished rows dropped); "hf": HF `generate`
         self.generation_engine = "lean"
         # scoring completions (`logits_to_keep` > 0): run each distinct prompt once (see `_forward_shared_prompts`)
         self.share_prompts = True
@@ -167,11 +167,11 @@ class HFPolicy(nn.Module):
 
     def gathered(self):
         """A block in which all of the policy's weights are whole on this process: a no-op unless
-        FSDP shards them (`lmrl.distributed.fsdp`). Sampling enters it: ranks run different numbers of
+        FSDP shards them (`lmrl.parallel.fsdp`). Sampling enters it: ranks run different numbers of
         forward passes there, which must not all-gather layer by layer as training does."""
         if "torch.distributed.fsdp" not in sys.modules:  # nothing is sharded (and FSDP takes a second to import)
             return contextlib.nullcontext()
-        from ..distributed.fsdp import full_parameters
+        from ..parallel.fsdp import full_parameters
 
         return full_parameters(self)
 
@@ -315,7 +315,7 @@ class HFPolicy(nn.Module):
                      top_k: int = 0, top_p: float = 1.0, greedy: bool = False,
                      generator: torch.Generator | None = None):
         """Samples up to `max_new_tokens` after left-padded prompt ids (B, P), with the lean loop of
-        `lmrl.rollout.hf_generate` (default) or, with `generation_engine = "hf"`, the HF model's
+        `lmrl.generation.hf_generate` (default) or, with `generation_engine = "hf"`, the HF model's
         `generate` (KV cache). Returns (completion (B, N) with pad after EOS, mask (B, N) 1 up to
         and including the first EOS, logprobs (B, N) 0 where masked); N <= max_new_tokens
         (generation stops once every row has ended). Log-probs are those of the distribution each

@@ -6,7 +6,7 @@ does not pull in torch through this package: each task's module is imported by i
 
 from __future__ import annotations
 
-from ..errors import ConfigError
+from ..common.errors import ConfigError
 from . import sql as _sql  # noqa: F401  (registers the SQL agent's environment, env.id=sql, and sql-demos)
 from .registry import (GENERATORS, TASKS, TEST_FILE_FORMATS, DataGenerator, TaskSpec, TestFileFormat, build_task,
                        ensure_files, generators_for, register_generator, register_task, register_test_file_format,

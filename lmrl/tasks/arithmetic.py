@@ -40,7 +40,7 @@ from dataclasses import dataclass
 import torch
 
 from ..models.gpt import CharTokenizer
-from ..rollout.local import Rollout, sample
+from ..generation.rollout import Rollout, sample
 
 HELDOUT_SEED = 20240607  # fixed so every run, whatever its seed, evaluates the same problems
 OPS = {"addition": "+", "multiplication": "*"}

@@ -11,7 +11,7 @@ never trained on. An episode's reward is its return (the environment's rewards s
 succeeded when its last info says `success` (True/False), else when its return is above 0.
 An environment may report numbers in `info["metrics"]` (e.g. `{"invalid_moves": 2}`): each is
 logged as `rollout/<name>`, averaged over the batch's episodes. `env/errors` is the fraction of
-episodes whose environment broke (see `lmrl.rollout.agent.run_episodes`)."""
+episodes whose environment broke (see `lmrl.generation.agent.run_episodes`)."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ from typing import Callable
 import torch
 
 from ..envs.protocol import HELDOUT_SEED
-from ..rollout.agent import AgentRollout, run_episodes
+from ..generation.agent import AgentRollout, run_episodes
 
 
 class EnvTask:

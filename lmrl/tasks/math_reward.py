@@ -69,7 +69,7 @@ import time
 from dataclasses import dataclass
 from typing import Sequence
 
-from ..errors import MissingPackage
+from ..common.errors import MissingPackage
 
 _TAGS = ("<think>", "</think>", "<answer>", "</answer>")
 _FORMAT = re.compile(r"\s*<think>.*</think>\s*<answer>.*</answer>\s*", re.DOTALL)

@@ -34,8 +34,8 @@ from functools import cached_property
 
 import torch
 
-from ..data import iter_jsonl, read_jsonl
-from ..rollout.local import Rollout, sample_text
+from ..common.data import iter_jsonl, read_jsonl
+from ..generation.rollout import Rollout, sample_text
 from . import reasoning_gym
 from .math_reward import RewardInfo
 

@@ -41,7 +41,7 @@ from typing import Iterable, Mapping, Sequence
 
 import yaml
 
-from ..data import DataError, iter_jsonl, read_bytes, read_jsonl, write_jsonl
+from ..common.data import DataError, iter_jsonl, read_bytes, read_jsonl, write_jsonl
 from . import reasoning_gym
 from .preference_data import SHAREGPT_ROLES, preference_row, read_preference, read_sft, trl_preference
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import torch
 
-from ..data import DataError, read_jsonl
+from ..common.data import DataError, read_jsonl
 from .math_task import MathTask
 from .preference_data import iter_rows
 from .rewards import RewardFunctions, TrainerState, call_reward_fn

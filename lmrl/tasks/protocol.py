@@ -14,7 +14,7 @@ from typing import Any, Protocol, runtime_checkable
 
 import torch
 
-from ..rollout.local import Rollout
+from ..generation.rollout import Rollout
 
 
 @runtime_checkable

@@ -36,8 +36,8 @@ import json
 from functools import lru_cache
 from typing import Iterator, Mapping, Sequence
 
-from ..data import DataError
-from ..errors import MissingPackage
+from ..common.data import DataError
+from ..common.errors import MissingPackage
 from .math_reward import RewardInfo, parse_completion
 
 GENERATED_KEYS = ("seed", "size")  # create_dataset keywords set by generate's own arguments, not by config

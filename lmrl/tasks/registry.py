@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from ..errors import ConfigError
+from ..common.errors import ConfigError
 
 MODELS = ("gpt", "hf")
 
@@ -193,7 +193,7 @@ def ensure_files(train_file, test_file, generate: str, *, key: str, config=None,
     if not gen.reads_source:
         gen.write(train.parent, *sizes, seed=seed, config=config)
         return
-    from ..data import DataError
+    from ..common.data import DataError
 
     try:
         gen.write(train.parent, *sizes, seed=seed, config=config, source=source or None)

@@ -20,7 +20,7 @@ from __future__ import annotations
 import random
 from pathlib import Path
 
-from ..data import write_jsonl
+from ..common.data import write_jsonl
 
 KINDS = ("arithmetic", "concise")
 

@@ -22,8 +22,8 @@ from dataclasses import dataclass
 import torch
 
 from ..algos.preference_losses import sequence_logps
-from ..algos.token_logprobs import token_logprobs
-from ..data import DataError
+from ..generation.token_logprobs import token_logprobs
+from ..common.data import DataError
 from .preference_data import PreferenceRow, SFTRow, TruncationCounter, truncate_pair
 
 try:

@@ -24,7 +24,7 @@ import torch
 from ..envs.registry import load_object
 from ..envs.tools import (ToolEnv, environment_tools, run_coroutines, template_renders_tools, tool_schemas,
                           tools_system_prompt)
-from ..rollout.agent import AgentRollout, run_episodes
+from ..generation.agent import AgentRollout, run_episodes
 from .prompt_task import PromptTask
 
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 import random
 from pathlib import Path
 
-from ..data import write_jsonl
+from ..common.data import write_jsonl
 
 NAMES = [("Mia", "she"), ("Leo", "he"), ("Ava", "she"), ("Noah", "he"), ("Zoe", "she"), ("Omar", "he"),
          ("Lena", "she"), ("Ravi", "he"), ("Sofia", "she"), ("Kenji", "he"), ("Amara", "she"), ("Tom", "he")]

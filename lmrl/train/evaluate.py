@@ -6,7 +6,7 @@ from typing import Iterator
 
 import torch
 
-from ..distributed.ddp import all_reduce_sum
+from ..parallel.ddp import all_reduce_sum
 
 
 def scored_batches(model, task, ids: torch.Tensor, *, batch_size: int, greedy: bool = True, temperature: float = 1.0,

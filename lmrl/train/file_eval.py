@@ -39,11 +39,11 @@ from typing import Mapping, Sequence
 import torch
 
 from ..config import Config
-from ..data import iter_jsonl, write_jsonl
-from ..distributed.ddp import DistInfo, resolve_device
-from ..errors import ConfigError
+from ..common.data import iter_jsonl, write_jsonl
+from ..parallel.ddp import DistInfo, resolve_device
+from ..common.errors import ConfigError
 from ..models.hf import load_hf_policy
-from ..options import Section
+from ..common.options import Section
 from ..tasks import test_file_format
 from .evaluate import scored_batches
 from .inspect import load_run_model

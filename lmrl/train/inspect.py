@@ -10,7 +10,7 @@ import torch
 
 from ..config import Config, load_config
 from ..models import build_model
-from ..rollout.local import sample, sample_text
+from ..generation.rollout import sample, sample_text
 from ..tasks.math_reward import parse_completion
 from ..tasks import build_task
 from .. import checkpoint as ckpt

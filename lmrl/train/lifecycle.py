@@ -54,9 +54,9 @@ import torch
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from ..config import Config, save_config, validate
-from ..distributed.ddp import all_reduce_sum, barrier, broadcast_object, init_distributed
-from ..errors import NonFiniteOutputs, TrainingError
-from ..schedules import make_scheduler
+from ..parallel.ddp import all_reduce_sum, barrier, broadcast_object, init_distributed
+from ..common.errors import NonFiniteOutputs, TrainingError
+from ..common.schedules import make_scheduler
 from .. import checkpoint as ckpt
 from .callbacks import CallbackList
 from .run_dir import RunLog, prepare_run_dir, unlock_run_dir
@@ -328,7 +328,7 @@ class Trainer:
         checkpoint's optimizer, scheduler and RNG states are loaded into them. `ema_decay` > 0 starts
         an average of the model's trainable weights (`WeightAverage`) for the stage."""
         if self.fsdp:  # sharded in place: the module is its own wrapper, its parameters DTensor shards
-            from ..distributed.fsdp import shard
+            from ..parallel.fsdp import shard
 
             self.train_model = shard(module)
             for frozen in self.frozen_modules():
@@ -372,7 +372,7 @@ class Trainer:
     def no_sync(self, sync: bool):
         """Under DDP (FSDP), gradients are all-reduced (reduce-scattered) only on the micro-batch that says `sync`."""
         if self.fsdp:
-            from ..distributed.fsdp import gradient_sync
+            from ..parallel.fsdp import gradient_sync
 
             return gradient_sync(self.train_model, sync)
         return self.train_model.no_sync() if isinstance(self.train_model, DDP) and not sync else nullcontext()
@@ -468,7 +468,7 @@ class Trainer:
         if in_stage and self.average is not None:
             modules = {**modules, AVERAGE: self.average.state_dict()}
         if self.fsdp:  # whole tensors in place of the sharded modules and optimizer
-            from ..distributed.fsdp import full_optimizer_state
+            from ..parallel.fsdp import full_optimizer_state
 
             model = self._weights(model)
             modules = {name: self._weights(m) for name, m in modules.items()} if modules else None
@@ -486,7 +486,7 @@ class Trainer:
         (every rank takes part; rank 0 gets the tensors), a LoRA policy's as its PEFT adapter."""
         if not self.fsdp:
             return module
-        from ..distributed.fsdp import full_state_dict
+        from ..parallel.fsdp import full_state_dict
 
         return ckpt.gathered_weights(module, full_state_dict(module, ckpt.weights_to_save(module)))
 

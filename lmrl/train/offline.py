@@ -27,7 +27,7 @@ from typing import Callable
 import torch
 
 from ..config import Config
-from ..errors import ConfigError
+from ..common.errors import ConfigError
 from ..tasks.preference_data import TruncationCounter, read_preference
 from ..tasks.text_batches import (PairExample, TextCodec, encode_preferences, pair_batch, pair_length, pair_rows,
                                   takes_pair_rows)

@@ -31,7 +31,7 @@ import torch
 from ..algos.advantages import baseline_advantages, update_moving_baseline
 from ..algos.base import policy_forward
 from ..algos.losses import aggregate
-from ..rollout.agent import left_pad
+from ..generation.agent import left_pad
 from ..tasks.text_batches import assistant_token_mask
 from .. import checkpoint as ckpt
 from .callbacks import Callback, Episode

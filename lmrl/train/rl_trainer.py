@@ -11,7 +11,7 @@ checkpoint after step N holds everything the next step reads — weights, optimi
 algorithm's state (baseline, KL coefficient), value model and reference, every RNG — so a run
 resumed from it writes the same metrics as one that never stopped.
 
-Sampling goes through a rollout engine (`lmrl.rollout.engine`): the trainer syncs the engine to its
+Sampling goes through a rollout engine (`lmrl.engines.local`): the trainer syncs the engine to its
 weights right before asking for each batch, so a batch is sampled with the weights the learner had
 when it asked. With `rollout.overlap` the next batch is asked for before this one's update (sampled
 one update behind, `rollout/staleness` = 1).
@@ -32,15 +32,15 @@ import torch.nn.functional as F
 from ..algos import build_algorithm
 from ..algos.base import score_sequences
 from ..config import Config
-from ..data import write_jsonl
-from ..errors import ConfigError
-from ..distributed.ddp import all_reduce_sum
+from ..common.data import write_jsonl
+from ..common.errors import ConfigError
+from ..parallel.ddp import all_reduce_sum
 from ..models import build_model, disable_dropout
 from ..models.heads import ActorCritic
 from ..models.reference import is_reference_view, reference_view
-from ..rollout.engine import rollout_to
-from ..rollout.engines import make_engine
-from ..rollout.local import Rollout
+from ..engines.local import rollout_to
+from ..engines.registry import make_engine
+from ..generation.rollout import Rollout
 from ..tasks import build_task, task_spec
 from ..tasks.prompt_task import PromptTask, prompt_rows
 from ..tasks.protocol import LabeledTask, ScoredByModel, Task

@@ -21,7 +21,7 @@ except ImportError as e:  # pragma: no cover - the extra is missing
                       "pip install 'lmrl[trl]'") from e
 
 from ..config import Config, config_from_dict
-from ..errors import ConfigError
+from ..common.errors import ConfigError
 from . import fields as table
 
 _SCHEDULES = {"linear": "linear", "cosine": "cosine", "constant": "constant", "constant_with_warmup": "constant"}

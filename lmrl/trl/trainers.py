@@ -28,7 +28,7 @@ import torch
 from transformers import TrainerCallback, TrainerControl, TrainerState
 from transformers.trainer_utils import TrainOutput
 
-from ..errors import ConfigError
+from ..common.errors import ConfigError
 from ..train.callbacks import Callback
 from ..train.dpo_trainer import DPOTrainer as _LmrlDPOTrainer
 from ..train.reward_trainer import RewardTrainer as _LmrlRewardTrainer

@@ -28,7 +28,7 @@ __all__ = ["Action", "InProcessSandbox", "ProceduralSQLTasks", "SKILLS", "SQLEnv
 
 def _sql_task(config, *, tokenizer, **_):
     """The SQL agent's task: procedural tasks (or DBBench files) played in the `sql` section's environment."""
-    from ...errors import ConfigError
+    from ...common.errors import ConfigError
     from .agent_task import SQLAgentTask
 
     if tokenizer is None:

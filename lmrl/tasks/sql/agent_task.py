@@ -6,7 +6,7 @@
 
 It speaks the trainer's task protocol (see `lmrl.tasks.math_task`): problem ids number the training
 tasks 0..T-1 and the held-out ones T..T+H-1, `rollout` plays one episode per id (all of a step's
-episodes batched turn by turn, see `lmrl.rollout.agent`), and the reward is the episode's return
+episodes batched turn by turn, see `lmrl.generation.agent`), and the reward is the episode's return
 (correct +1, wrong -0.1, timeout -0.3, minus any invalid-action penalties). Accuracy is the
 success rate.
 

@@ -34,7 +34,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ...data import write_jsonl
+from ...common.data import write_jsonl
 from .agent_task import episode_preamble
 from .env import SQLEnv, SQLEnvConfig
 from .procedural import SKILLS, build_task, is_heldout

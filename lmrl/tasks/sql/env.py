@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ...options import Section, option
+from ...common.options import Section, option
 from .checking import answers_match, table_md5
 from .procedural import SKILLS
 from .protocol import parse_action, render_task, system_prompt

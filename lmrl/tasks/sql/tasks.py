@@ -21,7 +21,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from ...data import DataError
+from ...common.data import DataError
 from .checking import is_modification, parse_answer_md5
 from .sandbox import Table
 

@@ -36,7 +36,7 @@ def _parser(key_reference: bool = False) -> argparse.ArgumentParser:
 
     reference = None
     if key_reference:  # read only for `train --help`: the schema imports torch
-        from .config import describe_config
+        from ..config import describe_config
 
         reference = ("config keys (override any as section.key=value; TRL's names are accepted too), with their "
                      "defaults:\n\n" + describe_config())
@@ -102,7 +102,7 @@ def _parser(key_reference: bool = False) -> argparse.ArgumentParser:
     x.add_argument("--out", type=Path, default=None, help="output dir (default RUN_DIR/export)")
     x.add_argument("--checkpoint", default="latest")
 
-    from .tasks.registry import GENERATORS  # light: the generators' modules load when one runs
+    from ..tasks.registry import GENERATORS  # light: the generators' modules load when one runs
 
     d = sub.add_parser("data", help="write offline JSONL data sets (train.jsonl, test.jsonl)")
     d.add_argument("kind", choices=[name for name, g in GENERATORS.items() if not g.reads_source],
@@ -134,14 +134,14 @@ def _parser(key_reference: bool = False) -> argparse.ArgumentParser:
     pl.add_argument("--json", action="store_true", help="print the plan as JSON")
 
     sub.add_parser("presets", help="list the named presets")
-    from .trl.scripts import SCRIPTS  # cheap: imports nothing of TRL's until a script runs
+    from ..trl.scripts import SCRIPTS  # cheap: imports nothing of TRL's until a script runs
 
     r = sub.add_parser("trl", add_help=False, help="run TRL's own training script on lmrl: `lmrl trl grpo ARGS` "
                                                    "takes `trl grpo ARGS` unchanged (TRL's --help lists them)")
     r.add_argument("script", choices=SCRIPTS)
     r.add_argument("script_args", nargs=argparse.REMAINDER)
-    from .log.plot import add_parser as add_plot_parser  # cheap: matplotlib loads only when plotting
-    from .tasks.prepare_data import add_parser as add_prepare_data_parser
+    from ..log.plot import add_parser as add_plot_parser  # cheap: matplotlib loads only when plotting
+    from ..tasks.prepare_data import add_parser as add_prepare_data_parser
 
     add_plot_parser(sub)
     add_prepare_data_parser(sub)
@@ -163,13 +163,13 @@ def _parse(argv: list[str]) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = _parse(sys.argv[1:] if argv is None else list(argv))
-    from .config import ConfigError
-    from .data import DataError
-    from .errors import MissingPackage
-    from .checkpoint import CheckpointError
-    from .train.inspect import PromptError
-    from .errors import TrainingError
-    from .tasks.rewards import RewardError
+    from ..config import ConfigError
+    from ..common.data import DataError
+    from ..common.errors import MissingPackage
+    from ..checkpoint import CheckpointError
+    from ..train.inspect import PromptError
+    from ..common.errors import TrainingError
+    from ..tasks.rewards import RewardError
 
     try:
         commands = {"train": _train, "config": _config, "eval": _eval, "generate": _generate, "export": _export,
@@ -183,7 +183,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _trl(args) -> int:
-    from .trl.scripts import run_script
+    from ..trl.scripts import run_script
 
     run_script(args.script, args.script_args)
     return 0
@@ -191,7 +191,7 @@ def _trl(args) -> int:
 
 def _source_and_overrides(args) -> tuple[str | None, list[str]]:
     """The preset or YAML path (positional or --config / --config_name) and the key=value overrides."""
-    from .config import ConfigError
+    from ..config import ConfigError
 
     source, overrides = args.config, list(args.overrides)
     if source is not None and "=" in source:  # `lmrl train key=value ...`: overrides on the default preset
@@ -210,7 +210,7 @@ def train_config(argv: list[str]):
 
 
 def _train_config(args):
-    from .config import debug_overrides, load_config
+    from ..config import debug_overrides, load_config
 
     source, overrides = _source_and_overrides(args)
     source = source or "adder"
@@ -234,20 +234,20 @@ def _train_config(args):
 
 
 def _train(args) -> int:
-    from .config import ConfigError
-    from .distributed.ddp import shutdown
-    from .train.trainers import build_trainer
+    from ..config import ConfigError
+    from ..parallel.ddp import shutdown
+    from ..train.trainers import build_trainer
 
     cfg = _train_config(args)
     for note in cfg.aliases:
         print(f"lmrl train: {note}", file=sys.stderr)
     if cfg.run.wandb and importlib.util.find_spec("wandb") is None:  # say so before any training
-        from .log.sinks import WANDB_MISSING
+        from ..log.sinks import WANDB_MISSING
 
         raise ConfigError(WANDB_MISSING)
     try:
         if cfg.distributed.backend == "ray":  # the learner in a Ray actor, rollout workers beside it
-            from .distributed.ray_launch import train_with_ray
+            from .ray_launch import train_with_ray
 
             summary = train_with_ray(cfg)
         else:
@@ -258,7 +258,7 @@ def _train(args) -> int:
 
 
 def _config(args) -> int:
-    from .config import describe_config, load_config
+    from ..config import describe_config, load_config
 
     source, overrides = _source_and_overrides(args)
     cfg = load_config(source, overrides)
@@ -274,7 +274,7 @@ _FILE_OPTIONS = ("limit", "max_new_tokens", "batch_size", "out", "chat", "system
 
 
 def _eval(args) -> int:
-    from .config import ConfigError
+    from ..config import ConfigError
 
     given = [name for name in _FILE_OPTIONS if getattr(args, name) is not None]
     if args.test_file is None:
@@ -284,14 +284,14 @@ def _eval(args) -> int:
         if not (Path(args.source) / "config.yaml").exists():
             raise FileNotFoundError(f"{args.source} is not a run dir (no config.yaml); to evaluate a model, name a "
                                     f"JSONL test file: lmrl eval MODEL FILE")
-        from .train.inspect import load_run
+        from ..train.inspect import load_run
 
         run = load_run(args.source, args.checkpoint)
         print(json.dumps(run.evaluate(args.size), indent=2))
         return 0
     if args.size is not None:
         raise ConfigError("--size is the size of a run's held-out set; with a TEST_FILE use --limit N")
-    from .train.file_eval import default_completions_path, evaluate_file
+    from ..train.file_eval import default_completions_path, evaluate_file
 
     options = {name: getattr(args, name) for name in given}
     options.setdefault("out", default_completions_path(args.source, args.test_file))
@@ -301,7 +301,7 @@ def _eval(args) -> int:
 
 
 def _generate(args) -> int:
-    from .train.inspect import load_run
+    from ..train.inspect import load_run
 
     run = load_run(args.run_dir, args.checkpoint)
     for prompt, completion, answer in run.generate(args.prompts, temperature=args.temperature):
@@ -310,7 +310,7 @@ def _generate(args) -> int:
 
 
 def _export(args) -> int:
-    from .train.inspect import export_run
+    from ..train.inspect import export_run
 
     out = export_run(args.run_dir, args.out, args.checkpoint)
     print(f"exported to {out}")
@@ -318,24 +318,24 @@ def _export(args) -> int:
 
 
 def _plot(args) -> int:
-    from .log.plot import run
+    from ..log.plot import run
 
     return run(args)
 
 
 def _prepare_data(args) -> int:
-    from .tasks.prepare_data import run
+    from ..tasks.prepare_data import run
 
     return run(args)
 
 
 def _data(args) -> int:
-    from .tasks.registry import GENERATORS
+    from ..tasks.registry import GENERATORS
 
     gen = GENERATORS[args.kind]
     config = None
     if gen.preset or args.config:  # a kind that plays in a config's sections gets one
-        from .config import load_config
+        from ..config import load_config
 
         config = load_config(args.config or gen.preset)
     given = {k: getattr(args, k) for k in gen.options if getattr(args, k, None) is not None}
@@ -347,8 +347,8 @@ def _data(args) -> int:
 
 
 def _plan(args) -> int:
-    from .config import load_config
-    from .plan import plan
+    from ..config import load_config
+    from ..train.plan import plan
 
     source, overrides = _source_and_overrides(args)
     cfg = load_config(source or "adder", overrides)
@@ -358,7 +358,7 @@ def _plan(args) -> int:
 
 
 def _presets(args) -> int:
-    from .config import list_presets
+    from ..config import list_presets
 
     print("\n".join(list_presets()))
     return 0

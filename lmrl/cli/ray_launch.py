@@ -24,7 +24,7 @@ from __future__ import annotations
 import os
 
 from ..train.trainers import build_trainer
-from .ray_cluster import actor_device, check_resources, connect, placement, require_ray
+from ..parallel.ray_cluster import actor_device, check_resources, connect, placement, require_ray
 
 
 class _Learner:

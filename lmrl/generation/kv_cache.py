@@ -1,4 +1,4 @@
-"""KV caches for the lean sampling loop (`lmrl.rollout.hf_generate`).
+"""KV caches for the lean sampling loop (`lmrl.generation.hf_generate`).
 
 transformers' `DynamicCache` grows each layer's keys and values by concatenation, so every decode
 step copies the whole cache of every layer to add one position. `InPlaceLayer` writes each step's
@@ -15,7 +15,7 @@ try:
     from transformers import DynamicCache, StaticCache
     from transformers.cache_utils import DynamicLayer
 except ImportError as e:  # the core of lmrl runs without transformers
-    raise ImportError(f"lmrl.rollout.kv_cache needs the `hf` extra ({e}): pip install -e '.[hf]'") from None
+    raise ImportError(f"lmrl.generation.kv_cache needs the `hf` extra ({e}): pip install -e '.[hf]'") from None
 
 CACHES = ("dynamic", "concat", "static")
 

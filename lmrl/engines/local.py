@@ -13,8 +13,8 @@ is sampled one update behind (`rollout/staleness` = 1).
 
 - `LocalEngine`: the learner's own policy, in its process (the default; exactly the old behaviour).
 - `ThreadEngine`: a copy of the policy sampling in a background thread (`rollout.overlap` without Ray).
-- `lmrl.distributed.ray_engine.RayRolloutEngine`: the batch split across `rollout.workers` Ray actors.
-- `lmrl.rollout.vllm_engine.VLLMEngine`: an HF policy served by vLLM (`rollout.engine: vllm`); it
+- `lmrl.engines.ray_engine.RayRolloutEngine`: the batch split across `rollout.workers` Ray actors.
+- `lmrl.engines.vllm_engine.VLLMEngine`: an HF policy served by vLLM (`rollout.engine: vllm`); it
   returns no log-probs, so the trainer recomputes them with the exact training weights.
 
 Engines other than `LocalEngine` sample with their own generator, seeded from one draw of the
@@ -31,7 +31,7 @@ from typing import Protocol
 
 import torch
 
-from .local import Rollout
+from ..generation.rollout import Rollout
 
 
 @dataclass

@@ -10,8 +10,8 @@ from typing import Callable
 
 import torch
 
-from ..distributed.ray_engine import RayRolloutEngine
-from .engine import LocalEngine, RolloutEngine, ThreadEngine
+from .ray_engine import RayRolloutEngine
+from .local import LocalEngine, RolloutEngine, ThreadEngine
 from .vllm_engine import VLLMEngine
 
 

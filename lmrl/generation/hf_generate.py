@@ -18,12 +18,12 @@ CPU (SmolLM2-135M, batch 32, 50-token prompts, 64 new tokens), and what is done 
   samples with or without compaction or prefix sharing (up to float rounding of the CDF). The CDF
   is built from unnormalised probabilities and only the drawn token's log-prob is normalised.
 * **Linear layers** (~70% of a decode step's time on a CPU, most of it in the 49,152-word output
-  layer) run from weights prepacked for oneDNN once per call (`lmrl.rollout.packed_linear`; a
+  layer) run from weights prepacked for oneDNN once per call (`lmrl.generation.packed_linear`; a
   no-op on a GPU): the rollout's tokens/s went from 1.4x to 1.9-2.2x `generate`'s with it. A LoRA
   policy's adapted layers run from their merged weights there, without the adapters' own products.
 * **KV cache** (transformers' `DynamicCache` grows by concatenation: every decode step copies every
   layer's whole cache): the loop's cache writes each step's keys and values in place into buffers
-  sized for the rollout (`lmrl.rollout.kv_cache`).
+  sized for the rollout (`lmrl.generation.kv_cache`).
 * **Under CPU autocast** (`run.mixed_precision=bf16`) the packed layers run in bf16 and everything
   else in fp32 with autocast off: the CPU flash-attention kernel decodes ~5x slower in bf16.
 * The model's forward is called directly with a transformers KV cache (prefill computes logits for
@@ -46,7 +46,7 @@ import math
 
 import torch
 
-from ..errors import NonFiniteOutputs
+from ..common.errors import NonFiniteOutputs
 from .kv_cache import new_cache  # without transformers: an ImportError naming the `hf` extra
 from .packed_linear import packed_linears, packing_available
 from .sampling import warp_logits
@@ -155,14 +155,14 @@ def generate(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, max_n
     including the first EOS; logprobs (B, N) float, 0 where masked), N <= max_new_tokens: the loop
     stops once every row has emitted one of `eos_token_ids` (an int or a list of ints). Log-probs are
     those of the distribution each token was drawn from, log_softmax(logits / temperature) after
-    top-k and top-p (`lmrl.rollout.sampling.warp_logits`; `top_k` 0 and `top_p` 1: off); `greedy`
+    top-k and top-p (`lmrl.generation.sampling.warp_logits`; `top_k` 0 and `top_p` 1: off); `greedy`
     takes the argmax and reports temperature-1 log-probs. Draws come from `generator` (the global
     RNG if None), so a seeded generator reproduces the samples.
 
     Options (the defaults are the fastest measured, see benchmarks/hf_rollout.py): `compact_at`:
     drop the finished rows from the running batch (and its cache) once they are at least this
     fraction of it (0: as soon as any row ends; None: never, like `generate`). `cache`: "dynamic",
-    "concat" or "static" (see `lmrl.rollout.kv_cache.new_cache`). `share_prefix`: run the prompts'
+    "concat" or "static" (see `lmrl.generation.kv_cache.new_cache`). `share_prefix`: run the prompts'
     common prefix and repeated prompts once. `pack_weights`: on a CPU, run the linear layers from
     prepacked weights (`packed_linears`)."""
     if max_new_tokens < 1:

@@ -3,7 +3,7 @@
     cfg = load_config("adder", ["train.steps=50", "optim.lr=3e-4"])
     cfg = AdderRLConfig()            # the same preset, by its class-style name
 
-A preset is `lmrl/configs/<name>.yaml` (the repo's `configs/` links there). A YAML file may start
+A preset is `lmrl/config/presets/<name>.yaml` (the repo's `configs/` links there). A YAML file may start
 from another preset with `base: <name>`. Every error names the key and where it came from, and
 suggests the nearest valid key.
 
@@ -25,13 +25,13 @@ from typing import Any, Sequence
 
 import yaml
 
-from .config_schema import (  # noqa: F401  (re-exported: `from lmrl.config import TrainConfig`)
+from .schema import (  # noqa: F401  (re-exported: `from lmrl.config import TrainConfig`)
     PRESET_DIR, PRESET_ALIASES, TRAINERS, ConfigError, arithmetic_seq_len, suggest, _bounds_text,
     RunConfig, ModelConfig, TaskConfig, EnvConfig, LoraConfig, RewardConfig,
     SFTConfig, DataConfig, DPOConfig, AlgoConfig, OptimConfig, ScheduleConfig,
     TrainConfig, EvalConfig, RolloutConfig, DistributedConfig, Config,
 )
-from .tasks import task_spec
+from ..tasks import task_spec
 
 
 # -- TRL's names ---------------------------------------------------------------------------------
@@ -275,7 +275,7 @@ def debug_overrides(cfg: Config) -> list[str]:
 
 
 def validate(cfg: Config) -> None:
-    """Raises a ConfigError with the config's first problem (see `lmrl.config_schema`), or returns."""
+    """Raises a ConfigError with the config's first problem (see `lmrl.config.schema`), or returns."""
     problems = cfg.problems()
     if problems:
         raise ConfigError(problems[0])

@@ -7,7 +7,7 @@
 A field's metadata says what it takes: `choices` (a tuple, or a registry dict whose keys are the
 names; for a list, what each item may be), bounds `ge`/`gt`/`le`/`lt`, and every float must be
 finite. `Section.problems` checks those, then the section's own `check` (rules between its fields).
-The config (`lmrl.config_schema`) is built of such sections; so are the sections a registered task
+The config (`lmrl.config.schema`) is built of such sections; so are the sections a registered task
 declares (`lmrl.tasks.registry`), which is why this module sits below both."""
 
 from __future__ import annotations

@@ -35,12 +35,12 @@ import torch
 import torch.nn.functional as F
 
 from ..checkpoint import load_initial_weights
-from ..errors import TrainingError
+from ..common.errors import TrainingError
 from ..models import build_model
-from ..rollout.engine import Sampled, draw_seed, load_state_into, rollout_to, trainable_state
-from ..rollout.local import Rollout
+from .local import Sampled, draw_seed, load_state_into, rollout_to, trainable_state
+from ..generation.rollout import Rollout
 from ..tasks import build_task
-from .ray_cluster import actor_device, check_resources, connect, placement, require_ray
+from ..parallel.ray_cluster import actor_device, check_resources, connect, placement, require_ray
 
 START_TIMEOUT_S = 300.0  # the least a new worker gets to build its policy (see RayRolloutEngine.await_start)
 

@@ -15,7 +15,7 @@ import time
 
 import torch
 
-from ..errors import ConfigError
+from ..common.errors import ConfigError
 
 
 class RayMissing(ConfigError, ImportError):
