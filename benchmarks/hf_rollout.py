@@ -74,7 +74,7 @@ import torch
 from transformers import GenerationConfig
 
 from lmrl.models.hf import apply_chat_template, convert_gguf, load_hf_policy
-from lmrl.rollout import packed_linear
+from lmrl.generation import packed_linear
 from lmrl.generation.hf_generate import generate
 
 

@@ -54,7 +54,7 @@ def main() -> None:
     sys.path.insert(0, str(REPO))
     from lmrl.config import load_config
     from lmrl.train.plan import GiB, plan
-    from lmrl.tasks.registry import ensure_files
+    from lmrl.tasks.registry import ensure_data
 
     rows = []
     for name in args.cases.split(","):
@@ -62,12 +62,7 @@ def main() -> None:
         overrides = overrides + COMMON + [f"run.dir={args.work / ('run-' + name)}"]
         cfg = load_config(preset, overrides)
         # the data the run would write first, so the plan reads the real lengths
-        if cfg.run.trainer == "rl":
-            ensure_files(cfg.task.train_file, cfg.task.test_file, cfg.task.generate, key="task")
-        else:
-            d = cfg.data
-            ensure_files(d.train_file, d.eval_file, d.generate, key="data", config=cfg, n_train=d.generate_train,
-                         n_test=d.generate_test)
+        ensure_data(cfg, "task" if cfg.run.trainer == "rl" else "data")
         planned = plan(cfg, device="cpu")
         print(planned.table(), flush=True)
         code, wall, peak = measure(preset, overrides, args.work)

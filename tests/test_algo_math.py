@@ -8,8 +8,7 @@ from torch.testing import assert_close
 
 from lmrl.algos.advantages import (gae, group_advantages, leave_one_out_advantages, normalize_advantages,
                                    token_level_rewards)
-from lmrl.algos.losses import (aggregate, clipped_surrogate_loss, entropy_from_logits, explained_variance,
-                               kl_estimate, value_loss)
+from lmrl.algos.losses import aggregate, clipped_surrogate_loss, explained_variance, kl_estimate, value_loss
 
 T = torch.tensor
 
@@ -292,12 +291,6 @@ def test_k3_is_never_negative_and_zero_when_the_policies_agree():
     logp, ref = torch.randn(1000) * 3, torch.randn(1000) * 3
     assert (kl_estimate(logp, ref, "k3") >= 0).all()
     assert_close(kl_estimate(logp, logp, "k3"), torch.zeros(1000))
-
-
-def test_entropy_from_logits():
-    # uniform over 3: ln 3; two equal tokens and one ruled out: ln 2; one token certain: 0
-    logits = T([[5.0, 5.0, 5.0], [0.0, 0.0, -float("inf")], [1e4, 0.0, 0.0]])
-    assert_close(entropy_from_logits(logits), T([1.0986123, 0.6931472, 0.0]))
 
 
 def test_value_loss_clipped_and_unclipped():

@@ -221,8 +221,8 @@ def _torch_save_on_a_full_disk(*args, **kwargs):
         raise RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 64 vs 0")
 
 
-@pytest.mark.parametrize("target, writer", [("lmrl.checkpoint.save_model", _no_space),
-                                            ("lmrl.checkpoint.torch.save", _torch_save_on_a_full_disk)],
+@pytest.mark.parametrize("target, writer", [("lmrl.checkpoint.formats.save_model", _no_space),
+                                            ("lmrl.checkpoint.atomic.torch.save", _torch_save_on_a_full_disk)],
                          ids=["safetensors", "torch.save"])
 def test_a_full_disk_while_checkpointing_is_one_line_and_the_previous_checkpoint_stays(tmp_path, monkeypatch,
                                                                                        target, writer):
@@ -240,7 +240,7 @@ def test_a_full_disk_while_checkpointing_is_one_line_and_the_previous_checkpoint
 
 def test_a_full_disk_before_any_checkpoint_says_there_is_none(tmp_path, monkeypatch):
     model, _, _ = make_training()
-    monkeypatch.setattr("lmrl.checkpoint.save_model", _no_space)
+    monkeypatch.setattr("lmrl.checkpoint.formats.save_model", _no_space)
     with pytest.raises(TrainingError, match=r"writing checkpoint .*step_1: no earlier checkpoint exists; free space"):
         save_checkpoint(tmp_path, 1, model=model, trainer_state={"step": 1})
     assert list(tmp_path.iterdir()) == []

@@ -5,6 +5,7 @@ import importlib.util
 import json
 import subprocess
 import sys
+from types import SimpleNamespace
 
 import pytest
 import yaml
@@ -118,18 +119,24 @@ def test_seed_system_flags_train_with_the_preset_they_name(tmp_path, capsys):
     assert "lmrl train: learning_rate is TRL's name for optim.lr: set optim.lr=0.001" in capsys.readouterr().err
 
 
-def test_config_path_algorithm_device_and_resume_from_checkpoint_are_overrides(tmp_path):
-    from lmrl.cli.commands import train_config
+def test_config_path_algorithm_device_and_resume_from_checkpoint_are_overrides(tmp_path, monkeypatch):
+    import lmrl.train.trainers
 
+    trained = []  # the configs `lmrl train` hands to build_trainer, recorded in place of training them
+    monkeypatch.setattr(lmrl.train.trainers, "build_trainer",
+                        lambda cfg: SimpleNamespace(train=lambda: trained.append(cfg) or {}))
     path = tmp_path / "config.yaml"
     path.write_text("base: adder-grpo\ntrain:\n  steps: 3\n")
     ckpt = str(tmp_path / "runs" / "x" / "checkpoints" / "step_2")
-    cfg = train_config(["--config", str(path), "--algorithm", "rloo", "--device", "cuda:0",
-                        "--resume_from_checkpoint", ckpt, "num_generations=8"])
+    assert main(["train", "--config", str(path), "--algorithm", "rloo", "--device", "cuda:0",
+                 "--resume_from_checkpoint", ckpt, "num_generations=8"]) == 0
+    assert main(["train", "--config_name", "multiplier"]) == 0
+    assert main(["train", "--no-wandb", "--resume"]) == 0  # lmrl's own spellings still work
+    cfg, multiplier, resumed = trained
     assert (cfg.run.name, cfg.train.steps, cfg.algo.name, cfg.run.device) == ("adder-grpo", 3, "rloo", "cuda:0")
     assert (cfg.run.resume, cfg.run.resume_from, cfg.algo.group_size) == ("auto", ckpt, 8)
-    assert train_config(["--config_name", "multiplier"]).task.name == "multiplication"
-    assert train_config(["--no-wandb", "--resume"]).run.resume == "auto"  # lmrl's own spellings still work
+    assert multiplier.task.name == "multiplication"
+    assert resumed.run.resume == "auto"
 
 
 def test_a_config_named_twice_is_a_one_line_error(tmp_path, capsys):

@@ -174,7 +174,7 @@ def one_rank_group(tmp_path):
 def test_sharded_policy_samples_like_the_whole_one_and_round_trips_checkpoints(tiny_hf, one_rank_group, tmp_path):
     from torch.distributed.tensor import DTensor
 
-    from lmrl.distributed import fsdp
+    from lmrl.parallel import fsdp
     from lmrl.models.hf import load_hf_policy
     from lmrl.models.lora import add_lora
 

@@ -56,20 +56,21 @@ if kind == "row":
     sinks.JsonlSink.log = log_then_die
 elif kind == "save":
     from lmrl import checkpoint as ckpt
+    from lmrl.checkpoint import store
     def write_model_then_die(tmp, model, state_json):
         if tmp.name.startswith(f".tmp-step_{n}-"):
             ckpt.save_weights_file(model, tmp / ckpt.MODEL_FILE)
             die()
         write(tmp, model, state_json)
-    write, ckpt._write_model_and_state = ckpt._write_model_and_state, write_model_then_die
+    write, store._write_model_and_state = store._write_model_and_state, write_model_then_die
 elif kind == "saved":
-    from lmrl import checkpoint as ckpt
+    from lmrl.checkpoint import store
     def write_then_die(final, write_files):
         path = write_atomically(final, write_files)
         if final.name == f"step_{n}":
             die()
         return path
-    write_atomically, ckpt._write_atomically = ckpt._write_atomically, write_then_die
+    write_atomically, store.write_atomically = store.write_atomically, write_then_die
 elif kind:
     raise SystemExit(f"LMRL_TEST_KILL_AT={kind}:{n}?")
 sys.argv = ["lmrl", *sys.argv[1:]]

@@ -12,7 +12,7 @@ import torch
 import torch.nn as nn
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from lmrl.rollout import hf_generate
+from lmrl.generation import hf_generate
 from lmrl.generation.hf_generate import generate
 from lmrl.generation.packed_linear import MIN_FEATURES, packed_linears, packing_available
 

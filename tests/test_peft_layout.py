@@ -270,7 +270,7 @@ def one_rank_group(tmp_path):
 
 
 def test_a_sharded_lora_policys_gathered_weights_are_saved_in_peft_layout(data, one_rank_group, tmp_path):
-    from lmrl.distributed import fsdp
+    from lmrl.parallel import fsdp
 
     sharded = fsdp.shard(_lora_policy(data))
     opt = torch.optim.AdamW([p for p in sharded.parameters() if p.requires_grad], lr=1e-2)

@@ -311,7 +311,7 @@ def test_a_gsm8k_split_that_fails_leaves_neither_file(tmp_path):
 
 def test_the_gpu_recipe_trains_on_gsm8k_and_writes_its_splits_on_first_use(tmp_path):
     from lmrl.config import load_config
-    from lmrl.tasks import ensure_task_data
+    from lmrl.tasks import ensure_data
 
     preset = load_config("math-grpo-qwen-gpu")
     assert (preset.task.train_file, preset.task.test_file) == ("data/gsm8k/train.jsonl", "data/gsm8k/test.jsonl")
@@ -321,7 +321,7 @@ def test_the_gpu_recipe_trains_on_gsm8k_and_writes_its_splits_on_first_use(tmp_p
     cfg = load_config("math-grpo-qwen-gpu", [f"task.train_file={tmp_path / 'gsm8k' / 'train.jsonl'}",
                                              f"task.test_file={tmp_path / 'gsm8k' / 'test.jsonl'}",
                                              f"task.generate_from={raw}"])
-    ensure_task_data(cfg)
+    ensure_data(cfg, "task")
     assert len(rows_of(tmp_path / "gsm8k" / "train.jsonl")) == 2 and len(rows_of(tmp_path / "gsm8k" / "test.jsonl")) == 1
 
 
@@ -337,7 +337,7 @@ def test_gsm8k_generation_offline_without_a_source_names_generate_from(tmp_path,
     import huggingface_hub.constants
 
     from lmrl.config import load_config
-    from lmrl.tasks import ensure_task_data
+    from lmrl.tasks import ensure_data
 
     monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", True)
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
@@ -346,7 +346,7 @@ def test_gsm8k_generation_offline_without_a_source_names_generate_from(tmp_path,
     cfg = load_config("math-grpo-qwen-gpu", [f"task.train_file={tmp_path / 'd' / 'train.jsonl'}",
                                              f"task.test_file={tmp_path / 'd' / 'test.jsonl'}"])
     with pytest.raises(DataError) as e:
-        ensure_task_data(cfg)
+        ensure_data(cfg, "task")
     assert "could not reach the Hugging Face hub" in str(e.value) and "task.generate_from=DIR" in str(e.value)
     assert "\n" not in str(e.value)
 

@@ -1,30 +1,53 @@
 """Replay of failed prompts in RL (`train.replay_fraction`): part of each batch is drawn again from
 the training problems the policy recently got wrong, never from held-out ones, and the buffer is
-part of the trainer state."""
+part of the trainer state. `ReplayBuffer` (lmrl/train/replay.py) on its own first, then in a run."""
 
 import pytest
 import torch
 
 from lmrl.config import ConfigError
+from lmrl.train.replay import ReplayBuffer
 from lmrl.train.rl_trainer import RLTrainer
 
 
-def test_a_batch_draws_its_replay_share_from_the_failed_prompts(tiny_config):
+def _uniform(n: int, generator: torch.Generator) -> torch.Tensor:
+    """A stand-in for task.sample_train_ids: ids 100, 101, ... (n of them), drawing nothing."""
+    return torch.arange(100, 100 + n)
+
+
+def test_the_buffer_keeps_each_failed_problem_once_in_batch_order_up_to_its_capacity():
+    replay = ReplayBuffer(capacity=4, fraction=0.5)
+    assert replay.ids == []
+    replay.add(torch.tensor([7, 7, 3, 3, 9, 9]), torch.tensor([1, 0, 1, 1, 0, 0]))  # groups of two completions
+    assert replay.ids == [7, 9]  # 7 and 9 failed once or twice, each kept once; 3 was right both times
+    replay.add(torch.tensor([9, 5]), torch.tensor([0, 1]))
+    assert replay.ids == [7, 9, 9]  # a problem failed again in a later batch is appended again
+    replay.add(torch.tensor([5, 6, 8]), torch.tensor([False, False, False]))
+    assert replay.ids == [9, 5, 6, 8]  # [7, 9, 9, 5, 6, 8]: the last 4 (capacity) kept
+    replay.add(torch.tensor([1, 2]), torch.ones(2))
+    assert replay.ids == [9, 5, 6, 8]  # nothing failed: unchanged
+
+
+def test_a_draw_takes_its_fraction_from_the_buffer_and_the_rest_uniformly():
+    replay = ReplayBuffer(capacity=8, fraction=0.5)
+    gen = torch.Generator().manual_seed(0)
+    assert replay.draw(6, _uniform, gen).tolist() == [100, 101, 102, 103, 104, 105]  # empty: all uniform
+    replay.ids = [7, 9, 4]
+    ids = replay.draw(6, _uniform, torch.Generator().manual_seed(0))
+    pick = torch.randint(3, (3,), generator=torch.Generator().manual_seed(0))  # the same generator's draw
+    assert ids.tolist() == [100, 101, 102] + [[7, 9, 4][i] for i in pick.tolist()]  # 3 uniform, then 3 replayed
+    replay.ids = [7, 9]  # fewer failed than the fraction asks: as many picks as it holds, the rest uniform
+    assert replay.draw(6, _uniform, gen).tolist()[:4] == [100, 101, 102, 103]
+    assert ReplayBuffer(8, 0.5, [7]).draw(6, _uniform, gen).tolist() == [100, 101, 102, 103, 104, 7]
+    assert ReplayBuffer(8, 0.25, [7, 9]).draw(3, _uniform, gen).tolist() == [100, 101, 102]  # ⌊3 · 0.25⌋ = 0
+
+
+def test_a_trainer_draws_its_batches_through_the_buffer(tiny_config):
     trainer = RLTrainer(tiny_config("train.replay_fraction=0.5"))
-    assert len(trainer.draw_prompts(8)) == 8  # nothing failed yet: all uniform
     failed = trainer.task.sample_train_ids(5, torch.Generator().manual_seed(0)).tolist()
-    trainer.state["replay"] = failed
+    trainer.replay = ReplayBuffer(1024, 0.5, failed)  # what reinforce() builds from the trainer state
     ids = trainer.draw_prompts(8)
-    assert len(ids) == 8 and set(ids[4:].tolist()) <= set(failed)  # half from the buffer (with repeats)
-
-
-def test_failures_are_kept_once_each_in_order_and_the_buffer_is_bounded(tiny_config):
-    trainer = RLTrainer(tiny_config("train.replay_fraction=0.5", "train.replay_size=4"))
-    ids = torch.tensor([7, 7, 3, 3, 9, 9])  # groups of two completions
-    trainer.remember_failures(ids, torch.tensor([1, 0, 1, 1, 0, 0]))
-    assert trainer.state["replay"] == [7, 9]  # 3 was right both times
-    trainer.remember_failures(torch.tensor([5, 6, 8]), torch.zeros(3))
-    assert trainer.state["replay"] == [9, 5, 6, 8]  # the last replay_size
+    assert len(ids) == 8 and set(ids[4:].tolist()) <= set(trainer.replay.ids)  # half from the buffer
 
 
 def test_training_replays_failed_training_prompts_only(tiny_config, monkeypatch):

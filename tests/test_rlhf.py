@@ -85,7 +85,7 @@ def test_a_missing_reward_model_is_one_line_before_the_policy_loads(tmp_path, mo
     def no_policy(*args, **kwargs):
         raise AssertionError("the policy was loaded before the reward model was checked")
 
-    monkeypatch.setattr("lmrl.train.rl_trainer.build_model", no_policy)
+    monkeypatch.setattr("lmrl.train.build.build_model", no_policy)
     missing = tmp_path / "runs" / "rm-smollm2" / "reward_model"
     cfg = load_config("ppo-rm-smollm2", [f"reward.model={missing}", f"run.dir={tmp_path / 'run'}", *QUIET])
     with pytest.raises(ConfigError) as raised:

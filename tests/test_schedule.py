@@ -125,7 +125,7 @@ def test_scheduler_state_dict_round_trip_resumes_the_same_lrs():
     buf = io.BytesIO()
     torch.save(saved, buf)
     buf.seek(0)
-    saved = torch.load(buf, weights_only=True)  # as checkpoint.py loads it
+    saved = torch.load(buf, weights_only=True)  # as lmrl.checkpoint loads it
 
     opt2 = make_opt()
     sched2 = make_scheduler(opt2, **SCHED)
@@ -302,7 +302,7 @@ def test_plateau_state_dict_round_trip_resumes_the_same_lrs():
     buf = io.BytesIO()
     torch.save(saved, buf)
     buf.seek(0)
-    saved = torch.load(buf, weights_only=True)  # as checkpoint.py loads it
+    saved = torch.load(buf, weights_only=True)  # as lmrl.checkpoint loads it
 
     opt2 = make_opt()
     sched2 = make_scheduler(opt2, **PLATEAU)

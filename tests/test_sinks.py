@@ -9,6 +9,8 @@ import pytest
 import torch
 
 from lmrl.log.sinks import (
+    CONSOLE_FIELDS,
+    EVAL_FIELDS,
     ConsoleSink,
     JsonlSink,
     MetricsLogger,
@@ -114,8 +116,8 @@ def test_resumed_sink_matches_an_uninterrupted_run(tmp_path):
     with MetricsLogger([JsonlSink(resumed)]) as log:  # killed after step 5, checkpoint at step 3
         for s in range(1, 6):
             log.log(s, {"x": float(s)})
+    truncate_jsonl(resumed, 3)  # as RunLog does before it opens the sink again
     sink = JsonlSink(resumed)
-    sink.truncate_after(3)
     for s in range(4, 7):
         sink.log(s, {"x": float(s)})
     sink.close()
@@ -248,6 +250,12 @@ def test_console_step_line_of_every_trainer_shows_loss_acc_reward_or_margin_and_
     rm = numbered(STEP_KEYS["rm"])
     assert lines["rm"] == (f"Step 1 | Loss: {rm['rm/loss']:.3f} | Acc: {rm['rm/accuracy']:.3f} | "
                            f"Margin: {rm['rm/margin_mean']:.3f} | LR: {rm['rm/lr']:.2e}")
+
+
+def test_every_key_the_console_reads_is_one_a_trainer_logs():
+    logged = {key for keys in [*STEP_KEYS.values(), *EVAL_KEYS.values()] for key in keys}
+    read = [key for _, labels in CONSOLE_FIELDS + EVAL_FIELDS for key in labels]
+    assert [key for key in read if key not in logged] == []
 
 
 def test_console_reads_trls_rewards_accuracies_as_the_dpo_accuracy():

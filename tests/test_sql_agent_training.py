@@ -102,7 +102,7 @@ def test_held_out_sql_tasks_are_balanced_over_skills_and_never_trained_on(tiny_d
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(tiny_dir)
-    task = SQLAgentTask(tok, SQLEnvConfig(max_rounds=2), n_train=50, heldout_per_skill=3, skills=("count", "sum"))
+    task = SQLAgentTask(tok, SQLEnvConfig(max_rounds=2, train_tasks=50, heldout_per_skill=3, skills=["count", "sum"]))
     held = task.skills(task.heldout_ids)
     assert sorted(held) == ["count"] * 3 + ["sum"] * 3
     train_ids = {task.tasks[i].id for i in range(task.n_train)}
@@ -113,7 +113,8 @@ def test_held_out_sql_tasks_are_balanced_over_skills_and_never_trained_on(tiny_d
 def test_per_skill_success_counts_correct_episodes_by_skill(tiny_dir):
     from transformers import AutoTokenizer
 
-    task = SQLAgentTask(AutoTokenizer.from_pretrained(tiny_dir), n_train=4, heldout_per_skill=1, skills=("count", "sum"))
+    options = SQLEnvConfig(train_tasks=4, heldout_per_skill=1, skills=["count", "sum"])
+    task = SQLAgentTask(AutoTokenizer.from_pretrained(tiny_dir), options)
     ids = task.heldout_ids.repeat(2)  # count, sum, count, sum
     infos = [{"outcome": "correct"}, {"outcome": "wrong"}, {"outcome": "timeout"}, {"outcome": "correct"}]
     assert per_skill_success(task, ids, infos) == {"count": 0.5, "sum": 0.5}

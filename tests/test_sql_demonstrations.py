@@ -5,6 +5,7 @@ here, no hub."""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import pytest
 import torch
@@ -61,7 +62,7 @@ def test_every_skills_demonstration_replays_in_the_env_to_the_correct_answer_rew
 def test_a_demonstration_opens_with_the_agent_tasks_own_messages(tiny_dir):
     from transformers import AutoTokenizer
 
-    task = SQLAgentTask(AutoTokenizer.from_pretrained(tiny_dir), ENV, n_train=3, heldout_per_skill=1)
+    task = SQLAgentTask(AutoTokenizer.from_pretrained(tiny_dir), replace(ENV, train_tasks=3, heldout_per_skill=1))
     messages, _ = demonstration(task.tasks[0], ENV)
     assert messages[:len(task.preamble)] == task.preamble
     assert [m.get("training", True) for m in messages if m["role"] == "assistant"] == [False, False, True, True]
@@ -91,7 +92,7 @@ def test_demonstrations_use_training_tasks_only_and_train_and_test_share_none(tm
     ids = {name: {r["task_id"] for r in split} for name, split in rows.items()}
     assert len(ids["train"]) == 48 and not ids["train"] & ids["test"]
     # the agent task's held-out set (the benchmark's) holds none of them
-    agent = SQLAgentTask(AutoTokenizer.from_pretrained(tiny_dir), ENV, n_train=1, heldout_per_skill=10)
+    agent = SQLAgentTask(AutoTokenizer.from_pretrained(tiny_dir), replace(ENV, train_tasks=1))
     heldout = {agent.tasks[i].id for i in agent.heldout_ids.tolist()}
     assert not (ids["train"] | ids["test"]) & heldout
     for task, _ in demonstrations(60, ENV, seed=5):

@@ -1,5 +1,7 @@
 """token_logprobs against the plain tensor expressions, in value and gradient."""
 
+import math
+
 import pytest
 import torch
 
@@ -45,6 +47,14 @@ def test_gradient_of_the_log_probs_alone_and_of_the_entropy_alone():
         torch.testing.assert_close(logits.grad, ref.grad.float(), atol=1e-5, rtol=1e-4)
     # at a one-hot target the gradient is (onehot - p) / T: each row's entries sum to zero
     assert logits.grad.sum(-1).abs().max() < 1e-5
+
+
+def test_entropies_of_known_distributions():
+    # uniform over 3: ln 3; two equal tokens and one all but ruled out: ln 2; one token certain: 0
+    logits = torch.tensor([[5.0, 5.0, 5.0], [0.0, 0.0, -1e4], [1e4, 0.0, 0.0]])
+    logp, entropy = token_logprobs(logits, torch.tensor([0, 1, 0]))
+    torch.testing.assert_close(entropy, torch.tensor([math.log(3), math.log(2), 0.0]))
+    torch.testing.assert_close(logp, torch.tensor([-math.log(3), -math.log(2), 0.0]))
 
 
 def test_low_precision_logits_are_read_in_float32_and_get_a_gradient_of_their_dtype():

@@ -9,9 +9,10 @@ from pathlib import Path
 import pytest
 
 from lmrl.trl import fields as table
-from lmrl.trl.configs import CONFIGS, TRANSLATED
+from lmrl.trl.configs import TRANSLATED, DPOConfig, GRPOConfig, RewardConfig, SFTConfig
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "trl-fields.md"
+CONFIGS = {cls.kind: cls for cls in (GRPOConfig, DPOConfig, SFTConfig, RewardConfig)}
 
 
 @pytest.mark.parametrize("kind", table.KINDS)

@@ -15,7 +15,7 @@ from datasets import Dataset, DatasetDict
 from lmrl.config import load_config
 from lmrl.common.data import DataError
 from lmrl.tasks.preference_data import (HH_ASSISTANT, PreferenceRow, SFTRow, TruncationCounter, hh_messages,
-                                        hh_to_conversation, read_preference, read_sft)
+                                        preference_row, read_preference, read_sft, trl_preference)
 from lmrl.tasks.text_batches import TextCodec, encode_preferences, encode_sft, pair_batch
 from tests.test_hf import save_tiny_llama
 
@@ -124,7 +124,7 @@ def test_hh_dialogues_become_conversational_rows():
                            {"role": "user", "content": "Sky colour?"}],
                 "chosen": [{"role": "assistant", "content": "It is blue."}],
                 "rejected": [{"role": "assistant", "content": "It is green, I think."}]}
-    assert hh_to_conversation(chosen, rejected) == expected
+    assert trl_preference(preference_row({"chosen": chosen, "rejected": rejected}, dialogue="hh")) == expected
     assert read_preference([{"chosen": chosen, "rejected": rejected}]) == \
         [PreferenceRow(expected["prompt"], expected["chosen"], expected["rejected"])]  # dialogue="auto"
     as_text = read_preference([{"chosen": chosen, "rejected": rejected}], dialogue="text")

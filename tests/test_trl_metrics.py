@@ -14,6 +14,7 @@ import torch
 
 from lmrl.algos.losses import clipped_surrogate_loss
 from lmrl.log.plot import FAMILIES, is_rate
+from lmrl.tasks.arithmetic import seq_len
 from lmrl.train.dpo_trainer import DPOTrainer
 from lmrl.train.rl_trainer import RLTrainer
 from tests.test_offline_trainers import _cfg, data  # noqa: F401  (the fixture: a tiny Llama and preference pairs)
@@ -54,7 +55,7 @@ def test_a_grpo_step_logs_trls_names_with_trls_numbers(tiny_config):
         assert row["reward_std"] == pytest.approx(0.5) and row["rewards/fixed_rewards/std"] == pytest.approx(0.5)
         assert row["frac_reward_zero_std"] == 0.5
         # every prompt and answer token sampled so far: 2-digit addition, 4 completions per step
-        assert row["num_tokens"] == k * 4 * trainer.task.seq_len
+        assert row["num_tokens"] == k * 4 * seq_len(cfg.task)
         answer = trainer.task.answer_len  # fixed-length answers: none is cut off
         assert [row[f"completions/{s}_length"] for s in ("mean", "min", "max")] == [answer] * 3
         assert [row[f"completions/{s}_terminated_length"] for s in ("mean", "min", "max")] == [answer] * 3

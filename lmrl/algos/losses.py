@@ -118,13 +118,6 @@ def kl_estimate(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, estimator: s
     raise ValueError(f"KL estimator must be one of {', '.join(KL_ESTIMATORS)}, got {estimator!r}")
 
 
-def entropy_from_logits(logits: torch.Tensor) -> torch.Tensor:
-    """H = −Σ_v p_v log p_v over the last dim, from logits (computed with log_softmax; a −inf
-    logit, a token ruled out, adds 0 rather than 0·(−inf) = nan)."""
-    logp = torch.log_softmax(logits.float(), dim=-1)
-    return -(logp.exp() * logp.masked_fill(logp.isneginf(), 0.0)).sum(-1)
-
-
 def value_loss(values: torch.Tensor, old_values: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor | None = None,
                clip_range: float | None = None, level: str = "token",
                constant: float | None = None) -> tuple[torch.Tensor, dict]:

@@ -204,12 +204,8 @@ def _source_and_overrides(args) -> tuple[str | None, list[str]]:
     return source, overrides
 
 
-def train_config(argv: list[str]):
-    """The Config `lmrl train ARGV...` would train, flags and TRL's names applied."""
-    return _train_config(_parse(["train", *argv]))
-
-
 def _train_config(args):
+    """The Config `lmrl train` trains, its flags and TRL's names applied."""
     from ..config import debug_overrides, load_config
 
     source, overrides = _source_and_overrides(args)

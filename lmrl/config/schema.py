@@ -31,17 +31,19 @@ from ..tasks.arithmetic import REWARDS as ARITHMETIC_REWARDS, seq_len as arithme
 
 PRESET_DIR = Path(__file__).parent / "presets"
 PRESET_ALIASES = {"AdderRLConfig": "adder", "MultiplierRLConfig": "multiplier"}
-# What `run.trainer` may be. The trainers live in the train layer, above the config, so their names
-# are declared here; `lmrl.train.trainers.build_trainer` builds the one named. "rl" runs RLTrainer,
-# the others are the offline trainers (their checks differ: see `cross_section_problems`).
-TRAINERS = ("rl", "sft", "dpo", "reward")
+# What `run.trainer` may be, each with what it trains. The trainers live in the train layer, above the
+# config, so their names are declared here; each trainer class names its own (`trainer_key`) and
+# `lmrl.train.trainers.TRAINERS` maps these names to the classes. "rl" runs RLTrainer, the others are the
+# offline trainers (their checks differ: see `cross_section_problems`).
+TRAINERS = {"rl": "warm-up + RL on a task", "sft": "supervised fine-tuning", "dpo": "DPO on preference pairs",
+            "reward": "a reward model on preference pairs"}
 
 
 @dataclass
 class RunConfig(Section):
     name: str = _f("adder", "run name; the run dir defaults to runs/<name>")
-    trainer: str = _f("rl", "what this config trains: rl (warm-up + RL on a task) | sft | dpo | reward "
-                            "(offline trainers over data.train_file)", choices=TRAINERS)
+    trainer: str = _f("rl", "what this config trains: " + " | ".join(f"{k} ({v})" for k, v in TRAINERS.items())
+                            + " (all but rl: offline trainers over data.train_file)", choices=TRAINERS)
     dir: str | None = _f(None, "run directory (default runs/<name>)")
     seed: int = _f(1337, "seed for weights, prompts and sampling")
     device: str = _f("auto", "auto | cpu | cuda | cuda:N")
@@ -470,7 +472,8 @@ def cross_section_problems(cfg: Config) -> list[str]:
         steps = cfg.train.max_steps
         common.append((steps == TrainConfig.max_steps, f"train.max_steps={steps} counts the offline trainers' "
                                                        f"optimizer steps; run.trainer=rl counts RL updates in train.steps"))
-        rules = _task_rules(cfg) + common + _rl_batch_rules(cfg) + _scale_rules(cfg)
+        split = batch_split_problem(cfg)
+        rules = _task_rules(cfg) + common + [(split is None, split)] + _scale_rules(cfg)
     rules.append((cfg.distributed.strategy != "fsdp" or cfg.train.ema_decay == 0,
                   f"train.ema_decay={cfg.train.ema_decay} averages whole weights, which FSDP holds in shards: set "
                   f"train.ema_decay=0 or distributed.strategy=ddp"))
@@ -491,10 +494,20 @@ def _task_rules(cfg: Config) -> list[tuple[bool, str]]:
     ]
 
 
-def _rl_batch_rules(cfg: Config) -> list[tuple[bool, str]]:
-    t, a = cfg.train, cfg.algo
-    return [(t.rollout_size % a.group_size == 0,
-             f"train.rollout_size={t.rollout_size} must be divisible by algo.group_size={a.group_size}")]
+def batch_split_problem(cfg: Config, world_size: int = 1) -> str | None:
+    """The line saying a step's rows do not split evenly over `world_size` processes, or None: an RL
+    rollout (run.trainer=rl) must give each process whole groups of algo.group_size, an offline batch
+    each process train.ga_steps equal micro-batches. The config checks one process, a trainer its
+    process group."""
+    where = f" on each of {world_size} processes" if world_size > 1 else ""
+    if cfg.run.trainer == "rl":
+        t, a = cfg.train, cfg.algo
+        ok = t.rollout_size % (world_size * a.group_size) == 0
+        return None if ok else (f"train.rollout_size={t.rollout_size} must split into whole groups of "
+                                f"algo.group_size={a.group_size}{where}")
+    d, ga = cfg.data, cfg.train.ga_steps
+    ok = d.batch_size % (world_size * ga) == 0
+    return None if ok else f"data.batch_size={d.batch_size} must split into train.ga_steps={ga} micro-batches{where}"
 
 
 def _offline_rules(cfg: Config) -> list[tuple[bool, str]]:
@@ -502,14 +515,13 @@ def _offline_rules(cfg: Config) -> list[tuple[bool, str]]:
     handed in, are checked by the trainer)."""
     d, m, trainer = cfg.data, cfg.model, cfg.run.trainer
     steps = cfg.train.steps
-    generator = GENERATORS.get(d.generate)
+    generator, split = GENERATORS.get(d.generate), batch_split_problem(cfg)
     return [
         (steps == TrainConfig.steps, f"train.steps={steps} counts RL updates; run.trainer={trainer} counts optimizer "
                                      f"steps in train.max_steps (0 = data.epochs passes): set train.max_steps={steps}"),
         (trainer != "reward" or m.type == "hf", "run.trainer=reward trains a Hugging Face model: set model.type=hf "
                                                 "and model.path"),
-        (d.batch_size % cfg.train.ga_steps == 0,
-         f"data.batch_size={d.batch_size} must be divisible by train.ga_steps={cfg.train.ga_steps}"),
+        (split is None, split),
     ] + [(False, problem) for problem in (generator.problems(cfg) if generator is not None else [])]
 
 

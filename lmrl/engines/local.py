@@ -11,7 +11,7 @@ the learner had when it was asked for. Without `rollout.overlap` the trainer wai
 before it updates (on-policy); with it, the next batch is submitted before this one's update, so it
 is sampled one update behind (`rollout/staleness` = 1).
 
-- `LocalEngine`: the learner's own policy, in its process (the default; exactly the old behaviour).
+- `LocalEngine`: the learner's own policy, in its process, sampling when asked (the default).
 - `ThreadEngine`: a copy of the policy sampling in a background thread (`rollout.overlap` without Ray).
 - `lmrl.engines.ray_engine.RayRolloutEngine`: the batch split across `rollout.workers` Ray actors.
 - `lmrl.engines.vllm_engine.VLLMEngine`: an HF policy served by vLLM (`rollout.engine: vllm`); it

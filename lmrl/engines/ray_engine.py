@@ -1,6 +1,6 @@
 """Rollouts on Ray actors: each step's batch split across `rollout.workers` copies of the policy.
 
-    engine = RayRolloutEngine(config, task, group_size=G, info=log, ckpt_dir=d)  # joins Ray, starts the workers
+    engine = RayRolloutEngine(config, task, build_worker=build, group_size=G, info=log, ckpt_dir=d)  # joins Ray
     engine.sync(policy, version)            # one ray.put of the trainable weights, loaded by every worker
     sampled = engine.submit(ids, temperature=1.0, top_k=0, top_p=1.0, generator=g).result()
     engine.close()
@@ -8,11 +8,13 @@
 `make_engine` builds this engine when `rollout.workers > 0`; the learner (the trainer, in the
 calling process or in a Ray actor: see `ray_launch`) scores and updates, the workers only sample.
 
-- **Weights.** A worker builds its own task and model from the config, as `RLTrainer` does (same
-  seed, so a LoRA adapter's frozen base is the same), and then only ever receives the trainable
-  parameters (all of them, or the adapter's): one `ray.put` per learner update, shared by every
-  worker. Calls to one actor run in the order they were made, so a worker loads new weights only
-  between rollouts and the next rollout always sees them: `sync` never waits.
+- **Weights.** A worker builds its own task and model with `build_worker(device)`, the builder the
+  trainer hands over (`lmrl.train.build.build_worker_parts` bound to the run's config: the
+  trainer's own build, same seed, so a LoRA adapter's frozen base is the same; this layer never
+  imports the trainers), and then only ever receives the trainable parameters (all of them, or
+  the adapter's): one `ray.put` per learner update, shared by every worker. Calls to one actor
+  run in the order they were made, so a worker loads new weights only between rollouts and the
+  next rollout always sees them: `sync` never waits.
 - **Sharding.** The batch is cut on group boundaries (`algo.group_size` rows of one prompt stay on
   one worker, where group baselines expect them) into near-equal contiguous shards, and the
   results are joined back in the same order. Worker i samples with seed `draw_seed(sample) + i`,
@@ -30,16 +32,14 @@ from __future__ import annotations
 import dataclasses
 import os
 import time
+from typing import Callable
 
 import torch
 import torch.nn.functional as F
 
-from ..checkpoint import load_initial_weights
 from ..common.errors import TrainingError
-from ..models import build_model
 from .local import Sampled, draw_seed, load_state_into, rollout_to, trainable_state
 from ..generation.rollout import Rollout
-from ..tasks import build_task
 from ..parallel.ray_cluster import actor_device, check_resources, connect, placement, require_ray
 
 START_TIMEOUT_S = 300.0  # the least a new worker gets to build its policy (see RayRolloutEngine.await_start)
@@ -47,16 +47,18 @@ START_TIMEOUT_S = 300.0  # the least a new worker gets to build its policy (see 
 
 class RolloutWorker:
     """One copy of the policy that samples shards of a batch (a Ray actor: see `start_worker`).
-    It runs on the GPU Ray gave it, else on the CPU with `rollout.worker_cpus` torch threads."""
+    It runs on the GPU Ray gave it, else on the CPU with `rollout.worker_cpus` torch threads, and
+    builds its task and policy there with `build_worker(device)` (an object with `.task`, `.model`)."""
 
-    def __init__(self, cfg, cwd: str | None = None):
+    def __init__(self, cfg, build_worker: Callable, cwd: str | None = None):
         import ray
 
         if cwd and os.path.isdir(cwd):
             os.chdir(cwd)  # model.path and data files relative to the driver's working directory
         torch.set_num_threads(max(1, int(cfg.rollout.worker_cpus)))
         self.device = torch.device(actor_device(ray))
-        self.task, self.model = build_policy(cfg, self.device)
+        parts = build_worker(self.device)
+        self.task, self.model = parts.task, parts.model
         self._trainable = [name for name, p in self.model.named_parameters() if p.requires_grad]
         self.model.eval().requires_grad_(False)
         self.version = -1
@@ -85,34 +87,13 @@ class RolloutWorker:
         return placement(ray, self.device)
 
 
-class NoScore:
-    """The reward a worker's prompts task gets: workers never score, so no reward model is loaded."""
-
-    def __call__(self, prompts, completions, **columns):
-        raise RuntimeError("rollout workers do not score completions; the learner does")
-
-
-def build_policy(cfg, device) -> tuple:
-    """(task, model) as `RLTrainer.__init__` builds them: the same seed first, so random
-    initialisations (a LoRA adapter's, the GPT's) are the same; `model.init_from` applied."""
-
-    torch.manual_seed(cfg.run.seed)
-    model = build_model(cfg.model, lora=cfg.lora) if cfg.model.type == "hf" else None
-    # workers never score: a task scored by a reward model gets one that loads nothing
-    unscored = dataclasses.replace(cfg, reward=dataclasses.replace(cfg.reward, model="", cls=f"{__name__}:NoScore"))
-    task = build_task(unscored, tokenizer=getattr(model, "tokenizer", None), device=device)
-    model = (model if model is not None else build_model(cfg.model, task.tokenizer.vocab_size)).to(device)
-    if cfg.model.init_from:
-        load_initial_weights(model, cfg.model.init_from, device)
-    return task, model
-
-
-def start_worker(cfg):
-    """A new `RolloutWorker` actor with `rollout.worker_cpus` CPUs and `rollout.worker_gpus` GPUs."""
+def start_worker(cfg, build_worker: Callable):
+    """A new `RolloutWorker` actor with `rollout.worker_cpus` CPUs and `rollout.worker_gpus` GPUs that
+    builds its task and policy with `build_worker` (picklable: a module-level function or a partial)."""
     ray = require_ray()
     r = cfg.rollout
     actor = ray.remote(num_cpus=r.worker_cpus, num_gpus=r.worker_gpus, max_restarts=0)(RolloutWorker)
-    return actor.remote(cfg, os.getcwd())
+    return actor.remote(cfg, build_worker, os.getcwd())
 
 
 def group_shards(n_rows: int, group_size: int, n_shards: int) -> list[slice]:
@@ -162,11 +143,12 @@ def concat_rollouts(parts: list[Rollout], pad_id: int) -> Rollout:
 
 
 class RayRolloutEngine:
-    """The `RolloutEngine` of `rollout.workers` Ray actors (see the module docstring)."""
+    """The `RolloutEngine` of `rollout.workers` Ray actors (see the module docstring); each builds its
+    task and policy with `build_worker(device)`."""
 
-    def __init__(self, config, task, *, group_size: int, info, ckpt_dir):
+    def __init__(self, config, task, *, build_worker: Callable, group_size: int, info, ckpt_dir):
         self.ray = ray = require_ray()
-        self.config, self.info, self.ckpt_dir = config, info, ckpt_dir
+        self.config, self.build_worker, self.info, self.ckpt_dir = config, build_worker, info, ckpt_dir
         r, d = self.config.rollout, self.config.distributed
         self._owns_ray = connect(d, cpus_needed=d.learner_cpus + r.workers * r.worker_cpus)
         check_resources(ray, workers=(r.workers, r.worker_cpus, r.worker_gpus))
@@ -174,7 +156,7 @@ class RayRolloutEngine:
         tokenizer = getattr(task, "tokenizer", None)
         self.pad_id = getattr(tokenizer, "pad_token_id", None) or 0
         self.version, self.state_ref = -1, None
-        self.workers = [start_worker(self.config) for _ in range(r.workers)]
+        self.workers = [start_worker(self.config, build_worker) for _ in range(r.workers)]
         self.loads: list = [None] * r.workers  # each worker's last load_weights call (its errors surface)
         try:  # a worker that cannot start (or get its resources) fails here, not at the first batch
             self.await_start(self.workers)
@@ -207,7 +189,7 @@ class RayRolloutEngine:
     def replace_worker(self, i: int, state_ref, version: int) -> None:
         """Kills worker i (dead or stuck) and starts another with the weights `state_ref` holds."""
         self.ray.kill(self.workers[i])
-        self.workers[i] = start_worker(self.config)
+        self.workers[i] = start_worker(self.config, self.build_worker)
         self.await_start([self.workers[i]])
         self.loads[i] = self.workers[i].load_weights.remote(state_ref, version) if state_ref is not None else None
 

@@ -1,7 +1,8 @@
 """Which rollout engine samples an RL run's batches: `rollout.engine` names one in `ENGINES` (the
 config's choices are this registry), and `rollout.workers` > 0 puts Ray workers in its place.
 
-    engine = make_engine(config, task, policy, group_size=4, info=log.info, ckpt_dir=run_dir / "checkpoints")
+    engine = make_engine(config, task, policy, group_size=4, info=log.info, ckpt_dir=run_dir / "checkpoints",
+                         build_worker=functools.partial(build_worker_parts, config))
 """
 
 from __future__ import annotations
@@ -29,10 +30,17 @@ ENGINES: dict[str, Callable[..., RolloutEngine]] = {"local": _local, "vllm": _vl
 
 
 def make_engine(config, task, policy: torch.nn.Module, *, group_size: int = 1, world_size: int = 1,
-                info: Callable[[str], None] = print, ckpt_dir=None) -> RolloutEngine:
+                info: Callable[[str], None] = print, ckpt_dir=None,
+                build_worker: Callable | None = None) -> RolloutEngine:
     """The engine `config` asks for to sample `task`'s completions from `policy`: Ray workers
-    (`rollout.workers` > 0, whole groups of `group_size` rows per worker), else the one
-    `rollout.engine` names. `info` logs a line; `ckpt_dir` is named when a failure stops the run."""
+    (`rollout.workers` > 0, whole groups of `group_size` rows per worker, each building its task and
+    policy with `build_worker(device)`: the trainer's `lmrl.train.build.build_worker_parts` bound to
+    the config), else the one `rollout.engine` names. `info` logs a line; `ckpt_dir` is named when a
+    failure stops the run."""
     if config.rollout.workers > 0:
-        return RayRolloutEngine(config, task, group_size=group_size, info=info, ckpt_dir=ckpt_dir)
+        if build_worker is None:
+            raise ValueError("rollout.workers > 0 needs build_worker= (what each Ray worker builds its task and "
+                             "policy with, e.g. functools.partial(lmrl.train.build.build_worker_parts, config))")
+        return RayRolloutEngine(config, task, build_worker=build_worker, group_size=group_size, info=info,
+                                ckpt_dir=ckpt_dir)
     return ENGINES[config.rollout.engine](config, task, policy, world_size)

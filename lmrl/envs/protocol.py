@@ -26,7 +26,6 @@ from __future__ import annotations
 import math
 from typing import Any, Protocol, runtime_checkable
 
-Observation = "str | list[dict]"
 # Held-out episodes reset with seeds from here on; training episodes with seeds below it. An environment
 # that draws problems from a fixed set keeps the two apart by this line (see lmrl.envs.skyrl).
 HELDOUT_SEED = 1_000_000_000

@@ -48,8 +48,6 @@ from .protocol import HELDOUT_SEED
 # What SkyRL's GSM8K preparation appends to each question (its gsm8k environment reads the answer after "####").
 GSM8K_INSTRUCTION = 'Let\'s think step by step and output the final answer after "####".'
 
-VERIFIED_ENVS = ("gsm8k", "gsm8k_multi_turn", "aime")
-
 _GSM8K_ANSWER = re.compile(r"####\s*(-?[0-9.,]+)")
 
 

@@ -1,31 +1,30 @@
 """A lean sampling loop for Hugging Face causal LMs, for RL rollouts.
 
 `generate` does what `model.generate(do_sample=...)` plus a log-prob recording logits processor does
-(see `lmrl.models.hf.HFPolicy.generate_text`), with less work per token. Where the time goes on a
-CPU (SmolLM2-135M, batch 32, 50-token prompts, 64 new tokens), and what is done about it:
+(see `lmrl.models.hf.HFPolicy.generate_text`), with less work per token (benchmarks/hf_rollout.py
+times it; docs/results.md has the figures). What it does differently:
 
-* **Prefill** (~30% of `generate`'s time): prompts are mostly one chat template around a question,
-  and RL batches repeat each prompt (GRPO groups). The prompt prefix common to the whole batch is
-  run once, for one row, and identical prompts once each; the cache is then expanded to every row.
+* **Prefill**: prompts are mostly one chat template around a question, and RL batches repeat each
+  prompt (GRPO groups). The prompt prefix common to the whole batch is run once, for one row, and
+  identical prompts once each; the cache is then expanded to every row.
   The remaining suffixes are laid out after the shared prefix ([prefix | pads | suffix] in the
   cache), which the 2-D attention mask and explicit `position_ids` make equivalent to left padding.
 * **Finished rows** (`generate` keeps computing every row until the last one ends): once enough rows
   of the running batch have emitted an EOS, they are dropped from the batch, its KV cache and mask
   (*batch compaction*). Dropping rows copies the cache, so it is batched: see `compact_at`.
-* **Sampling** (`torch.multinomial` over a (B, 49152) distribution costs ~15% of a decode step on
-  CPU): a token is drawn by inverting the CDF at one uniform per row. The uniforms come from the
-  caller's `torch.Generator`, B per step whatever rows are still running, so a seed gives the same
-  samples with or without compaction or prefix sharing (up to float rounding of the CDF). The CDF
-  is built from unnormalised probabilities and only the drawn token's log-prob is normalised.
-* **Linear layers** (~70% of a decode step's time on a CPU, most of it in the 49,152-word output
-  layer) run from weights prepacked for oneDNN once per call (`lmrl.generation.packed_linear`; a
-  no-op on a GPU): the rollout's tokens/s went from 1.4x to 1.9-2.2x `generate`'s with it. A LoRA
-  policy's adapted layers run from their merged weights there, without the adapters' own products.
+* **Sampling** (in place of `torch.multinomial` over a (B, V) distribution): a token is drawn by
+  inverting the CDF at one uniform per row. The uniforms come from the caller's `torch.Generator`,
+  B per step whatever rows are still running, so a seed gives the same samples with or without
+  compaction or prefix sharing (up to float rounding of the CDF). The CDF is built from
+  unnormalised probabilities and only the drawn token's log-prob is normalised.
+* **Linear layers** (most of a decode step's time on a CPU, the output layer above all) run from
+  weights prepacked for oneDNN once per call (`lmrl.generation.packed_linear`; a no-op on a GPU). A
+  LoRA policy's adapted layers run from their merged weights there, without the adapters' own products.
 * **KV cache** (transformers' `DynamicCache` grows by concatenation: every decode step copies every
   layer's whole cache): the loop's cache writes each step's keys and values in place into buffers
   sized for the rollout (`lmrl.generation.kv_cache`).
 * **Under CPU autocast** (`run.mixed_precision=bf16`) the packed layers run in bf16 and everything
-  else in fp32 with autocast off: the CPU flash-attention kernel decodes ~5x slower in bf16.
+  else (attention included: the CPU flash-attention kernel is slow in bf16) in fp32 with autocast off.
 * The model's forward is called directly with a transformers KV cache (prefill computes logits for
   the last position only); none of `generate`'s per-step machinery (input preparation, processor
   and stopping-criteria lists, output classes) runs. Temperature, top-k and top-p are applied once per step.

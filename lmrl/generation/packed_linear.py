@@ -4,17 +4,10 @@ On a CPU, `F.linear` hands the weight to the BLAS in its stored layout at every 
 instead reorder ("prepack") a weight once into the blocked layout its kernels read fastest, which is
 what `torch.compile`'s freezing pass does for inference, without compiling anything. Decoding calls
 every linear layer once per new token on a few dozen rows, where a layer runs at the speed its weight
-streams from memory, and the packed layout streams faster. Measured on the 2-core CPU this project
-is developed on (fp32, 32 rows, `benchmarks/hf_rollout.py` has the whole-rollout figures):
+streams from memory, and the packed layout streams faster for wide layers; narrow ones (either side
+under `MIN_FEATURES`) keep `F.linear` (`benchmarks/hf_rollout.py` times the whole rollout).
 
-    layer (in -> out)      F.linear    packed
-    576 -> 49152 (head)    24.0 ms     10.0 ms
-    576 -> 1536            0.40 ms     0.28 ms
-    1536 -> 576            0.39 ms     0.30 ms
-    576 -> 576             0.15 ms     0.13 ms
-    576 -> 192             0.052 ms    0.063 ms   (narrow layers got slower: they keep F.linear)
-
-Results equal `F.linear`'s up to float rounding (another summation order; bf16 ones were identical).
+Results equal `F.linear`'s up to float rounding (another summation order).
 
 A peft LoRA layer (plain LoRA on a linear layer, as `lmrl.models.lora` adds) runs the same way from
 one weight, its base weight plus the adapters' B·A·scale, merged once on entry: the adapters' own two
@@ -30,7 +23,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-# Both sides of a layer must be at least this wide to be packed (see the table above).
+# Both sides of a layer must be at least this wide to be packed.
 MIN_FEATURES = 512
 
 

@@ -59,13 +59,6 @@ class JsonlSink:
         self._file.write(json.dumps(row) + "\n")
         self._file.flush()
 
-    def truncate_after(self, step: int) -> int:
-        """Drop the lines after `step` (see `truncate_jsonl`); later lines append to the kept ones."""
-        self._file.close()
-        kept = truncate_jsonl(self.path, step)
-        self._file = open(self.path, "a", encoding="utf-8")
-        return kept
-
     def close(self) -> None:
         self._file.close()
 

@@ -79,7 +79,7 @@ class KVCache:
 def dropout(x: torch.Tensor, p: float) -> torch.Tensor:
     """`F.dropout(x, p)` in training mode. On a CPU the mask is cut from 64-bit random words, 16 bits
     per element (each kept with probability 1 - p to within 2⁻¹⁶), where PyTorch's CPU dropout draws
-    one random number per element: about half its time (benchmarks/gpt_step.py)."""
+    one random number per element (benchmarks/gpt_step.py times the two)."""
     if not p or p >= 1 or x.device.type != "cpu":
         return F.dropout(x, p)
     words = torch.empty((x.numel() + 3) // 4, dtype=torch.int64).random_(-(2**63), 2**63 - 1)

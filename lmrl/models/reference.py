@@ -4,6 +4,8 @@ without an adapter)."""
 
 from __future__ import annotations
 
+import copy
+
 import torch.nn as nn
 
 
@@ -49,3 +51,9 @@ def reference_view(policy: nn.Module) -> AdapterDisabledView | None:
 
 def is_reference_view(module: nn.Module) -> bool:
     return isinstance(module, AdapterDisabledView)
+
+
+def build_reference(policy: nn.Module) -> nn.Module:
+    """The KL reference of `policy` as it is now (RL as it starts, DPO): the view with the adapter
+    switched off for a LoRA policy, else a frozen copy (eval mode, no gradients)."""
+    return reference_view(policy) or copy.deepcopy(policy).eval().requires_grad_(False)

@@ -66,13 +66,6 @@ def all_reduce_sum(t: torch.Tensor) -> torch.Tensor:
     return t
 
 
-def all_reduce_mean(t: torch.Tensor) -> torch.Tensor:
-    if dist.is_available() and dist.is_initialized():
-        dist.all_reduce(t, op=dist.ReduceOp.SUM)
-        t /= dist.get_world_size()
-    return t
-
-
 def barrier() -> None:
     if dist.is_available() and dist.is_initialized():
         dist.barrier()

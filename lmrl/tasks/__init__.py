@@ -9,8 +9,8 @@ from __future__ import annotations
 from ..common.errors import ConfigError
 from . import sql as _sql  # noqa: F401  (registers the SQL agent's environment, env.id=sql, and sql-demos)
 from .registry import (GENERATORS, TASKS, TEST_FILE_FORMATS, DataGenerator, TaskSpec, TestFileFormat, build_task,
-                       ensure_files, generators_for, register_generator, register_task, register_test_file_format,
-                       task_spec, test_file_format)
+                       ensure_data, ensure_files, generators_for, register_generator, register_task,
+                       register_test_file_format, task_spec, test_file_format)
 
 
 # -- the arithmetic tasks: the built-in GPT, labels for the warm-up ----------------------------------------
@@ -39,12 +39,6 @@ def _need_tokenizer(name: str, tokenizer) -> None:
         raise ConfigError(f"task.name={name} needs a Hugging Face policy's tokenizer (model.type=hf)")
 
 
-def ensure_task_data(config) -> None:
-    """Writes task.train_file / task.test_file with task.generate's generator when either is missing."""
-    t = config.task
-    ensure_files(t.train_file, t.test_file, t.generate, key="task", source=t.generate_from)
-
-
 @register_task("math", help="JSONL problems with a ground_truth, checked with math-verify", chat=True,
                reads_files=True, vllm=True)
 def _math_task(config, *, tokenizer, **_):
@@ -52,7 +46,7 @@ def _math_task(config, *, tokenizer, **_):
     from .math_task import MathTask
 
     _need_tokenizer("math", tokenizer)
-    ensure_task_data(config)
+    ensure_data(config, "task")
     t, r = config.task, config.reward
     scorer = MathReward(format_weight=r.format_weight, correct_weight=r.correct_weight,
                         require_format=r.require_format, timeout_s=r.timeout_s)
@@ -93,7 +87,7 @@ def _prompt_task(config, *, tokenizer, device="cpu", **_):
     from .prompt_task import PromptTask
 
     _need_tokenizer("prompts", tokenizer)
-    ensure_task_data(config)
+    ensure_data(config, "task")
     t, r = config.task, config.reward
     if r.model:
         from ..models.reward_model import same_vocabulary
@@ -215,5 +209,5 @@ def __getattr__(name):
 
 
 __all__ = ["ArithmeticTask", "DataGenerator", "GENERATORS", "TASKS", "TEST_FILE_FORMATS", "TaskSpec", "TestFileFormat",
-           "build_task", "ensure_files", "ensure_task_data", "generators_for", "register_generator", "register_task",
+           "build_task", "ensure_data", "ensure_files", "generators_for", "register_generator", "register_task",
            "register_test_file_format", "task_spec", "test_file_format"]

@@ -91,10 +91,6 @@ class ArithmeticTask:
         self.heldout_ids = ids.sort().values
         assert len(self.heldout_ids) == heldout_size, "held-out draw produced too few unique problems"
 
-    @property
-    def seq_len(self) -> int:
-        return self.prompt_len + self.answer_len
-
     # -- text ------------------------------------------------------------------------------------
     def prompt_text(self, a: int, b: int) -> str:
         x, y = f"{a:0{self.ndigit}d}", f"{b:0{self.ndigit}d}"

@@ -67,7 +67,7 @@ import signal
 import threading
 import time
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Mapping, Sequence
 
 from ..common.errors import MissingPackage
 
@@ -262,7 +262,7 @@ class MathReward:
         """A RewardInfo per completion (a string, or a TRL conversation: its last message counts)."""
         if len(completions) != len(ground_truth):
             raise ValueError(f"{len(completions)} completions but {len(ground_truth)} ground truths")
-        texts = [_completion_text(c) for c in completions]
+        texts = [completion_text(c) for c in completions]
         parsed = [parse_completion(t) for t in texts]
         if not self.require_format:  # no <answer> block: the last number written is the answer
             parsed = [(ok, answer if answer is not None else last_number(t)) for (ok, answer), t in zip(parsed, texts)]
@@ -422,9 +422,10 @@ def _check_in_child(job: tuple[str, str], fd: int, memory_bytes: int) -> None:
         os._exit(0)
 
 
-def _completion_text(completion) -> str:
+def completion_text(completion) -> str:
+    """A completion's text: the string itself, or a TRL conversation's (a list of messages) last message."""
     if isinstance(completion, str):
         return completion
-    if isinstance(completion, list) and completion and isinstance(completion[-1], dict):
+    if isinstance(completion, list) and completion and isinstance(completion[-1], Mapping):
         return str(completion[-1].get("content", ""))
     raise TypeError(f"a completion must be a string or a list of messages, got {type(completion).__name__}")

@@ -1,6 +1,6 @@
 """Math reasoning from JSONL: a Hugging Face policy answers text prompts; math-verify checks them.
 
-    task = MathTask("train.jsonl", "test.jsonl", tokenizer, prompt_template=FORMAT_INSTRUCTION)
+    task = MathTask("train.jsonl", "test.jsonl", tokenizer, prompt_template="{prompt} Answer in <answer> </answer>.")
     ro = task.rollout(policy, task.sample_train_ids(8, gen), temperature=1.0)
     rewards, correct, extras = task.score_rollout(ids, ro)          # extras: {"format_rate": (B,) 0/1}
 
@@ -40,8 +40,6 @@ from . import reasoning_gym
 from .math_reward import RewardInfo
 
 CHARS_PER_TOKEN = 64  # no token is longer: a prompt is cut to this many characters per token before tokenizing
-FORMAT_INSTRUCTION = ("{prompt}\nThink it through inside <think> </think>, then write only the final number "
-                      "inside <answer> </answer>.")
 
 
 def read_rows(path: str) -> list[dict]:

@@ -11,10 +11,10 @@ formats TRL users already have, checked row by row with `where: what is wrong` e
 
 Preference rows, standard (strings) or conversational (lists of {"role", "content"} messages):
     {"prompt", "chosen", "rejected"}      explicit prompt; conversational replies are assistant messages
-    {"messages", "chosen", "rejected"}    the prompt as a conversation (lmrl's older form)
+    {"messages", "chosen", "rejected"}    the prompt as a conversation
     {"chosen", "rejected"}                implicit prompt: the two share their beginning, which is the prompt
                                           (Anthropic HH-RLHF's "\\n\\nHuman: ... \\n\\nAssistant: ..." dialogues
-                                          become conversational rows, see `hh_to_conversation`)
+                                          become conversational rows: the shared turns, then each side's reply)
 Any of them may carry "margin", a number (TRL's reward-model data: the reward trainer's Bradley–Terry
 loss wants the chosen reward ahead by at least that much); the DPO trainer ignores it.
 SFT rows:
@@ -150,21 +150,6 @@ def iter_rows(source: Source) -> Iterator[tuple[str, dict]]:
         raise DataError("no rows were given (the data set is empty)")
 
 
-def hh_to_conversation(chosen: str, rejected: str) -> dict:
-    """An HH-RLHF pair (two "\\n\\nHuman: ... \\n\\nAssistant: ..." dialogues that share every turn but
-    the last reply) as TRL's conversational preference row: {"prompt": the shared turns as user /
-    assistant messages, "chosen": [the chosen reply as one assistant message], "rejected": [...]}.
-
-    The prompt is the shared text up to its last "\\n\\nAssistant:"; each reply is the rest of its side
-    (stripped), so a side that goes on for more turns keeps them in its one reply, as TRL's HH script
-    does. Raises DataError when a side is not such a dialogue or the two share no turn."""
-    try:
-        prompt, chosen_reply, rejected_reply = _hh_split(chosen, rejected)
-    except _Bad as e:
-        raise DataError(str(e)) from None
-    return {"prompt": prompt, "chosen": chosen_reply, "rejected": rejected_reply}
-
-
 def hh_messages(text: str) -> list[dict]:
     """HH-RLHF dialogue text as {"role", "content"} messages (Human → user, Assistant → assistant),
     each turn's text stripped."""
@@ -284,6 +269,10 @@ def _is_hh(text: str) -> bool:
 
 
 def _hh_split(chosen: str, rejected: str):
+    """(prompt, chosen, rejected) of an HH-RLHF pair as conversational messages: the prompt is the shared
+    text up to its last "\\n\\nAssistant:" as user / assistant messages; each reply is the rest of its side
+    (stripped) as one assistant message, so a side that goes on for more turns keeps them in its one
+    reply, as TRL's HH script does."""
     for key, side in (("chosen", chosen), ("rejected", rejected)):
         if not _is_hh(side):
             raise _Bad(f"{key!r} is not a '\\n\\nHuman: ... \\n\\nAssistant: ...' dialogue (it starts "

@@ -38,7 +38,7 @@ from typing import Iterator, Mapping, Sequence
 
 from ..common.data import DataError
 from ..common.errors import MissingPackage
-from .math_reward import RewardInfo, parse_completion
+from .math_reward import RewardInfo, completion_text, parse_completion
 
 GENERATED_KEYS = ("seed", "size")  # create_dataset keywords set by generate's own arguments, not by config
 
@@ -153,7 +153,7 @@ def extract_answer(completion) -> str | None:
     """The answer a completion gives: the content of its last `<answer>...</answer>` block
     (reasoning-gym's own `extract_answer`), else its last non-empty line, stripped; None when it is
     blank. A TRL conversation (a list of messages) answers with its last message."""
-    text = _text(completion)
+    text = completion_text(completion)
     answer = _reasoning_gym().utils.extract_answer(text)
     if answer is not None:
         return answer
@@ -231,14 +231,6 @@ def _reasoning_gym():
         raise MissingPackage("reasoning-gym data sets need the reasoning-gym package: "
                              "pip install 'lmrl[reasoning-gym]'") from None
     return reasoning_gym
-
-
-def _text(completion) -> str:
-    if isinstance(completion, str):
-        return completion
-    if isinstance(completion, list) and completion and isinstance(completion[-1], Mapping):
-        return str(completion[-1].get("content", ""))
-    raise TypeError(f"a completion must be a string or a list of messages, got {type(completion).__name__}")
 
 
 def _show(config: Mapping) -> str:

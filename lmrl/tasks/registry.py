@@ -173,6 +173,19 @@ def generators_for(use: str) -> tuple[str, ...]:
     return tuple(name for name, g in GENERATORS.items() if use in g.uses)
 
 
+def ensure_data(config, section: str) -> None:
+    """Writes a config section's files with its `generate` generator when either is missing: `task`
+    (train_file, test_file, from generate_from) for a task, `data` (train_file, eval_file; generate_train
+    and generate_test rows, generators given the whole config) for the offline trainers."""
+    if section == "task":
+        t = config.task
+        ensure_files(t.train_file, t.test_file, t.generate, key="task", source=t.generate_from)
+    else:
+        d = config.data
+        ensure_files(d.train_file, d.eval_file, d.generate, key="data", config=config, n_train=d.generate_train,
+                     n_test=d.generate_test)
+
+
 def ensure_files(train_file, test_file, generate: str, *, key: str, config=None, source: str = "",
                  n_train: int | None = None, n_test: int | None = None, seed: int = 0) -> None:
     """Writes `train_file` and `test_file` with generator `generate` when either is missing; `key` is

@@ -22,8 +22,8 @@ a completion that no function scores is an error. A bool, a string or a dict is 
 function, the index and the type. A function gets `reward.funcs_timeout_s` per batch: past it its
 rewards count as None for that batch (`RewardFunctions`).
 
-lmrl's older style, `f(prompts, completions, **columns)` called positionally with texts, still
-works where one function is handed over on its own (`reward_fn=`, `reward.cls`): such a function
+lmrl's positional style, `f(prompts, completions, **columns)` called positionally with texts, is
+taken where one function is handed over on its own (`reward_fn=`, `reward.cls`): such a function
 is recognised by its signature (see `called_positionally`)."""
 
 from __future__ import annotations
@@ -98,7 +98,7 @@ class RewardLog:
 
 
 def called_positionally(func) -> bool:
-    """Whether `func` is an lmrl reward function of the older style, called `f(prompts, completions,
+    """Whether `func` is an lmrl reward function of the positional style, called `f(prompts, completions,
     **columns)` positionally with texts: it takes *args, or two or more positional parameters of
     which the first is not `completions`, and names none of the keywords only TRL passes
     (`completion_ids`, `trainer_state`, `log_metric`, `log_extra`). Everything else
@@ -132,8 +132,8 @@ def function_name(func) -> str:
 
 class RewardFunctions:
     """Reward functions combined into one reward per completion, Σ_j w_j r_j over the functions that
-    scored it. `positional[j]` says how function j is called: positionally with texts (lmrl's older
-    style) or, False, with keywords as TRL calls it. Names are the functions' own, made unique.
+    scored it. `positional[j]` says how function j is called: True, positionally with texts
+    (`called_positionally`), or False, with keywords as TRL calls it. Names are the functions' own, made unique.
 
     As in TRL, plain functions are called one after another and async ones are then awaited side by
     side in one event loop. Each runs in a thread of its own for at most `timeout_s` seconds (0: no

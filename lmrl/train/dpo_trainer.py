@@ -15,17 +15,16 @@ logits/chosen, logits/rejected, entropy, mean_token_accuracy and num_tokens are 
 
 from __future__ import annotations
 
-import copy
 from pathlib import Path
 
 import torch
 
 from ..algos.preference_losses import dpo_loss
 from ..config import Config
-from ..models.reference import is_reference_view, reference_view
+from ..models.reference import build_reference, is_reference_view
 from ..tasks.text_batches import pair_logps
 from .offline import PairTrainer
-from .offline_setup import build_policy, export_policy
+from .offline_setup import export_policy
 
 
 class DPOTrainer(PairTrainer):
@@ -39,12 +38,8 @@ class DPOTrainer(PairTrainer):
         other keywords as `OfflineTrainer`'s (model, tokenizer, train_dataset, eval_dataset, callbacks)."""
         super().__init__(config, **kwargs)
         # the reference is the starting policy: a view with the adapter off, or a frozen copy made now
-        self.reference = reference if reference is not None else \
-            reference_view(self.model) or copy.deepcopy(self.model).eval().requires_grad_(False)
+        self.reference = reference if reference is not None else build_reference(self.model)
         self.reference.to(self.device)
-
-    def build_model(self):
-        return build_policy(self.config)
 
     def scorers(self) -> list:
         return [self.model, self.reference]
@@ -64,9 +59,6 @@ class DPOTrainer(PairTrainer):
 
     def export(self, out_dir: Path, model) -> Path:
         return export_policy(model, self.tokenizer, out_dir / "model")
-
-    def fresh_model(self):
-        return build_policy(self.config)[0]
 
     def frozen_modules(self) -> list:
         return [] if is_reference_view(self.reference) else [self.reference]

@@ -60,6 +60,7 @@ from ..common.schedules import make_scheduler
 from .. import checkpoint as ckpt
 from .callbacks import CallbackList
 from .run_dir import RunLog, prepare_run_dir, unlock_run_dir
+from .tracking import EvalTracker, lower_is_better
 from .weight_average import FILE as AVERAGE_FILE, NAME as AVERAGE, WeightAverage
 
 
@@ -84,11 +85,6 @@ class Stage:
     @property
     def last(self) -> int:
         return self.first + self.steps
-
-
-def lower_is_better(metric: str) -> bool:
-    """Metrics named like a loss are minimised; every other metric is maximised."""
-    return "loss" in metric
 
 
 def free_memory(device: torch.device) -> None:
@@ -163,8 +159,16 @@ class Trainer:
         self.generators = self.make_generators(self.stream_seed())
         stages = self.stages()
         self.state = {"step": 0, "stage": stages[0].name, "nonfinite_total": 0, "nonfinite_run": 0,
-                      "best": {"value": None, "step": 0}, "evals_without_gain": 0, "stopped_early": False,
-                      "history": [], "time": {**{s.clock: 0.0 for s in stages}, "eval": 0.0, "wall": 0.0}, **extra}
+                      **EvalTracker.initial_state(),
+                      "time": {**{s.clock: 0.0 for s in stages}, "eval": 0.0, "wall": 0.0}, **extra}
+
+    @property
+    def tracker(self) -> EvalTracker:
+        """`train.best_metric` over the evaluations (best model, early stopping), by the config's rules,
+        its record kept in the run's state (so checkpoints hold it and a resume continues it)."""
+        t = self.config.train
+        return EvalTracker(self.best_metric, min_delta=t.early_stop_threshold, patience=t.patience,
+                           stop_at=t.stopping_threshold, state=self.state)
 
     # -- what a trainer provides ---------------------------------------------------------------------
     def stages(self) -> list[Stage]:
@@ -190,7 +194,7 @@ class Trainer:
         return {}
 
     def summary_line(self, summary: dict) -> str:
-        best = self.state["best"]
+        best = self.tracker.best
         best_text = "" if best["value"] is None else f"best {self.best_metric} {best['value']:.4f} at step {best['step']} | "
         return f"{self.name} done: {best_text}{self.state['time']['wall']:.0f}s"
 
@@ -302,7 +306,7 @@ class Trainer:
         self.request_stop()
 
     def _running(self) -> bool:
-        return not (self._stop_requested or self.state["stopped_early"] or self.state.get("stopped_at_time_limit"))
+        return not (self._stop_requested or self.tracker.stopped or self.state.get("stopped_at_time_limit"))
 
     def _out_of_time(self) -> bool:
         """`train.time_limit_min` reached (wall time summed over sessions): training ends here."""
@@ -426,29 +430,20 @@ class Trainer:
             raise ValueError(f"train.best_metric={self.best_metric!r} is not an eval metric of this run "
                              f"(it reports {', '.join(sorted(metrics))})")
         value, step = metrics[self.best_metric], self.state["step"]
-        self.state["history"].append([step, value])
         self.state["last_eval"] = dict(metrics)
-        best = self.state["best"]["value"]
-        sign = -1.0 if lower_is_better(self.best_metric) else 1.0
-        if best is None or sign * (value - best) > self.config.train.early_stop_threshold:
-            self.state["best"] = {"value": value, "step": step, "accuracy": metrics.get("eval/accuracy")}
-            self.state["evals_without_gain"] = 0
+        verdict = self.tracker.observe(step, value, accuracy=metrics.get("eval/accuracy"))
+        if verdict.improved:
             weights = self._weights(self.model)
             if self.dist.is_main:
-                ckpt.save_weights(self.ckpt_dir / "best", weights, trainer_state={"step": step, self.best_metric: value})
-        else:
-            self.state["evals_without_gain"] += 1
-            patience = self.config.train.patience
-            if patience and self.state["evals_without_gain"] >= patience:
-                self.state["stopped_early"] = True
-                self.info(f"early stop at step {step}: {self.best_metric} has not improved on "
-                          f"{self.state['best']['value']:.4f} (step {self.state['best']['step']}) for {patience} "
-                          f"evaluations")
-        threshold = self.config.train.stopping_threshold
-        if threshold is not None and sign * (value - threshold) >= 0 and not self.state["stopped_early"]:
-            self.state["stopped_early"] = True
+                ckpt.save_weights(self.ckpt_dir / ckpt.BEST_DIR, weights,
+                                  trainer_state={"step": step, self.best_metric: value})
+        if verdict.stop == "patience":
+            best = self.tracker.best
+            self.info(f"early stop at step {step}: {self.best_metric} has not improved on {best['value']:.4f} "
+                      f"(step {best['step']}) for {self.tracker.patience} evaluations")
+        elif verdict.stop == "threshold":
             self.info(f"early stop at step {step}: {self.best_metric} is {value:.4f}, which reaches "
-                      f"train.stopping_threshold={threshold:g}")
+                      f"train.stopping_threshold={self.tracker.stop_at:g}")
         if self.scheduler is not None:
             self.scheduler.observe(value)  # schedule.name=plateau; a no-op for the others
         return metrics
@@ -468,11 +463,7 @@ class Trainer:
         if in_stage and self.average is not None:
             modules = {**modules, AVERAGE: self.average.state_dict()}
         if self.fsdp:  # whole tensors in place of the sharded modules and optimizer
-            from ..parallel.fsdp import full_optimizer_state
-
-            model = self._weights(model)
-            modules = {name: self._weights(m) for name, m in modules.items()} if modules else None
-            optimizer = full_optimizer_state(optimizer) if optimizer is not None else None
+            model, optimizer, modules = ckpt.whole_training_state(model, optimizer, modules)
         if not self.dist.is_main:
             return
         path = ckpt.save_checkpoint(self.ckpt_dir, self.state["step"], model=model, optimizer=optimizer,
@@ -484,11 +475,7 @@ class Trainer:
     def _weights(self, module: torch.nn.Module):
         """What a checkpoint writes for `module`: the module, or under FSDP its weights gathered whole
         (every rank takes part; rank 0 gets the tensors), a LoRA policy's as its PEFT adapter."""
-        if not self.fsdp:
-            return module
-        from ..parallel.fsdp import full_state_dict
-
-        return ckpt.gathered_weights(module, full_state_dict(module, ckpt.weights_to_save(module)))
+        return ckpt.whole_weights(module) if self.fsdp else module
 
     def _resume(self) -> Path | None:
         """With run.resume=auto, load the model's weights and the state from the newest checkpoint
@@ -511,7 +498,7 @@ class Trainer:
         path, self._resume_path = self._resume_path, None
         if path is None:
             return
-        in_stage = (path / ckpt.OPTIMIZER_FILE).exists()  # a boundary checkpoint holds no optimizer
+        in_stage = ckpt.holds_optimizer(path)  # a boundary checkpoint holds no optimizer
         ckpt.load_checkpoint(path, model=self.model, optimizer=self.optimizer if in_stage else None,
                              scheduler=self.scheduler if in_stage else None, generators=self.generators,
                              map_location=self.device, modules=self.checkpoint_modules() if in_stage else None)
@@ -534,13 +521,13 @@ class Trainer:
         if self.can_evaluate and not self._evaluated_now():  # e.g. stopped at the time limit between evaluations
             self.log_metrics(self.state["step"], self.run_evaluation(), stage=self.state["stage"])
         self._tick()
-        latest = ckpt.latest_checkpoint(self.ckpt_dir) if self.dist.is_main else None
-        if broadcast_object(latest is None or latest.name != f"step_{self.state['step']}"):  # rank 0 decides
+        saved = ckpt.is_latest(self.ckpt_dir, self.state["step"]) if self.dist.is_main else None
+        if broadcast_object(not saved):  # rank 0 decides
             self._write_checkpoint()
         barrier()
         exported = self._export_best() if self.exports else None
         summary = {**self.summary(), "exported": exported, "nonfinite_skipped": self.state["nonfinite_total"],
-                   "stopped_early": self.state["stopped_early"],
+                   "stopped_early": self.tracker.stopped,
                    "stopped_at_time_limit": bool(self.state.get("stopped_at_time_limit"))}
         if self.dist.is_main:
             tmp = self.run_dir / "summary.json.tmp"
@@ -552,9 +539,10 @@ class Trainer:
 
     def _export_best(self) -> str | None:
         """Exports the best model (the last one when nothing was evaluated) with `export`; returns where."""
-        best, step = self.state["best"], self.state["step"]
+        best, step = self.tracker.best, self.state["step"]
         from_best = best["value"] is not None and best["step"] != step
-        source = self.ckpt_dir / ("best" if from_best else f"step_{step}")  # a checkpoint dir: its weights file
+        # a checkpoint dir: its weights file
+        source = self.ckpt_dir / ckpt.BEST_DIR if from_best else ckpt.step_dir(self.ckpt_dir, step)
         self.state["exported_step"] = best["step"] if from_best else step
         out = None
         if self.fsdp:  # every rank takes its shard of the exported weights; rank 0 writes them from a fresh copy
@@ -575,8 +563,7 @@ class Trainer:
         return None if out is None else str(out)
 
     def _evaluated_now(self) -> bool:
-        history = self.state["history"]
-        return bool(history) and history[-1][0] == self.state["step"]
+        return self.tracker.evaluated_at(self.state["step"])
 
     def _tick(self) -> None:
         now = time.perf_counter()

@@ -7,9 +7,10 @@ model, early stopping, checkpoints, exact resume, export, summary.json).
 
 Rows come from `data.train_file` / `data.eval_file`, or from `train_dataset=` / `eval_dataset=`
 handed to the constructor (a `datasets.Dataset`, a list of dicts), in TRL's formats (see
-`lmrl.tasks.preference_data`). A subclass says what its model is and what a row and its loss
-are: `build_model() -> (model, tokenizer)`, `read(source) -> rows` (checked before any model
-loads), `encoder(rows, codec, max_length, counter) -> examples` (token ids and loss masks),
+`lmrl.tasks.preference_data`). The model is `build_run`'s for the trainer's run.trainer (see
+`lmrl.train.build`), unless one is handed in; a subclass says what a row and its loss are:
+`read(source) -> rows` (checked before any model loads),
+`encoder(rows, codec, max_length, counter) -> examples` (token ids and loss masks),
 `collate(examples) -> batch` and `compute_loss(batch) -> (loss, metrics)`; evaluation averages
 `compute_loss`'s metrics over the held-out rows.
 
@@ -27,32 +28,34 @@ from typing import Callable
 import torch
 
 from ..config import Config
+from ..config.schema import batch_split_problem
 from ..common.errors import ConfigError
 from ..tasks.preference_data import TruncationCounter, read_preference
+from ..tasks.registry import ensure_data
 from ..tasks.text_batches import (PairExample, TextCodec, encode_preferences, pair_batch, pair_length, pair_rows,
                                   takes_pair_rows)
+from .build import build_run, own_config
 from .lifecycle import Stage, Trainer
-from .offline_setup import ensure_data
 
 
 class OfflineTrainer(Trainer):
     """Subclasses set `name` (the metrics' prefix: sft, dpo, rm), `trainer_key` (its run.trainer
     value), `accuracy_key` (the training metric that evaluation also reports as eval/accuracy),
-    and implement `build_model`, `read`, `encoder`, `collate` and `compute_loss`."""
+    and implement `read`, `encoder`, `collate` and `compute_loss`. Each works on its own copy of the
+    config it is given (`own_config`)."""
 
     trainer_key = "sft"
     accuracy_key: str | None = None
 
     def __init__(self, config: Config, *, model=None, tokenizer=None, train_dataset=None, eval_dataset=None,
                  callbacks=None):
-        config.run.trainer = self.trainer_key
-        super().__init__(config, callbacks=callbacks)
+        super().__init__(own_config(config, self.trainer_key), callbacks=callbacks)  # the caller's is not changed
         cfg = self.config
         if train_dataset is None and cfg.data.train_file:
-            ensure_data(cfg)
-        if cfg.data.batch_size % (self.dist.world_size * cfg.train.ga_steps):
-            raise ValueError(f"data.batch_size={cfg.data.batch_size} must split evenly over {self.dist.world_size} "
-                             f"processes x train.ga_steps={cfg.train.ga_steps} micro-batches")
+            ensure_data(cfg, "data")
+        split = batch_split_problem(cfg, self.dist.world_size)
+        if split is not None:
+            raise ConfigError(split)
         train = train_dataset if train_dataset is not None else cfg.data.train_file
         if train is None:
             raise ConfigError(f"run.trainer={self.trainer_key} reads data.train_file (JSONL): set it (data.generate="
@@ -78,7 +81,13 @@ class OfflineTrainer(Trainer):
 
     # -- what a subclass provides ------------------------------------------------------------------
     def build_model(self) -> tuple[torch.nn.Module, object]:
-        raise NotImplementedError
+        """(model, tokenizer) from the config (`build_run`: an hf policy, the GPT over the data's
+        characters, or run.trainer=reward's reward model), on the CPU."""
+        parts = build_run(self.config)
+        return parts.model, parts.tokenizer
+
+    def fresh_model(self) -> torch.nn.Module:
+        return self.build_model()[0]
 
     def read(self, source) -> list:
         """The rows of `source` (a JSONL path, .jsonl / .jsonl.gz, or rows handed in: a datasets.Dataset,

@@ -1,25 +1,14 @@
-"""What the offline trainers build before training: their data files (written when `data.generate`
-asks and they are missing) and the policy with its tokenizer (an HF model, with LoRA when
-`lora.r > 0`, or the built-in GPT with a character tokenizer over the data's alphabet)."""
+"""What the offline trainers read and write around their policy: the characters of their data (the
+built-in GPT's alphabet, which `lmrl.train.build.build_run` makes its character tokenizer from) and
+the export of the trained policy. Their data files are written by `lmrl.tasks.registry.ensure_data`
+when `data.generate` asks."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
-from ..config import Config, ConfigError
-from ..models import build_model
-from ..models.gpt import CharTokenizer
 from ..tasks.preference_data import iter_rows
-from ..tasks.registry import ensure_files
-
-
-def ensure_data(cfg: Config) -> None:
-    """`data.generate` writes DIR/train.jsonl and DIR/test.jsonl when either is missing (see
-    `lmrl.tasks.registry.GENERATORS`; sql-demos plays the SQL agent's episodes in this config's `sql`)."""
-    d = cfg.data
-    ensure_files(d.train_file, d.eval_file, d.generate, key="data", config=cfg, n_train=d.generate_train,
-                 n_test=d.generate_test)
 
 
 def data_texts(path: str | None) -> str:
@@ -41,28 +30,6 @@ def data_texts(path: str | None) -> str:
     for _, row in iter_rows(path):
         walk(row)
     return "".join(out)
-
-
-def build_policy(cfg: Config, tokenizer_dir: Path | None = None):
-    """(policy, tokenizer). An hf policy comes from `model.path` (+ LoRA); the built-in GPT gets a
-    character tokenizer over the characters of data.train_file and data.eval_file (or the one saved
-    in `tokenizer_dir`, when resuming or evaluating a run)."""
-    import torch
-
-    torch.manual_seed(cfg.run.seed)  # the same initial weights (GPT, LoRA adapter) for a seed
-    if cfg.model.type == "hf":
-        policy = build_model(cfg.model, lora=cfg.lora)
-        return policy, policy.tokenizer
-    saved = tokenizer_dir / "tokenizer.json" if tokenizer_dir is not None else None
-    if saved is not None and saved.exists():
-        tokenizer = CharTokenizer.load(saved)
-    else:
-        chars = set(data_texts(cfg.data.train_file) + data_texts(cfg.data.eval_file))
-        tokenizer = CharTokenizer("".join(sorted(chars)) or " ")
-    if cfg.model.n_position < cfg.data.max_length:
-        raise ConfigError(f"data.max_length={cfg.data.max_length} is longer than model.n_position="
-                          f"{cfg.model.n_position}; raise model.n_position or lower data.max_length")
-    return build_model(cfg.model, tokenizer.vocab_size), tokenizer
 
 
 def export_policy(policy, tokenizer, out_dir: Path) -> Path:

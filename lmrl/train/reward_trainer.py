@@ -19,7 +19,6 @@ from pathlib import Path
 import torch
 
 from ..algos.preference_losses import bradley_terry_loss
-from ..models.reward_model import build_reward_model
 from ..tasks.text_batches import pair_scores
 from .offline import PairTrainer
 
@@ -53,13 +52,5 @@ class RewardTrainer(PairTrainer):
         return loss, {"rm/loss": loss.item(), **stats, "rm/chosen_mean": scores[:n].mean().item(),
                       "rm/rejected_mean": scores[n:].mean().item()}
 
-    def build_model(self):
-        m = self.config.model
-        torch.manual_seed(self.config.run.seed)  # the same score head (and adapter) for a seed
-        return build_reward_model(m.path, gguf_file=m.gguf_file, dtype=m.dtype, lora=self.config.lora)
-
     def export(self, out_dir: Path, model) -> Path:
         return model.save(out_dir / "reward_model")
-
-    def fresh_model(self):
-        return self.build_model()[0]

@@ -19,7 +19,7 @@ one update behind, `rollout/staleness` = 1).
 
 from __future__ import annotations
 
-import copy
+import functools
 import re
 import time
 from contextlib import nullcontext
@@ -27,27 +27,29 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 
 from ..algos import build_algorithm
 from ..algos.base import score_sequences
 from ..config import Config
+from ..config.schema import batch_split_problem
 from ..common.data import write_jsonl
 from ..common.errors import ConfigError
 from ..parallel.ddp import all_reduce_sum
-from ..models import build_model, disable_dropout
+from ..models import disable_dropout
 from ..models.heads import ActorCritic
-from ..models.reference import is_reference_view, reference_view
+from ..models.reference import build_reference, is_reference_view
 from ..engines.local import rollout_to
 from ..engines.registry import make_engine
 from ..generation.rollout import Rollout
-from ..tasks import build_task, task_spec
+from ..tasks import task_spec
 from ..tasks.prompt_task import PromptTask, prompt_rows
 from ..tasks.protocol import LabeledTask, ScoredByModel, Task
 from ..tasks.rewards import RewardFn, RewardLog, build_reward, fill_unscored, score_rollout
-from .. import checkpoint as ckpt
+from .build import build_run, build_worker_parts, own_config
 from .evaluate import evaluate
 from .lifecycle import Stage, Trainer, TrainingError
+from .replay import ReplayBuffer
+from .sft_trainer import sft_loss
 
 
 class RLTrainer(Trainer):
@@ -59,7 +61,7 @@ class RLTrainer(Trainer):
     reward_funcs, reward_weights: reward functions as TRL writes them, one or a list, called
         `f(prompts=, completions=, completion_ids=, trainer_state=, **columns)` and summed with these
         weights (None values left out; see `lmrl.tasks.rewards`); reward_fn: one function, either so
-        or lmrl's older `f(prompts, completions, **columns)`; default: `reward.funcs` / `reward.weights`,
+        or lmrl's positional `f(prompts, completions, **columns)`; default: `reward.funcs` / `reward.weights`,
         else `reward.cls`, else the task's own verifier.
     train_dataset, eval_dataset: prompts as TRL's GRPO takes them (a `datasets.Dataset` or a list of
         dicts with a text or conversational `prompt`, other columns passed to the reward functions), in
@@ -76,15 +78,19 @@ class RLTrainer(Trainer):
         `lmrl.train.callbacks`)."""
 
     name = "rl"
+    trainer_key = "rl"  # its run.trainer value
+    algorithm = ""  # the algorithm-named subclasses (GRPOTrainer, ...) set algo.name to theirs
 
     def __init__(self, config: Config, *, model=None, task: Task | None = None, reward_fn: RewardFn | None = None,
                  reward_funcs=None, reward_weights=None, train_dataset=None, eval_dataset=None, callbacks=None,
                  env_factory=None, tools=None, environment_factory=None):
-        if env_factory is not None and config.task.name != "env":
-            config = copy.deepcopy(config)
+        config = own_config(config, self.trainer_key)  # the caller's config is never changed
+        if self.algorithm:
+            config.algo.name = self.algorithm
+        if env_factory is not None:
             config.task.name = "env"
         if train_dataset is not None:
-            config = with_prompt_files(config, train_dataset, eval_dataset)
+            use_prompt_files(config, train_dataset, eval_dataset)
         elif eval_dataset is not None:
             raise ValueError("eval_dataset= needs train_dataset= (held-out prompts without training prompts)")
         if task is None:  # what the task needs, checked before any model loads
@@ -92,18 +98,12 @@ class RLTrainer(Trainer):
                               or environment_factory is not None)
         super().__init__(config, callbacks=callbacks)
         cfg = self.config
-        if model is None and cfg.model.type == "hf":
-            model = build_model(cfg.model, lora=cfg.lora)
-        self.task = task if task is not None else build_task(cfg, tokenizer=getattr(model, "tokenizer", None),
-                                                             device=self.device, env_factory=env_factory)
+        parts = build_run(cfg, device=self.device, model=model, task=task, env_factory=env_factory)
+        self.model, self.task = parts.model, parts.task
         if tools or environment_factory is not None:
             self.task, reward_funcs, reward_weights = with_tool_rewards(self.task, cfg, tools or [], environment_factory,
                                                                         reward_funcs, reward_weights)
         self.data_notes.extend(getattr(self.task, "notes", []))  # e.g. prompts cut to task.max_prompt_length
-        model = model if model is not None else build_model(cfg.model, self.task.tokenizer.vocab_size)
-        self.model = model.to(self.device)
-        if cfg.model.init_from:
-            ckpt.load_initial_weights(self.model, cfg.model.init_from, self.device)
         self.module, self.reference, self.algo = self.model, None, None  # RL may wrap the policy with a value function
         self.reward_fn = build_reward(cfg.reward, reward_fn=reward_fn, reward_funcs=reward_funcs,
                                       reward_weights=reward_weights)
@@ -150,12 +150,12 @@ class RLTrainer(Trainer):
             idx = torch.randint(len(rows), (batch,), generator=self.generators["data"])
             x = rows[idx].to(self.device)
             logits = self.train_model(x[:, :-1], logits_to_keep=n)[:, -n:]  # (B, N, V): answer positions only
-            loss = F.cross_entropy(logits.reshape(-1, logits.size(-1)).float(), x[:, -n:].reshape(-1))
+            loss, correct = sft_loss(logits, x[:, -n:])  # SFT's loss: every answer token is a response token
             loss.backward()
             lr = self.optimizer.param_groups[0]["lr"]
             metrics = {f"sft/{k}": v for k, v in self.optimizer_step(loss.detach()).items()}
             self.scheduler.step()
-            metrics.update({"sft/lr": lr, "sft/accuracy": (logits.argmax(-1) == x[:, -n:]).all(-1).float().mean().item()})
+            metrics.update({"sft/lr": lr, "sft/accuracy": correct.view(-1, n).all(-1).float().mean().item()})
             self.end_step(stage, metrics, time.perf_counter() - t0, tokens=x.numel())
 
         self.step_until_done(stage, step)
@@ -185,8 +185,10 @@ class RLTrainer(Trainer):
         if self.state["warmup_accuracy"] is None:  # no warm-up: the starting point is the initial model
             self.state["start_eval"] = self.run_evaluation()
             self.state["warmup_accuracy"] = self.state["start_eval"]["eval/accuracy"]
+        self.replay = ReplayBuffer(cfg.train.replay_size, cfg.train.replay_fraction, self.state.get("replay"))
         self.engine = make_engine(cfg, self.task, self.model, group_size=self.algo.group_size,
-                                  world_size=self.dist.world_size, info=self.info, ckpt_dir=self.ckpt_dir)
+                                  world_size=self.dist.world_size, info=self.info, ckpt_dir=self.ckpt_dir,
+                                  build_worker=functools.partial(build_worker_parts, cfg))
         self._pending = None
         try:
             self.step_until_done(stage, self.rl_step)
@@ -195,35 +197,23 @@ class RLTrainer(Trainer):
 
     def draw_prompts(self, n: int) -> torch.Tensor:
         """`n` training problems for the next batch: `train.replay_fraction` of them drawn (with
-        repeats) from the recently failed ones in `state["replay"]`, the rest uniformly."""
-        failed = self.state.get("replay") or []
-        k = min(int(n * self.config.train.replay_fraction), len(failed))
-        ids = self.task.sample_train_ids(n - k, self.generators["data"])
-        if k:
-            pick = torch.randint(len(failed), (k,), generator=self.generators["data"])
-            ids = torch.cat([ids, torch.tensor(failed, dtype=ids.dtype)[pick]])
-        return ids
-
-    def remember_failures(self, ids: torch.Tensor, exact: torch.Tensor) -> None:
-        """Adds the problems of this batch that some completion got wrong (each once, in batch order)
-        to `state["replay"]`, which keeps the last `train.replay_size` (saved with the trainer state)."""
-        failed = dict.fromkeys(ids[~exact.bool().cpu()].tolist())
-        self.state["replay"] = ((self.state.get("replay") or []) + list(failed))[-self.config.train.replay_size:]
+        repeats) from the recently failed ones (`self.replay`), the rest uniformly."""
+        return self.replay.draw(n, self.task.sample_train_ids, self.generators["data"])
 
     def build_rl_modules(self) -> None:
         """The algorithm, and what it needs besides the policy: a frozen reference (KL > 0) and a
         value function (PPO), both starting from the policy as RL starts."""
         cfg = self.config
-        if cfg.train.rollout_size % (self.dist.world_size * cfg.algo.group_size):
-            raise ValueError(f"train.rollout_size={cfg.train.rollout_size} must split into whole groups of "
-                             f"algo.group_size={cfg.algo.group_size} on each of {self.dist.world_size} processes")
+        split = batch_split_problem(cfg, self.dist.world_size)
+        if split is not None:
+            raise ConfigError(split)
         self.algo = build_algorithm(cfg.algo, temperature=cfg.train.temperature, ga_steps=cfg.train.ga_steps,
                                     max_new_tokens=self.task.max_new_tokens)
         self.algo.load_state_dict(self.state.get("algo") or {})
         self.reference = None
         if self.algo.needs_reference:
             # With LoRA the reference is the base model: the policy with its adapter switched off.
-            self.reference = reference_view(self.model) or copy.deepcopy(self.model).eval().requires_grad_(False)
+            self.reference = build_reference(self.model)
         self.module = ActorCritic(self.model, cfg.algo.value_model) if self.algo.uses_values else self.model
         if (self.algo.uses_values and cfg.algo.value_model == "separate" and isinstance(self.task, ScoredByModel)
                 and self.task.reward_model is not None and not self.state["step"]):
@@ -245,7 +235,8 @@ class RLTrainer(Trainer):
         rewards, exact, extras = score_rollout(self.task, ids, ro, self.reward_fn, step=state["step"],
                                                max_steps=stage.last, epoch=self.prompt_epochs(), log=reward_log)
         if cfg.train.replay_fraction:
-            self.remember_failures(ids, exact)
+            self.replay.add(ids, exact)
+            state["replay"] = self.replay.ids  # in the trainer state: a resume continues the buffer
         self.callbacks.rollout_end(self, state["step"] + 1, ids, ro, rewards)
         metrics = rollout_metrics(ro, rewards, exact, extras, self.device, group_size=self.algo.group_size,
                                   scale_rewards=cfg.algo.scale_rewards, logged=reward_log.metrics,
@@ -385,21 +376,20 @@ def with_tool_rewards(task, config: Config, tools: list, environment_factory, re
     return task, reward_funcs, reward_weights
 
 
-def with_prompt_files(config: Config, train_dataset, eval_dataset=None) -> Config:
-    """A copy of `config` whose text task reads `train_dataset` (and `eval_dataset`, else the first
-    `eval.size` training prompts) from `<run dir>/data/{train,eval}.jsonl`, written here."""
+def use_prompt_files(config: Config, train_dataset, eval_dataset=None) -> None:
+    """Points `config`'s text task (a trainer's own copy: see `own_config`) at `train_dataset` (and
+    `eval_dataset`, else the first `eval.size` training prompts), written here to
+    `<run dir>/data/{train,eval}.jsonl`."""
     if not task_spec(config.task.name).reads_files:
         raise ConfigError(f"train_dataset= is for a task that reads prompts (task.name=math or prompts); task.name="
                           f"{config.task.name} makes its own problems")
     train = prompt_rows(train_dataset)
     held_out = prompt_rows(eval_dataset) if eval_dataset is not None else train[: config.eval.size]
-    config = copy.deepcopy(config)
     data = config.run_dir / "data"
     data.mkdir(parents=True, exist_ok=True)
     config.task.train_file = str(write_jsonl(data / "train.jsonl", train))
     config.task.test_file = str(write_jsonl(data / "eval.jsonl", held_out))
     config.task.generate = ""
-    return config
 
 
 # TRL's names for numbers lmrl logs under its own; both are logged (lmrl's are what its tests,

@@ -21,7 +21,25 @@ import torch.nn.functional as F
 from ..tasks.preference_data import read_sft
 from ..tasks.text_batches import encode_sft, pad_sequences, response_logps
 from .offline import OfflineTrainer
-from .offline_setup import build_policy, export_policy
+from .offline_setup import export_policy
+
+
+def sft_loss(logits: torch.Tensor, targets: torch.Tensor,
+             mask: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """SFT's loss, which RL's supervised warm-up trains with too: (the mean cross-entropy, in float32,
+    over the response tokens `mask` marks, every position when it is None; whether the argmax is
+    the target at each of those tokens, flat in row order). logits (B, K, V); targets, mask (B, K).
+    With no response token the loss is 0, still attached to the graph."""
+    if mask is None:
+        picked, wanted = logits.reshape(-1, logits.size(-1)), targets.reshape(-1)
+    else:
+        mask = mask.bool()
+        picked, wanted = logits[mask], targets[mask]
+    picked = picked.float()
+    loss = F.cross_entropy(picked, wanted) if picked.numel() else logits.sum() * 0.0
+    with torch.no_grad():
+        correct = picked.argmax(-1) == wanted
+    return loss, correct
 
 
 class SFTTrainer(OfflineTrainer):
@@ -32,9 +50,6 @@ class SFTTrainer(OfflineTrainer):
 
     encoder = staticmethod(encode_sft)
 
-    def build_model(self):
-        return build_policy(self.config)
-
     def read(self, source) -> list:
         return read_sft(source)
 
@@ -44,15 +59,9 @@ class SFTTrainer(OfflineTrainer):
     def compute_loss(self, batch) -> tuple[torch.Tensor, dict]:
         ids, attention, loss_mask = batch
         _, logits, targets, mask = response_logps(self.model, ids, attention, loss_mask, call=self._call())
-        mask = mask.bool()
-        picked = logits[mask].float()  # (N, V): the response positions only
-        loss = F.cross_entropy(picked, targets[mask]) if picked.numel() else logits.sum() * 0.0
-        with torch.no_grad():
-            acc = (picked.argmax(-1) == targets[mask]).float().mean().item() if picked.numel() else 0.0
+        loss, correct = sft_loss(logits, targets, mask)
+        acc = correct.float().mean().item() if correct.numel() else 0.0
         return loss, {"sft/loss": loss.item(), "sft/token_accuracy": acc}
 
     def export(self, out_dir: Path, model) -> Path:
         return export_policy(model, self.tokenizer, out_dir / "model")
-
-    def fresh_model(self):
-        return build_policy(self.config)[0]

@@ -8,8 +8,6 @@ is refused with the key named); every other `algo.*` option is taken from the co
 
 from __future__ import annotations
 
-import copy
-
 from ..config import Config, validate
 from .dpo_trainer import DPOTrainer
 from .reward_trainer import RewardTrainer
@@ -18,14 +16,8 @@ from .sft_trainer import SFTTrainer
 
 
 class AlgorithmTrainer(RLTrainer):
-    """`RLTrainer` with `algo.name` set to the class's `algorithm` (the caller's config is not changed)."""
-
-    algorithm = ""
-
-    def __init__(self, config: Config, **kwargs):
-        config = copy.deepcopy(config)
-        config.algo.name = self.algorithm
-        super().__init__(config, **kwargs)
+    """`RLTrainer` with `algo.name` set to the class's `algorithm` (on the trainer's own copy of the
+    config: the caller's is not changed)."""
 
 
 class ReinforceTrainer(AlgorithmTrainer):
@@ -44,7 +36,8 @@ class PPOTrainer(AlgorithmTrainer):
     algorithm = "ppo"
 
 
-TRAINERS = {"rl": RLTrainer, "sft": SFTTrainer, "dpo": DPOTrainer, "reward": RewardTrainer}  # run.trainer's values
+# run.trainer's values (declared in lmrl.config.schema.TRAINERS), each the trainer class that names it
+TRAINERS = {cls.trainer_key: cls for cls in (RLTrainer, SFTTrainer, DPOTrainer, RewardTrainer)}
 
 
 def build_trainer(config: Config, **kwargs):

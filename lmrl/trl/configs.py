@@ -321,7 +321,6 @@ class RewardConfig(_OfflineArgs, trl.RewardConfig):
     kind, trainer = "reward", "reward"
 
 
-CONFIGS = {"grpo": GRPOConfig, "dpo": DPOConfig, "sft": SFTConfig, "reward": RewardConfig}
 # the carried fields the translation above reads (tests/test_trl_fields.py checks the table against it)
 TRANSLATED = {
     "common": {"output_dir", "per_device_train_batch_size", "gradient_accumulation_steps", "num_train_epochs",

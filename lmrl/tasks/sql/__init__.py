@@ -33,9 +33,8 @@ def _sql_task(config, *, tokenizer, **_):
 
     if tokenizer is None:
         raise ConfigError("env.id=sql needs a Hugging Face policy's tokenizer (model.type=hf)")
-    e, o, t = config.env, config.sql, config.task
-    return SQLAgentTask(tokenizer, o, n_train=o.train_tasks, heldout_per_skill=o.heldout_per_skill,
-                        skills=tuple(o.skills) or SKILLS, train_file=t.train_file, test_file=t.test_file,
+    e, t = config.env, config.task
+    return SQLAgentTask(tokenizer, config.sql, train_file=t.train_file, test_file=t.test_file,
                         max_new_tokens=t.max_new_tokens, max_context=e.max_context, max_turns=e.max_turns,
                         step_timeout_s=e.step_timeout_s or None, workers=e.workers)
 
@@ -47,7 +46,7 @@ def _sql_env(config, **_):
     from .agent_task import SQLEpisodes, sql_tasks
 
     o = config.sql if config is not None else SQLEnvConfig()
-    train, heldout = sql_tasks(o.train_tasks, o.heldout_per_skill, tuple(o.skills) or SKILLS)
+    train, heldout = sql_tasks(o)
     return lambda: SQLEpisodes(o, train, heldout)
 
 
@@ -81,4 +80,4 @@ def _sql_demos(out_dir, n_train, n_test, *, seed=0, config=None, **_):
 
     options = config.sql if config is not None else SQLEnvConfig()
     seed = config.run.seed if config is not None else seed
-    return write_demo_splits(out_dir, n_train, n_test, options, seed=seed, skills=tuple(options.skills) or SKILLS)
+    return write_demo_splits(out_dir, n_train, n_test, options, seed=seed, skills=options.skill_names())

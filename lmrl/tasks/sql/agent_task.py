@@ -1,18 +1,19 @@
 """The SQL agent as a trainer task: episodes against `SQLEnv`, played by a Hugging Face policy.
 
-    task = SQLAgentTask(tokenizer, SQLEnvConfig(max_rounds=5), n_train=2000, heldout_per_skill=10)
+    task = SQLAgentTask(tokenizer, SQLEnvConfig(max_rounds=5, train_tasks=2000, heldout_per_skill=10))
     ro = task.rollout(policy, task.sample_train_ids(8, gen), temperature=1.0)   # an AgentRollout
     rewards, correct, extras = task.score_rollout(ids, ro)
 
 It speaks the trainer's task protocol (see `lmrl.tasks.math_task`): problem ids number the training
 tasks 0..T-1 and the held-out ones T..T+H-1, `rollout` plays one episode per id (all of a step's
 episodes batched turn by turn, see `lmrl.generation.agent`), and the reward is the episode's return
-(correct +1, wrong -0.1, timeout -0.3, minus any invalid-action penalties). Accuracy is the
-success rate.
+(the config's `reward_correct`, `reward_wrong` or `reward_timeout`, minus any invalid-action
+penalties). Accuracy is the success rate.
 
-Tasks come from the procedural generator (every skill, drawn uniformly; held-out: the same number
-of each skill) or from DBBench-format JSONL files (`train_file`, `test_file`). Procedural train
-and held-out tasks never share a task (the split is a function of the task's content).
+Tasks come from the procedural generator (the config's `train_tasks` of its `skills`, drawn
+uniformly; held-out: `heldout_per_skill` of each skill) or from DBBench-format JSONL files
+(`train_file`, `test_file`). Procedural train and held-out tasks never share a task (the split is a
+function of the task's content).
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import torch
 
 from ..env_task import HELDOUT_SEED, EnvTask
 from .env import SQLEnv, SQLEnvConfig
-from .procedural import SKILLS, ProceduralSQLTasks
+from .procedural import ProceduralSQLTasks
 from .protocol import example_turns, system_prompt
 from .tasks import SQLTask, load_dbbench
 
@@ -34,15 +35,17 @@ def episode_preamble(env_config: SQLEnvConfig, one_shot: bool = True) -> list[di
     return [{"role": "system", "content": system_prompt(env_config.max_rounds)}] + example
 
 
-def sql_tasks(n_train: int, heldout_per_skill: int, skills=SKILLS, *, seed: int = 0, train_file: str | None = None,
+def sql_tasks(options: SQLEnvConfig, *, n_train: int | None = None, seed: int = 0, train_file: str | None = None,
               test_file: str | None = None) -> tuple[list[SQLTask], list[SQLTask]]:
-    """(training tasks, held-out tasks): procedural ones (held out: the same number of every skill),
-    or DBBench records from the files given."""
+    """(training tasks, held-out tasks): procedural ones of `options.skill_names()` (`options.train_tasks`, or
+    `n_train`; held out: `options.heldout_per_skill` of every skill), or DBBench records from the files given."""
+    skills = options.skill_names()
+    n_train = options.train_tasks if n_train is None else n_train
     train = load_dbbench(train_file) if train_file else ProceduralSQLTasks(seed, "train", skills=skills).take(n_train)
     if test_file:
         return train, load_dbbench(test_file)
-    return train, [t for i, skill in enumerate(skills)
-                   for t in ProceduralSQLTasks(seed + 1000 + i, "heldout", skills=(skill,)).take(heldout_per_skill)]
+    return train, [t for i, skill in enumerate(skills) for t in
+                   ProceduralSQLTasks(seed + 1000 + i, "heldout", skills=(skill,)).take(options.heldout_per_skill)]
 
 
 class SQLEpisodes:
@@ -79,13 +82,16 @@ def _with_metrics(info: dict) -> dict:
 
 
 class SQLAgentTask(EnvTask):
-    def __init__(self, tokenizer, env_config: SQLEnvConfig | None = None, *, n_train: int = 2000,
-                 heldout_per_skill: int = 10, skills=SKILLS, seed: int = 0, train_file: str | None = None,
-                 test_file: str | None = None, max_new_tokens: int = 128, max_context: int = 2048,
+    """The SQL agent on the tasks `sql_tasks` draws from `env_config` (`n_train` overrides its
+    `train_tasks`) or reads from DBBench files."""
+
+    def __init__(self, tokenizer, env_config: SQLEnvConfig | None = None, *, n_train: int | None = None,
+                 seed: int = 0, train_file: str | None = None, test_file: str | None = None,
+                 max_new_tokens: int = 128, max_context: int = 2048,
                  one_shot: bool = True, max_turns: int | None = None, step_timeout_s: float | None = None,
                  workers: int = 8):
         self.env_config = env_config or SQLEnvConfig()
-        train, heldout = sql_tasks(n_train, heldout_per_skill, skills, seed=seed, train_file=train_file,
+        train, heldout = sql_tasks(self.env_config, n_train=n_train, seed=seed, train_file=train_file,
                                    test_file=test_file)
         self.tasks: list[SQLTask] = train + heldout
         rounds = self.env_config.max_rounds if max_turns is None else min(max_turns, self.env_config.max_rounds)

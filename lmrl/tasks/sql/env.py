@@ -30,8 +30,6 @@ from .protocol import parse_action, render_task, system_prompt
 from .sandbox import InProcessSandbox, Sandbox, SandboxLimits
 from .tasks import SQLTask
 
-OUTCOMES = ("correct", "wrong", "timeout")
-
 
 @dataclass
 class SQLEnvConfig(Section):
@@ -61,6 +59,10 @@ class SQLEnvConfig(Section):
         problems = self.problems("sql")
         if problems:
             raise ValueError(problems[0])
+
+    def skill_names(self) -> tuple[str, ...]:
+        """The procedural skills tasks are drawn from: `skills`, or every skill when it is empty."""
+        return tuple(self.skills) or SKILLS
 
     def limits(self) -> SandboxLimits:
         return SandboxLimits(max_rows=self.max_rows, max_chars=self.max_chars, query_timeout_s=self.query_timeout_s)
