@@ -7,9 +7,10 @@ from pathlib import Path
 import pytest
 
 EXAMPLES = sorted((Path(__file__).parent.parent / "examples").glob("*.py"))
-# SmolLM2 from its GGUF file: a minute or more each on a 2-core CPU
+# SmolLM2 from its GGUF file: a minute or more each on a 2-core CPU; the built-in GPT's own-reward and
+# GRPO examples half a minute each (train_adder.py, the main job's API, stays in the fast set)
 SLOW = {"rlhf_smollm2.py", "trl_grpo.py", "trl_dpo.py", "sql_agent_own_loop.py", "train_math_lora.py",
-        "own_environment.py", "trl_tools.py"}
+        "own_environment.py", "trl_tools.py", "train_grpo.py", "custom_reward.py"}
 
 
 @pytest.mark.parametrize("script", [pytest.param(p, marks=pytest.mark.slow) if p.name in SLOW else p

@@ -24,6 +24,7 @@ def dry_run(tmp_path: Path, *args: str, timeout: float = 600) -> tuple[subproces
     return proc, found
 
 
+@pytest.mark.slow  # half a minute: three stages in child processes
 def test_the_dry_runs_driver_model_and_torchrun_stages_run_and_report(tmp_path):
     proc, found = dry_run(tmp_path, "--stages", "env,install,ddp")
     assert proc.returncode == 0, proc.stdout + proc.stderr

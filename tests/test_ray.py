@@ -7,6 +7,7 @@ without a reachable cluster. One local Ray of 4 CPUs serves the whole module."""
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import sys
 import time
@@ -17,12 +18,13 @@ import torch
 
 from lmrl.cli import main
 from lmrl.config import ConfigError
-from lmrl.engines.ray_engine import build_policy, concat_rollouts, group_shards, start_worker
+from lmrl.engines.ray_engine import concat_rollouts, group_shards, start_worker
 from lmrl.parallel.ray_cluster import RayMissing, require_ray
 from lmrl.generation.agent import AgentRollout
 from lmrl.engines.local import trainable_state
 from lmrl.generation.rollout import Rollout
 from lmrl import checkpoint as ckpt
+from lmrl.train.build import build_worker_parts
 from lmrl.train.rl_trainer import RLTrainer, TrainingError
 from tests.test_hf_training import _config as hf_config, tiny_hf  # noqa: F401  (tiny_hf: a fixture)
 
@@ -48,12 +50,13 @@ def _same_rollout(a: Rollout, b: Rollout):
 
 def _worker_matches_local(cfg, ids, seed):
     """A worker given the local policy's weights samples exactly what the local policy samples."""
-    task, model = build_policy(cfg, "cpu")
+    parts = build_worker_parts(cfg, "cpu")
+    task, model = parts.task, parts.model
     with torch.no_grad():  # weights the worker can only have from load_weights, not from the same init
         for p in model.parameters():
             if p.requires_grad:
                 p.add_(0.05 * torch.randn(p.shape, generator=torch.Generator().manual_seed(p.numel())))
-    worker = start_worker(cfg)
+    worker = start_worker(cfg, functools.partial(build_worker_parts, cfg))
     try:
         ray.get(worker.load_weights.remote(trainable_state(model), 1))
         remote = ray.get(worker.rollout.remote(ids, seed, 1.0, 0, 1.0))
@@ -117,6 +120,7 @@ def test_a_workers_rollout_equals_the_local_policys_with_the_same_weights_and_se
     _worker_matches_local(cfg, torch.arange(10, 22), seed=123)
 
 
+@pytest.mark.slow  # the in-process comparison below checks the same weights through training
 def test_workers_hold_the_learners_weights_at_every_rollout(ray_cluster, tiny_config):
     seen = {}
 
@@ -190,6 +194,7 @@ def test_a_killed_worker_is_replaced_and_the_run_finishes(ray_cluster, tiny_conf
     assert "rollout worker 0 failed" in (tmp_path / "run" / "train.log").read_text()
 
 
+@pytest.mark.slow  # waits out a worker's timeout; the killed-worker test covers replacement in the fast set
 def test_a_stuck_worker_times_out_and_is_replaced(ray_cluster, tiny_config, tmp_path):
     stall_s = 300  # far longer than the step takes once the worker is replaced, even on a loaded machine
 
@@ -215,7 +220,7 @@ def test_a_killed_worker_without_restarts_stops_the_run_with_its_checkpoint_inta
         RLTrainer(cfg, callbacks=[KillWorker(at=4 + 2)]).train()
     latest = ckpt.latest_checkpoint(tmp_path / "run" / "checkpoints")
     assert latest.name == "step_6"
-    _, model = build_policy(cfg, "cpu")
+    model = build_worker_parts(cfg, "cpu").model
     assert ckpt.load_checkpoint(latest, model=model, restore_rng=False)["step"] == 6
 
 

@@ -51,10 +51,11 @@ PPO = ["algo.name=ppo", "algo.value_model=separate", "algo.kl_coef=0.1", "algo.k
 @pytest.mark.parametrize("kill_at, resumes_from, algo", [
     (3, "step_2", []),  # in the warm-up
     (9, "step_8", []),  # in RL
-    (9, "step_8", GRPO_KL),  # with a reference model and minibatch shuffling
+    pytest.param(9, "step_8", GRPO_KL, marks=pytest.mark.slow),  # with a reference model and minibatch shuffling
     (9, "step_8", PPO),  # with a value model, a reference and an adaptive KL coefficient
-    (9, "step_8", ["train.ema_decay=0.5"]),  # evaluating an average of the weights
-    (9, "step_8", ["train.replay_fraction=0.5", "train.replay_size=8"]),  # replaying failed prompts
+    pytest.param(9, "step_8", ["train.ema_decay=0.5"], marks=pytest.mark.slow),  # evaluating an average of the weights
+    # replaying failed prompts
+    pytest.param(9, "step_8", ["train.replay_fraction=0.5", "train.replay_size=8"], marks=pytest.mark.slow),
 ], ids=["warmup", "reinforce", "grpo-kl", "ppo", "reinforce-ema", "reinforce-replay"])
 def test_a_run_killed_with_sigkill_resumes_exactly(tmp_path, kill_at, resumes_from, algo):
     args = TINY + ["train.steps=8"] + algo
