@@ -99,7 +99,7 @@ def test_trls_dpo_and_reward_scripts_train_on_preference_pairs(model_dir, tmp_pa
 
 class Recorder(TrainerCallback):
     def __init__(self):
-        self.events, self.steps, self.logs = [], [], []
+        self.events, self.steps, self.logs, self.order = [], [], [], []
 
     def on_init_end(self, args, state, control, **kw):
         self.events.append("init_end")
@@ -109,6 +109,10 @@ class Recorder(TrainerCallback):
 
     def on_step_end(self, args, state, control, **kw):
         self.steps.append(state.global_step)
+        self.order.append(f"step_end@{state.global_step}")
+
+    def on_evaluate(self, args, state, control, **kw):
+        self.order.append(f"evaluate@{state.global_step}")
 
     def on_log(self, args, state, control, logs=None, **kw):
         self.logs.append(dict(logs))
@@ -134,9 +138,13 @@ def test_callbacks_state_and_train_output_are_transformers(model_dir, tmp_path):
     recorder = Recorder()
     trainer = GRPOTrainer(model=str(model_dir), reward_funcs=reward_len, args=grpo_args(tmp_path / "run"),
                           train_dataset=PROMPTS, callbacks=[recorder])
+    evaluate = trainer.inner.evaluate
+    trainer.inner.evaluate = lambda: recorder.order.append("evaluation runs") or evaluate()
     output = trainer.train()
     assert recorder.events == ["init_end", "train_begin", "save@2", "save@3", "train_end"]
     assert recorder.steps == [1, 2, 3]
+    # transformers' order: on_step_end right after the update, then the step's evaluation and on_evaluate
+    assert recorder.order[-3:] == ["step_end@3", "evaluation runs", "evaluate@3"]
     state = trainer.state
     assert (state.global_step, state.max_steps, output.global_step) == (3, 3, 3)
     steps = [e for e in state.log_history if "loss" in e]

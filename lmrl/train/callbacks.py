@@ -10,8 +10,10 @@
 Hooks (all optional; the base class's do nothing):
 - `on_episode_end(trainer, episode)`: once per sampled completion / multi-turn episode, on every
   process, after scoring and before the update. `episode` is an `Episode`.
-- `on_step_end(trainer, step, metrics)`: after each optimizer step (warm-up and RL), with the
-  step's metrics (process 0 has every metric; others the same keys).
+- `on_update_end(trainer, step)`: right after each optimizer step (warm-up and RL), before that
+  step's evaluation, logging and checkpoint (transformers' `on_step_end` point).
+- `on_step_end(trainer, step, metrics)`: after each step's evaluation (when one is due) and logging,
+  with the step's metrics (process 0 has every metric; others the same keys).
 - `on_checkpoint(trainer, path)`: on process 0, after a checkpoint directory is complete.
 
 A hook that raises stops the run like any other error; checkpoints already written stay intact.
@@ -41,6 +43,7 @@ class Episode:
 
 class Callback:
     def on_episode_end(self, trainer, episode: Episode) -> None: ...
+    def on_update_end(self, trainer, step: int) -> None: ...
     def on_step_end(self, trainer, step: int, metrics: dict) -> None: ...
     def on_checkpoint(self, trainer, path: Path) -> None: ...
 
@@ -48,11 +51,13 @@ class Callback:
 class CallbackList:
     """Dispatches each hook to every callback that overrides it."""
 
+    HOOKS = ("on_episode_end", "on_update_end", "on_step_end", "on_checkpoint")
+
     def __init__(self, callbacks=None):
         self.callbacks = list(callbacks or [])
         for cb in self.callbacks:
-            if not any(callable(getattr(cb, name, None)) for name in ("on_episode_end", "on_step_end", "on_checkpoint")):
-                raise TypeError(f"callback {cb!r} has none of on_episode_end, on_step_end, on_checkpoint")
+            if not any(callable(getattr(cb, name, None)) for name in self.HOOKS):
+                raise TypeError(f"callback {cb!r} has none of {', '.join(self.HOOKS)}")
 
     def _with(self, name: str) -> list:
         return [cb for cb in self.callbacks if getattr(type(cb), name, None) is not getattr(Callback, name)
@@ -73,6 +78,10 @@ class CallbackList:
                               transcripts[i], dict(infos[i]))
             for cb in listeners:
                 cb.on_episode_end(trainer, episode)
+
+    def update_end(self, trainer, step: int) -> None:
+        for cb in self._with("on_update_end"):
+            cb.on_update_end(trainer, step)
 
     def step_end(self, trainer, step: int, metrics: dict) -> None:
         for cb in self._with("on_step_end"):

@@ -397,6 +397,7 @@ class Trainer:
             metrics["perf/tokens_per_s"] = tokens * self.dist.world_size / max(seconds, 1e-9)
         stage_step = step - stage.first
         last = step == stage.last
+        self.callbacks.update_end(self, step)
         if self.can_evaluate and (last or (stage.eval_every and stage_step % stage.eval_every == 0)):
             metrics.update(self.run_evaluation())
             self.stage_evaluated(stage, metrics)

@@ -80,6 +80,9 @@ class _Bridge(Callback):
     def __init__(self, outer):
         self.outer = outer
 
+    def on_update_end(self, trainer, step) -> None:
+        self.outer._update_end(step)
+
     def on_step_end(self, trainer, step, metrics) -> None:
         self.outer._step_end(step, metrics)
 
@@ -224,10 +227,14 @@ class _TRLTrainer:
             getattr(cb, name)(self.args, self.state, self.control, model=self.model,
                               processing_class=self.processing_class, **kwargs)
 
-    def _step_end(self, step: int, metrics: dict) -> None:
+    def _update_end(self, step: int) -> None:
+        """transformers' `on_step_end`: after the optimizer step, before its evaluation and logs."""
         self.state.global_step = step
         self.state.epoch = step / max(self._steps_per_epoch(), 1e-9)
         self._event("on_step_end")
+
+    def _step_end(self, step: int, metrics: dict) -> None:
+        """The step's logs and evaluation as TRL reports them, then what the callbacks asked for."""
         every = self.inner.config.train.log_every
         evaluated = any(k.startswith("eval/") for k in metrics)
         if step % every == 0 or step == 1 or step == self.state.max_steps or evaluated:
