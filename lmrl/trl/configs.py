@@ -178,7 +178,7 @@ class _LmrlArgs:
         raise ConfigError(f"{what}_strategy={strategy!r}: lmrl takes steps, epoch or no")
 
     def _best_metric(self) -> str:
-        from ..train.lifecycle import lower_is_better
+        from ..train.tracking import lower_is_better
 
         metric = self.metric_for_best_model.removeprefix("eval_").removeprefix("eval/")
         metric = f"eval/{metric}"
