@@ -105,9 +105,9 @@ def drive(names: list[str], caps: dict, out: Path, work: Path, cpu: bool, budget
         log.write(f"gpu_check {'--cpu ' if cpu else ''}work dir {work}\n")
         for name in names:
             limit = min(caps[name], deadline - time.monotonic())
-            if limit < 5:
-                results[name] = {"ok": False, "seconds": 0.0, "error": f"not run: the run's budget of {budget_s:g}s "
-                                                                       f"was spent"}
+            if limit < max(5.0, caps[name] / 4):  # a stage cut to a stub of its time would only report a timeout
+                results[name] = {"ok": False, "seconds": 0.0, "error": f"not run: {max(limit, 0):.0f}s left of the "
+                                                                       f"run's budget of {budget_s:g}s"}
                 continue
             results[name] = run_stage(name, limit, work, cpu, log, env)
             json_path.write_text(json.dumps(results, indent=2) + "\n")  # what is done so far, if the run is killed
@@ -365,14 +365,30 @@ def grpo_run(key: str, work: Path, cpu: bool) -> dict:
              "update_s_median": median(r["time/update_s"] for r in later),
              "update_fraction": median(r.get("train/update_fraction", 1.0) for r in later)}
     found.update(peak_memory(cpu))
+    found.update(planned(cfg, found, cpu))
     found.update(rollout_speed(trainer, cfg, batch=cfg.train.rollout_size, cpu=cpu))
+    return found
+
+
+def planned(cfg, measured: dict, cpu: bool) -> dict:
+    """`lmrl plan`'s figures for the run just measured: its peak without the process's own runtime
+    (what torch's allocator counts, as `peak_gpu_allocated_gib` does), its error against that peak,
+    and its step-time estimate."""
+    from lmrl.train.plan import plan
+
+    p = plan(cfg)
+    peak = (p.peak_bytes - sum(v for k, v in p.held.items() if k.startswith("runtime"))) / 2**30
+    found = {"plan_peak_gib": round(peak, 2), "plan_step_s": round(p.step_seconds["step"], 3)}
+    if not cpu and measured.get("peak_gpu_allocated_gib"):
+        found["plan_peak_error"] = round(peak / measured["peak_gpu_allocated_gib"] - 1, 3)
     return found
 
 
 def rollout_speed(trainer, cfg, *, batch: int, cpu: bool) -> dict:
     """Tokens/s of the sampling loop against `model.generate(do_sample=True)` on the same `batch` prompts
     (GRPO groups: batch / group_size prompts, each repeated), `task.max_new_tokens` each; the median of 2
-    timed calls per arm after one untimed one. Tokens are real tokens up to each row's first EOS."""
+    timed calls per arm after one untimed one. On a GPU also the loop with its CUDA graph off (one timed
+    call), and whether the graph was used. Tokens are real tokens up to each row's first EOS."""
     import torch
 
     policy, task = trainer.model, trainer.task
@@ -394,12 +410,25 @@ def rollout_speed(trainer, cfg, *, batch: int, cpu: bool) -> dict:
         ended = torch.isin(out, torch.tensor(eos, device=out.device)).long()
         return int(((ended.cumsum(1) - ended) == 0).sum())
 
+    def lean_eager(seed):  # the loop without CUDA graphs: one timed call, its kernels warmed up by `lean`'s
+        policy.cuda_graphs = False
+        try:
+            return lean(seed)
+        finally:
+            policy.cuda_graphs = True
+
+    from lmrl.generation import decode_graph
+
     found = {"rollout_batch": batch}
     policy.eval()
-    for name, arm in (("loop", lean), ("generate", hf)):
-        arm(0)
+    arms = [("loop", lean, True, (1, 2)), ("generate", hf, True, (1, 2))]
+    if enc.is_cuda:
+        arms.insert(1, ("loop_eager", lean_eager, False, (1,)))
+    for name, arm, warm, seeds in arms:
+        if warm:
+            arm(0)
         speeds = []
-        for seed in (1, 2):
+        for seed in seeds:
             sync()
             start = time.perf_counter()
             tokens = arm(seed)
@@ -407,6 +436,8 @@ def rollout_speed(trainer, cfg, *, batch: int, cpu: bool) -> dict:
             speeds.append(tokens / (time.perf_counter() - start))
         found[f"{name}_tokens_per_s"] = round(statistics.median(speeds), 1)
     found["loop_vs_generate"] = round(found["loop_tokens_per_s"] / found["generate_tokens_per_s"], 2)
+    if enc.is_cuda:  # whether the decode step really ran as a CUDA graph (decode_graph falls back to eager)
+        found["cuda_graph"] = type(policy.model) not in decode_graph._capture_failed
     return found
 
 
@@ -460,7 +491,10 @@ def torchrun_worker(strategy: str, work: Path, cpu: bool, result: Path) -> None:
     run_dir = work / f"torchrun-{strategy}-run"
     if os.environ.get("RANK", "0") == "0":
         shutil.rmtree(run_dir, ignore_errors=True)
-    overrides = grpo_overrides("smollm2", work, cpu, run_dir) + [f"distributed.strategy={strategy}", "train.steps=3"]
+    # the code path, not a speed: a small rollout (the grpo stages time the full-size one)
+    small = [] if cpu else ["train.rollout_size=16", "train.ga_steps=2", "task.max_new_tokens=32"]
+    overrides = grpo_overrides("smollm2", work, cpu, run_dir) + [f"distributed.strategy={strategy}", "train.steps=3",
+                                                                  *small]
     if torch.cuda.is_available() and not cpu:
         torch.cuda.reset_peak_memory_stats()
     try:

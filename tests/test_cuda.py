@@ -1,10 +1,11 @@
 """What only a CUDA GPU can show (marker `cuda`; every test here is skipped without one, and
 `scripts/gpu_check.sh` runs them on a GPU machine): the sampling loop's recorded log-probs equal the
-learner's on CUDA, its greedy decoding equals `model.generate` there, a bf16 mixed-precision step
-trains, a LoRA GRPO step in bf16 weights trains only the adapter, and the CPU-only fast path (weights
-prepacked for oneDNN) stays out of a CUDA model's way. The models are tiny and built here (the
-tokenizer is SmolLM2's, from scripts/gpu_check_assets): no hub, no network, and nothing the GPU
-machine lacks (no gguf, no math-verify)."""
+learner's on CUDA, its greedy decoding equals `model.generate` there, its decode step replays as a
+CUDA graph and samples what the eager step samples, a bf16 mixed-precision step trains, a LoRA GRPO
+step in bf16 weights trains only the adapter, and the CPU-only fast path (weights prepacked for
+oneDNN) stays out of a CUDA model's way. The models are tiny and built here (the tokenizer is
+SmolLM2's, from scripts/gpu_check_assets): no hub, no network, and nothing the GPU machine lacks
+(no gguf, no math-verify)."""
 
 from __future__ import annotations
 
@@ -77,6 +78,27 @@ def test_greedy_sampling_loop_on_cuda_equals_hf_generate(llama, prompts):
                              eos_token_id=VOCAB + 1, pad_token_id=PAD)[:, ids.size(1):]
     completion = generate(llama, ids, mask, 12, eos_token_ids=[VOCAB + 1], pad_token_id=PAD, greedy=True)[0]
     assert torch.equal(completion, ref)
+
+
+def test_the_decode_step_is_replayed_as_a_cuda_graph_and_samples_as_the_eager_loop(llama, prompts, monkeypatch):
+    from lmrl.generation import decode_graph
+
+    ids, mask = prompts
+    replays = []
+    replay = torch.cuda.CUDAGraph.replay
+    monkeypatch.setattr(torch.cuda.CUDAGraph, "replay", lambda graph: (replays.append(1), replay(graph))[1])
+
+    def run(**kw):
+        return generate(llama, ids, mask, 16, eos_token_ids=[VOCAB + 1], pad_token_id=PAD, temperature=0.7,
+                        generator=torch.Generator("cuda").manual_seed(0), **kw)
+
+    graphed = run()
+    assert type(llama) not in decode_graph._capture_failed
+    assert len(replays) == 14  # 16 tokens: the 1st from the prefill, the 2nd's step eager, then 14 replays
+    eager = run(cuda_graph=False, cache="static", compact_at=None)  # the same step on the same buffers, eager
+    assert len(replays) == 14
+    assert torch.equal(graphed[0], eager[0]) and torch.equal(graphed[1], eager[1])
+    torch.testing.assert_close(graphed[2], eager[2], rtol=1e-5, atol=1e-5)
 
 
 def test_the_cpu_prepacked_linear_path_is_not_used_on_cuda():

@@ -39,11 +39,16 @@ def test_the_dry_runs_driver_model_and_torchrun_stages_run_and_report(tmp_path):
     assert "===== ddp" in log and "world size 1" in log
 
 
-def test_a_stage_past_the_runs_budget_is_reported_not_run(tmp_path):
-    proc, found = dry_run(tmp_path, "--stages", "env,adder", "--budget-s", "4")
+def test_a_stage_left_under_a_quarter_of_its_time_limit_is_reported_not_run(tmp_path):
+    """On the CPU env's limit is 60 s and adder's 120 s: a 28 s budget lets env run (over its quarter,
+    15 s) and leaves adder less than its quarter, 30 s."""
+    proc, found = dry_run(tmp_path, "--stages", "env,adder", "--budget-s", "28")
     assert proc.returncode == 1
-    assert found["env"] == {"ok": False, "seconds": 0.0, "error": "not run: the run's budget of 4s was spent"}
-    assert not found["adder"]["ok"]
+    assert found["env"]["ok"], found["env"]
+    assert found["adder"]["ok"] is False and found["adder"]["seconds"] == 0.0
+    assert found["adder"]["error"].startswith("not run: ") and "left of the run's budget of 28s" in found["adder"]["error"]
+    proc, found = dry_run(tmp_path, "--stages", "env", "--budget-s", "4")
+    assert found["env"] == {"ok": False, "seconds": 0.0, "error": "not run: 4s left of the run's budget of 4s"}
 
 
 def test_an_unknown_stage_is_refused_naming_the_stages(tmp_path):
@@ -62,6 +67,7 @@ def test_every_stage_of_the_dry_run_runs_and_is_ok(tmp_path):
         g = found[key]
         assert g["steps"] == 2 and g["update_fraction"] == 1.0  # algo.skip_zero_advantage=false: every row
         assert g["loop_tokens_per_s"] > 0 and g["generate_tokens_per_s"] > 0
+        assert g["plan_peak_gib"] > 0 and g["plan_step_s"] > 0 and "cuda_graph" not in g  # the CPU: no graph
     assert found["models"]["qwen1.5b"]["parameters"] > found["models"]["smollm2"]["parameters"]  # the vocabularies
     assert found["fsdp"]["fsdp_code_path"] is True and found["fsdp"]["backend"] == "gloo"
     assert found["adder"]["rl_steps"] == 10

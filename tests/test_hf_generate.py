@@ -16,6 +16,7 @@ PAD, VOCAB = 0, 64
 LENGTHS = [5, 4, 9, 7, 4, 9]  # ragged prompts, left-padded to 9
 VARIANTS = [dict(compact_at=None, share_prefix=False), dict(compact_at=None), dict(compact_at=0.0), dict(compact_at=0.5),
             dict(cache="static", compact_at=0.0), dict(cache="static", compact_at=0.0, share_prefix=False),
+            dict(cache="static", compact_at=None), dict(cache="static", compact_at=None, share_prefix=False),  # decode_graph's step
             dict(cache="concat", compact_at=0.0)]  # transformers' own concatenating cache
 
 
@@ -361,3 +362,35 @@ def test_non_finite_weights_are_one_error_not_garbage_tokens(model, prompts):
     ids, mask = prompts
     with pytest.raises(NonFiniteOutputs, match="the next-token probabilities hold NaN or inf"):
         generate(broken, ids, mask, 4, eos_token_ids=2, pad_token_id=PAD, generator=torch.Generator().manual_seed(0))
+
+
+def test_a_static_cache_without_compaction_decodes_through_the_fixed_buffer_step(model, prompts, monkeypatch):
+    """cache="static" with compaction off is the GPU's CUDA-graph path run eagerly (decode_graph): every
+    decode step goes through `StaticDecodeStep`, whose mask buffer spans the whole cache."""
+    from lmrl.generation import decode_graph
+
+    ids, mask = prompts
+    calls, widths = [], []
+    step = decode_graph.StaticDecodeStep.__call__
+
+    def spy(self, tokens, positions):
+        calls.append(self.column)
+        widths.append(self.mask.size(1))
+        return step(self, tokens, positions)
+
+    monkeypatch.setattr(decode_graph.StaticDecodeStep, "__call__", spy)
+    completion = generate(model, ids, mask, 10, eos_token_ids=[VOCAB + 1], pad_token_id=PAD, greedy=True,
+                          cache="static", compact_at=None)[0]
+    assert completion.shape == (len(LENGTHS), 10)
+    assert len(calls) == 9 and calls == list(range(calls[0], calls[0] + 9))  # one new cache column a step
+    assert set(widths) == {ids.size(1) + 10}
+    assert torch.equal(completion, _hf_greedy(model, ids, mask, 10, [VOCAB + 1]))
+
+
+def test_the_fixed_buffer_step_refuses_a_cache_with_no_room_and_captures_nothing_on_a_cpu(model):
+    from lmrl.generation.decode_graph import StaticDecodeStep
+
+    with pytest.raises(ValueError, match="the cache has 4 positions and the prefill fills 4"):
+        StaticDecodeStep(model, None, torch.ones(2, 4, dtype=torch.long), 4, graph=True)
+    step = StaticDecodeStep(model, None, torch.ones(2, 3, dtype=torch.long), 4, graph=True)
+    assert step._capture is False and step.graph is None

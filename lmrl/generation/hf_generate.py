@@ -25,6 +25,9 @@ times it; docs/results.md has the figures). What it does differently:
   sized for the rollout (`lmrl.generation.kv_cache`).
 * **Under CPU autocast** (`run.mixed_precision=bf16`) the packed layers run in bf16 and everything
   else (attention included: the CPU flash-attention kernel is slow in bf16) in fp32 with autocast off.
+* **On a GPU** a decode step is bound by launching its kernels, so it runs over a static KV cache
+  from fixed input buffers and is replayed as one CUDA graph (`lmrl.generation.decode_graph`),
+  without compaction (a LoRA policy's adapters stay unmerged: in the graph they cost GPU time only).
 * The model's forward is called directly with a transformers KV cache (prefill computes logits for
   the last position only); none of `generate`'s per-step machinery (input preparation, processor
   and stopping-criteria lists, output classes) runs. Temperature, top-k and top-p are applied once per step.
@@ -39,29 +42,15 @@ near-tie could in principle break the other way).
 from __future__ import annotations
 
 import contextlib
-import functools
-import inspect
 import math
 
 import torch
 
 from ..common.errors import NonFiniteOutputs
-from .kv_cache import new_cache  # without transformers: an ImportError naming the `hf` extra
+from .decode_graph import StaticDecodeStep
+from .kv_cache import new_cache, with_cache  # without transformers: an ImportError naming the `hf` extra
 from .packed_linear import packed_linears, packing_available
 from .sampling import warp_logits
-
-
-def with_cache(model, past) -> dict:
-    """The keyword that hands the KV cache `past` to `model`'s forward: transformers 5.2x renamed
-    `past_key_values` to `cache` (the old name warns on every call), and older releases (vLLM's
-    environment pins one) know only the old name. A peft wrapper is looked through to its base."""
-    base = model.get_base_model() if hasattr(model, "get_base_model") else model
-    return {_cache_keyword(type(base)): past}
-
-
-@functools.cache
-def _cache_keyword(model_class) -> str:
-    return "cache" if "cache" in inspect.signature(model_class.forward).parameters else "past_key_values"
 
 
 def _positions(mask: torch.Tensor, start=0) -> torch.Tensor:
@@ -146,7 +135,8 @@ def _pick(logits: torch.Tensor, temperature: float, top_k: int, top_p: float, gr
 def generate(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, max_new_tokens: int, *,
              eos_token_ids, pad_token_id: int, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0,
              greedy: bool = False, generator: torch.Generator | None = None, compact_at: float | None = 0.125,
-             cache: str = "dynamic", share_prefix: bool = True, pack_weights: bool = True) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+             cache: str = "dynamic", share_prefix: bool = True, pack_weights: bool = True,
+             cuda_graph: bool = True) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Samples up to `max_new_tokens` after each left-padded prompt `input_ids` (B, P) with its
     `attention_mask` (B, P) (1 on real tokens), from a transformers causal LM `model` (possibly peft-wrapped).
 
@@ -163,7 +153,10 @@ def generate(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, max_n
     fraction of it (0: as soon as any row ends; None: never, like `generate`). `cache`: "dynamic",
     "concat" or "static" (see `lmrl.generation.kv_cache.new_cache`). `share_prefix`: run the prompts'
     common prefix and repeated prompts once. `pack_weights`: on a CPU, run the linear layers from
-    prepacked weights (`packed_linears`)."""
+    prepacked weights (`packed_linears`).
+    `cuda_graph`: on a CUDA device (outside autocast), decode over a static cache with the step
+    replayed as a CUDA graph (`lmrl.generation.decode_graph`); this sets `cache="static"` and turns
+    compaction off. A static cache without compaction runs the same step eagerly anywhere else."""
     if max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
     if not greedy and temperature <= 0:
@@ -176,6 +169,9 @@ def generate(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, max_n
         raise ValueError("eos_token_ids must name at least one token")
     device = input_ids.device
     B, P = input_ids.shape
+    graphed = cuda_graph and device.type == "cuda" and not torch.is_autocast_enabled("cuda")
+    if graphed:
+        cache, compact_at = "static", None
     packing = packed_linears(model, B) if pack_weights else contextlib.nullcontext()
     # Under CPU autocast the packed layers run in bf16 and the rest (attention, KV cache) in fp32.
     fp32_rest = pack_weights and device.type == "cpu" and torch.is_autocast_enabled("cpu") and packing_available()
@@ -186,6 +182,8 @@ def generate(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, max_n
         logprobs = torch.zeros((B, max_new_tokens), dtype=torch.float32, device=device)
         past = new_cache(model, cache, P + max_new_tokens)
         logits, mask = prefill(model, past, input_ids, attention_mask.long(), share_prefix)
+        step = (StaticDecodeStep(model, past, mask, P + max_new_tokens, graph=graphed)
+                if cache == "static" and compact_at is None else None)
         next_pos = attention_mask.long().sum(-1, keepdim=True)  # (b, 1): position of the next token fed in
         rows = torch.arange(B, device=device)  # original row of each row of the running batch
         done = torch.zeros(B, dtype=torch.bool, device=device)  # rows of the running batch that have ended
@@ -208,11 +206,13 @@ def generate(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, max_n
                 keep = (~done).nonzero().squeeze(1)
                 past.reorder_cache(keep)  # index_select on the batch dim of every layer's keys and values
                 rows, tokens, mask, next_pos, done = rows[keep], tokens[keep], mask[keep], next_pos[keep], done[keep]
-            mask = torch.cat([mask, mask.new_ones(mask.size(0), 1)], dim=1)
-            out = model(input_ids=tokens[:, None], attention_mask=mask, position_ids=next_pos,
-                        **with_cache(model, past), use_cache=True)
+            if step is not None:  # fixed buffers, a CUDA graph on a GPU
+                logits = step(tokens, next_pos)
+            else:
+                mask = torch.cat([mask, mask.new_ones(mask.size(0), 1)], dim=1)
+                logits = model(input_ids=tokens[:, None], attention_mask=mask, position_ids=next_pos,
+                               **with_cache(model, past), use_cache=True).logits[:, -1]
             next_pos = next_pos + 1
-            logits = out.logits[:, -1]
         completion, logprobs = completion[:, :n], logprobs[:, :n]
         is_eos = torch.isin(completion, eos).long()
         keep = (is_eos.cumsum(1) - is_eos) == 0  # up to and including the first EOS

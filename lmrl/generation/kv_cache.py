@@ -9,6 +9,9 @@ loop's caches (benchmarks/hf_rollout.py times them against each other).
 
 from __future__ import annotations
 
+import functools
+import inspect
+
 import torch
 
 try:
@@ -103,3 +106,16 @@ def new_cache(model, kind: str, max_len: int):
     if kind == "static":
         return StaticCache(config=model.config, max_cache_len=max_len)
     raise ValueError(f"cache must be one of {', '.join(CACHES)}, got {kind!r}")
+
+
+def with_cache(model, past) -> dict:
+    """The keyword that hands the KV cache `past` to `model`'s forward: transformers 5.2x renamed
+    `past_key_values` to `cache` (the old name warns on every call), and older releases (vLLM's
+    environment pins one) know only the old name. A peft wrapper is looked through to its base."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    return {_cache_keyword(type(base)): past}
+
+
+@functools.cache
+def _cache_keyword(model_class) -> str:
+    return "cache" if "cache" in inspect.signature(model_class.forward).parameters else "past_key_values"

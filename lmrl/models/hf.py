@@ -22,7 +22,8 @@ except ImportError as e:  # the core of lmrl runs without transformers
     raise ImportError(f"lmrl.models.hf needs the `hf` extra ({e}): pip install -e '.[hf]'") from None
 
 from ..generation.token_logprobs import token_logprobs
-from ..generation.hf_generate import generate, prefill, unique_rows, with_cache
+from ..generation.hf_generate import generate, prefill, unique_rows
+from ..generation.kv_cache import with_cache
 from ..generation.sampling import warp_logits
 from .hf_loading import (DTYPES, PACKAGED_GGUF, convert_gguf, drop_quantizer_record,  # noqa: F401 (re-exported)
                          load_hf_model, resolve_model_path)
@@ -146,6 +147,7 @@ class HFPolicy(nn.Module):
         self.eos_token_ids = sorted({*ids, *([tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else [])})
         # "lean": lmrl.generation.hf_generate (shared prompt prefixes, finished rows dropped); "hf": HF `generate`
         self.generation_engine = "lean"
+        self.cuda_graphs = True  # lean loop on a GPU: replay the decode step as a CUDA graph (generation/decode_graph.py)
         # scoring completions (`logits_to_keep` > 0): run each distinct prompt once (see `_forward_shared_prompts`)
         self.share_prompts = True
 
@@ -338,7 +340,7 @@ class HFPolicy(nn.Module):
             try:
                 return generate(self.model, ids, mask, max_new_tokens, eos_token_ids=self.eos_token_ids,
                                 pad_token_id=pad, temperature=temperature, top_k=top_k, top_p=top_p,
-                                greedy=greedy, generator=generator)
+                                greedy=greedy, generator=generator, cuda_graph=self.cuda_graphs)
             finally:
                 self.train(was_training)
         record = _RecordLogprobs(1.0 if greedy else temperature, 0 if greedy else top_k, 1.0 if greedy else top_p)
