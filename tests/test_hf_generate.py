@@ -394,3 +394,18 @@ def test_the_fixed_buffer_step_refuses_a_cache_with_no_room_and_captures_nothing
         StaticDecodeStep(model, None, torch.ones(2, 4, dtype=torch.long), 4, graph=True)
     step = StaticDecodeStep(model, None, torch.ones(2, 3, dtype=torch.long), 4, graph=True)
     assert step._capture is False and step.graph is None
+
+
+def test_only_a_cache_of_plain_static_layers_is_graphable(model):
+    """A sliding-window layer keeps its write position in Python, which a CUDA graph would freeze."""
+    from transformers import MistralConfig, MistralForCausalLM
+
+    from lmrl.generation.decode_graph import graphable
+    from lmrl.generation.kv_cache import new_cache
+
+    assert graphable(new_cache(model, "static", 32))
+    assert not graphable(new_cache(model, "dynamic", 32))
+    windowed = MistralForCausalLM(MistralConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=64,
+                                                num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                                                sliding_window=8))
+    assert not graphable(new_cache(windowed, "static", 32))

@@ -23,8 +23,20 @@ import torch
 
 from .kv_cache import with_cache
 
+try:
+    from transformers.cache_utils import StaticLayer
+except ImportError as e:  # the core of lmrl runs without transformers
+    raise ImportError(f"lmrl.generation.decode_graph needs the `hf` extra ({e}): pip install -e '.[hf]'") from None
+
 log = logging.getLogger(__name__)
 _capture_failed: set[type] = set()  # model classes whose forward could not be captured: warned once
+
+
+def graphable(past) -> bool:
+    """Whether a decode step over the transformers cache `past` can be replayed: every layer a plain
+    `StaticLayer`, which keeps its write position in a device tensor. Sliding-window and other
+    special layers keep theirs in Python, which a graph would freeze at its capture."""
+    return bool(past.layers) and all(type(layer) is StaticLayer for layer in past.layers)
 
 
 class StaticDecodeStep:

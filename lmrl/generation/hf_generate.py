@@ -47,7 +47,7 @@ import math
 import torch
 
 from ..common.errors import NonFiniteOutputs
-from .decode_graph import StaticDecodeStep
+from .decode_graph import StaticDecodeStep, graphable
 from .kv_cache import new_cache, with_cache  # without transformers: an ImportError naming the `hf` extra
 from .packed_linear import packed_linears, packing_available
 from .sampling import warp_logits
@@ -155,8 +155,9 @@ def generate(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, max_n
     common prefix and repeated prompts once. `pack_weights`: on a CPU, run the linear layers from
     prepacked weights (`packed_linears`).
     `cuda_graph`: on a CUDA device (outside autocast), decode over a static cache with the step
-    replayed as a CUDA graph (`lmrl.generation.decode_graph`); this sets `cache="static"` and turns
-    compaction off. A static cache without compaction runs the same step eagerly anywhere else."""
+    replayed as a CUDA graph (`lmrl.generation.decode_graph`) where the model's static cache allows it
+    (`graphable`); this sets `cache="static"` and turns compaction off. A static cache without
+    compaction runs the same step eagerly anywhere else."""
     if max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
     if not greedy and temperature <= 0:
@@ -169,9 +170,6 @@ def generate(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, max_n
         raise ValueError("eos_token_ids must name at least one token")
     device = input_ids.device
     B, P = input_ids.shape
-    graphed = cuda_graph and device.type == "cuda" and not torch.is_autocast_enabled("cuda")
-    if graphed:
-        cache, compact_at = "static", None
     packing = packed_linears(model, B) if pack_weights else contextlib.nullcontext()
     # Under CPU autocast the packed layers run in bf16 and the rest (attention, KV cache) in fp32.
     fp32_rest = pack_weights and device.type == "cpu" and torch.is_autocast_enabled("cpu") and packing_available()
@@ -180,7 +178,16 @@ def generate(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, max_n
         eos = torch.tensor(eos_list, device=device)
         completion = torch.full((B, max_new_tokens), pad_token_id, dtype=torch.long, device=device)
         logprobs = torch.zeros((B, max_new_tokens), dtype=torch.float32, device=device)
-        past = new_cache(model, cache, P + max_new_tokens)
+        past = None
+        if cuda_graph and device.type == "cuda" and not torch.is_autocast_enabled("cuda"):
+            past = new_cache(model, "static", P + max_new_tokens)
+            if graphable(past):
+                cache, compact_at = "static", None
+            else:  # a cache layer that keeps its position in Python would replay stale writes: no graph
+                past = None
+        graphed = past is not None
+        if past is None:
+            past = new_cache(model, cache, P + max_new_tokens)
         logits, mask = prefill(model, past, input_ids, attention_mask.long(), share_prefix)
         step = (StaticDecodeStep(model, past, mask, P + max_new_tokens, graph=graphed)
                 if cache == "static" and compact_at is None else None)
