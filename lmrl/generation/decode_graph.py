@@ -1,8 +1,8 @@
 """The sampling loop's decode step over a static KV cache, replayed as a CUDA graph on a GPU.
 
-A decode step of a small model on a GPU is bound by the CPU launching its kernels (about 45 per
-transformer layer in eager mode, each a few microseconds of Python and dispatch), not by the GPU
-running them. A CUDA graph records the step's kernels once and replays them with one launch. That
+A decode step of a small model on a GPU is bound by the CPU launching its operations (about 60 per
+Llama layer in eager mode, nearer 100 with LoRA adapters, each ~16 us of Python, dispatch and launch
+on an H100's host: benchmarks/launch_count.py, docs/results.md), not by the GPU running them. A CUDA graph records the step's kernels once and replays them with one launch. That
 needs every tensor the step reads or writes at a fixed address with a fixed shape, so the step's
 inputs live in buffers sized for the whole rollout: token ids (B, 1), position ids (B, 1), the 2-D
 attention mask over every cache column (B, L), and transformers' `StaticCache`, which writes each
