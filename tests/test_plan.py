@@ -173,3 +173,34 @@ def test_bad_input_is_one_line_naming_it(flag, message, capsys):
 def test_plan_refuses_an_unknown_device_from_python():
     with pytest.raises(ConfigError, match="h100, h200, a100, cpu"):
         plan(load_config("adder"), device="tpu")
+
+
+ALL_SEVEN = "lora.target_modules=[q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj]"
+
+
+def test_a_gpu_decode_step_costs_its_counted_operations_eager_or_replayed_as_a_graph(tiny_dir):
+    """2 layers x 97.6 operations (LoRA on all seven projections) + 63 for sampling: eager at 17 us each
+    on an h100 (4389.4 us), or the layers' at 1 us in a CUDA graph (195.2 + 1071 = 1266.2 us)."""
+    from lmrl.train.plan import _decode_launch
+
+    eager = _hf_config(tiny_dir, ALL_SEVEN, "run.mixed_precision=bf16")  # under autocast the loop keeps no graph
+    graphed = _hf_config(tiny_dir, ALL_SEVEN, "run.mixed_precision=")
+    no_lora = _hf_config(tiny_dir, "lora.r=0", "run.mixed_precision=bf16")
+    assert _decode_launch(eager, plan(eager, device="h100")) == pytest.approx(4389.4e-6)
+    assert _decode_launch(graphed, plan(graphed, device="h100")) == pytest.approx(1266.2e-6)
+    assert _decode_launch(no_lora, plan(no_lora, device="h100")) == pytest.approx((2 * 61.5 + 63) * 17e-6)
+    assert _decode_launch(eager, plan(eager, device="cpu")) == 0  # a CPU's time is its work
+
+
+def test_a_gpu_update_is_never_faster_than_launching_its_micro_batches(tiny_dir):
+    """Shared prompts (GRPO, no checkpointing), LoRA on all seven: 2 x 1426.2 + 500 = 3352.4 operations
+    a micro-batch at 17 us = 56.99 ms, x 4 micro-batches; checkpointed: 2 x 668.2 + 500 = 1836.4."""
+    from lmrl.train.plan import _update_launch
+
+    cfg = _hf_config(tiny_dir, ALL_SEVEN, "train.rollout_size=16", "algo.group_size=4", "train.ga_steps=4")
+    p = plan(cfg, device="h100")
+    assert _update_launch(cfg, p, "shared prompts") == pytest.approx(56990.8e-6)
+    assert p.step_seconds["update"] == pytest.approx(4 * 56990.8e-6)  # a tiny model: launch-bound
+    gc = _hf_config(tiny_dir, ALL_SEVEN, "train.rollout_size=16", "algo.group_size=4", "train.ga_steps=4",
+                    "model.gradient_checkpointing=true")
+    assert plan(gc, device="h100").step_seconds["update"] == pytest.approx(4 * 1836.4 * 17e-6)

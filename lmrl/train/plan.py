@@ -36,16 +36,21 @@ Memory per device, in bytes, for the phases of a step that do not overlap:
 The peak is what is always held plus the larger of the update and sampling (on a CPU plus both: the
 C allocator keeps what sampling freed, and the update's blocks do not reuse it). Step time is an
 estimate from counted operations and bytes against the device's rates (`DEVICES`): sampling is one
-prefill of the distinct prompts and one decode step per new token, each the slower of its matrix
-work and reading every weight (and the KV cache) once, never faster than the kernel launches a step
-makes on a GPU; the update is the forward and backward passes' matrix work (x2 forward for a LoRA
-backward, x3 for full training, one more forward under gradient checkpointing, one per reference or
-old-log-prob pass). Attention's own arithmetic is left out. docs/results.md compares the memory with
-measured peaks; the step times await the GPU check's (scripts/gpu_check.sh).
+prefill of the distinct prompts and one decode step per new token, each the slowest of its matrix
+work, reading every weight (and the KV cache) once, and launching its operations; the update is the
+forward and backward passes' matrix work (x2 forward for a LoRA backward, x3 for full training, one
+more forward under gradient checkpointing, one per reference or old-log-prob pass), or launching its
+micro-batches' operations if that is slower. On a GPU a small model is bound by the launches: eager
+PyTorch pays ~17 us of host time per aten operation (measured on an H100 machine), and a step's
+operations per layer are counted by benchmarks/launch_count.py (`DECODE_OPS`, `UPDATE_OPS`); the
+sampling loop's decode step is replayed as a CUDA graph there, whose cost per operation
+(`Device.graph_op_us`) is assumed until the device check measures it. Attention's own arithmetic is
+left out. docs/results.md compares the memory and the GPU step times with measurements.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -69,20 +74,29 @@ class Device:
     matmul_tflops: float     # dense bf16 (fp32 on a CPU), what a large product reaches
     bandwidth_gbs: float     # device memory, read + write counted
     kind: str = "cuda"
-    launch_us: float = 6.0   # one kernel launch, the floor of a small decode step's every operation
+    op_us: float = 17.0      # eager PyTorch: one aten operation's dispatch and launch on the host
+    graph_op_us: float = 1.0  # the same operation replayed in a CUDA graph (assumed: not measured yet)
 
 
 # Rates measured on this workplace's machines where stated (docs/results.md, KINDS.md), else datasheets.
+# op_us: 16-19 us measured on the H100 machine's host (GRPO rollouts and updates over
+# benchmarks/launch_count.py's counts); the other GPUs are assumed to sit on similar hosts.
 DEVICES = {
     "h100": Device("h100", 80, 798, 3000),   # measured: 8192^3 bf16 product 798 TFLOP/s, copy 3.0 TB/s
     "h200": Device("h200", 141, 788, 4300),  # measured: 788 TFLOP/s, copy 4.3 TB/s
     "a100": Device("a100", 80, 250, 1500),   # datasheet 312 TFLOP/s, 2.0 TB/s, less what is usually reached
     # the 2-core dev VM: fp32 products 0.10-0.28 TFLOP/s, 19-46 GB/s read (benchmarks/hf_rollout.py, results.md)
-    "cpu": Device("cpu", None, 0.2, 25, kind="cpu", launch_us=0.0),
+    "cpu": Device("cpu", None, 0.2, 25, kind="cpu", op_us=0.0, graph_op_us=0.0),
 }
 # Fractions of the rates that real passes reach (a training pass's matrix products; decoding's weight reads).
 MATMUL_EFFICIENCY, BANDWIDTH_EFFICIENCY = 0.4, 0.5
-KERNELS_PER_LAYER = 14  # launches per decoder layer and decode step (norms, projections, rotary, attention, MLP)
+# aten operations per decoder layer (benchmarks/launch_count.py, docs/results.md), as (without LoRA, with LoRA
+# on all 7 projections; in between by the share adapted): a decode step, and an update's micro-batch by the
+# learner's pass (shared prompts: 3 passes; a common start: 2; checkpointed: 1, recomputed); plus the fixed
+# operations of a decode step (sampling) and of a micro-batch (the loss).
+DECODE_OPS = (61.5, 97.6)
+UPDATE_OPS = {"shared prompts": (923.4, 1426.2), "common start": (666.4, 1023.1), "checkpointed": (411.4, 668.2)}
+DECODE_FIXED_OPS, UPDATE_FIXED_OPS = 63, 500
 
 
 @dataclass
@@ -188,12 +202,11 @@ def plan(config: Config, *, device: str | None = None, device_memory_gb: float |
         raise ConfigError(f"--device-memory must be a positive number of GB, got {device_memory_gb}")
     dev = DEVICES[name]
     if device is None and dev.kind == "cuda":  # this machine's GPU: its own memory
-        dev = Device(dev.name, torch.cuda.get_device_properties(0).total_memory / 1e9, dev.matmul_tflops,
-                     dev.bandwidth_gbs, dev.kind, dev.launch_us)
+        dev = dataclasses.replace(dev, memory_gb=torch.cuda.get_device_properties(0).total_memory / 1e9)
     if device_memory_gb is not None:
-        dev = Device(dev.name, device_memory_gb, dev.matmul_tflops, dev.bandwidth_gbs, dev.kind, dev.launch_us)
+        dev = dataclasses.replace(dev, memory_gb=device_memory_gb)
     elif dev.memory_gb is None and dev.kind == "cpu":
-        dev = Device(dev.name, _host_memory_gb(), dev.matmul_tflops, dev.bandwidth_gbs, dev.kind, dev.launch_us)
+        dev = dataclasses.replace(dev, memory_gb=_host_memory_gb())
     size, tokenizer = model_size(config)
     lengths = sequence_lengths(config, tokenizer)
     out = Plan(_config_name(config), size, lengths, dev, world_size)
@@ -541,6 +554,8 @@ def _step_time(config: Config, p: Plan) -> dict[str, float]:
         tokens = d.batch_size / p.world_size * (L.prompt + (2 if pair else 1) * L.completion)
         reference = 1 if config.run.trainer == "dpo" else 0
         update = tokens * forward_per_token * (1 + backward + recompute + reference) / flops
+        pass_kind = "checkpointed" if recompute else "common start"
+        update = max(update, config.train.ga_steps * _update_launch(config, p, pass_kind))
         return {"update": update, "step": update}
     t, a = config.train, config.algo
     rows = t.rollout_size / p.world_size
@@ -548,7 +563,7 @@ def _step_time(config: Config, p: Plan) -> dict[str, float]:
     prefill = prompts * L.prompt * forward_per_token / flops
     kv_read = lambda n: _kv(p, rows, n, 2 if config.model.dtype == "bf16" else 4)  # noqa: E731
     decode = 0.0
-    launch = m.layers * KERNELS_PER_LAYER * dev.launch_us * 1e-6
+    launch = _decode_launch(config, p)
     for n in range(L.completion):
         compute = rows * forward_per_token / flops
         memory = (m.weight_bytes + kv_read(L.prompt + n)) / bandwidth
@@ -558,7 +573,39 @@ def _step_time(config: Config, p: Plan) -> dict[str, float]:
     passes += 1 if a.kl_coef > 0 else 0  # the reference's log-probs
     passes += 1 if (a.ppo_epochs > 1 or 0 < a.minibatch_size < t.rollout_size) else 0  # old log-probs
     update = learner_tokens * forward_per_token * passes * a.ppo_epochs / flops
+    shared = config.model.type == "hf" and not recompute and a.group_size > 1
+    pass_kind = "checkpointed" if recompute else "shared prompts" if shared else "common start"
+    update = max(update, t.ga_steps * a.ppo_epochs * _update_launch(config, p, pass_kind))
     return {"sampling": prefill + decode, "update": update, "step": prefill + decode + update}
+
+
+def _adapted_share(config: Config) -> float:
+    """The share of a layer's 7 projections that carry a LoRA adapter (0 without LoRA)."""
+    if config.lora.r <= 0:
+        return 0.0
+    targets = set(config.lora.target_modules)
+    if "all-linear" in targets:
+        return 1.0
+    return sum(n in targets for n in ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")) / 7
+
+
+def _ops(pair: tuple[float, float], share: float) -> float:
+    return pair[0] + (pair[1] - pair[0]) * share
+
+
+def _decode_launch(config: Config, p: Plan) -> float:
+    """The host's floor under one decode step: its operations x their cost, the layers' replayed as one
+    CUDA graph where the sampling loop does so (an HF policy's own loop on a GPU, outside autocast)."""
+    dev, layers = p.device, p.model.layers * _ops(DECODE_OPS, _adapted_share(config))
+    graphed = (dev.kind == "cuda" and config.model.type == "hf" and config.rollout.engine == "local"
+               and config.run.mixed_precision != "bf16")
+    return ((layers * (dev.graph_op_us if graphed else dev.op_us)) + DECODE_FIXED_OPS * dev.op_us) * 1e-6
+
+
+def _update_launch(config: Config, p: Plan, pass_kind: str) -> float:
+    """The host's floor under one micro-batch of the update: its operations x their eager cost."""
+    ops = p.model.layers * _ops(UPDATE_OPS[pass_kind], _adapted_share(config)) + UPDATE_FIXED_OPS
+    return ops * p.device.op_us * 1e-6
 
 
 def _config_name(config: Config) -> str:
