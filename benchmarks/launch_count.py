@@ -23,7 +23,8 @@ prompts, `algo.skip_zero_advantage=false`), LoRA r 32 on every projection, for e
                     replay holds
   update            `algo.step`: operations per layer and micro-batch, with the learner's shared-prompt
                     pass (no gradient checkpointing), under gradient checkpointing (one pass, recomputed),
-                    and plain (one pass: `algo.group_size=1` under REINFORCE, no prompt repeats)
+                    plain (`algo.group_size=1` under REINFORCE, no prompt repeats: the rows' common start
+                    runs once, 2 passes), and one pass (sharing off, as a small model on a GPU runs)
   no LoRA           the same arms training every weight (`lora.r=0`)
 """
 
@@ -59,7 +60,7 @@ class OpCount(TorchDispatchMode):
 
 
 def count_step(work: Path, layers: int, args, *, lora_r: int, checkpointing: bool, static: bool,
-               group: int | None = None) -> dict:
+               group: int | None = None, share: bool = True) -> dict:
     """Operation counts of one GRPO step's rollout and update (totals, and syncs) at `layers` layers."""
     if str(REPO / "scripts") not in sys.path:
         sys.path.insert(0, str(REPO / "scripts"))
@@ -69,18 +70,18 @@ def count_step(work: Path, layers: int, args, *, lora_r: int, checkpointing: boo
     gpu_check.TINY_SHAPE = {**shape, "num_hidden_layers": layers}
     try:
         return _count_step(gpu_check, work, layers, args, lora_r=lora_r, checkpointing=checkpointing,
-                           static=static, group=group or args.group)
+                           static=static, group=group or args.group, share=share)
     finally:
         gpu_check.TINY_SHAPE = shape
 
 
 def _count_step(gpu_check, work: Path, layers: int, args, *, lora_r: int, checkpointing: bool, static: bool,
-                group: int) -> dict:
+                group: int, share: bool) -> dict:
     from lmrl.config import load_config
     from lmrl.train.rl_trainer import RLTrainer
 
     home = work / f"{layers}-layers"
-    run_dir = home / f"run-r{lora_r}-gc{int(checkpointing)}-s{int(static)}-g{group}"
+    run_dir = home / f"run-r{lora_r}-gc{int(checkpointing)}-s{int(static)}-g{group}-p{int(share)}"
     shutil.rmtree(run_dir, ignore_errors=True)
     overrides = gpu_check.grpo_overrides("smollm2", home, True, run_dir) + [
         "train.steps=1", f"train.rollout_size={args.rows}", f"algo.group_size={group}",
@@ -97,6 +98,7 @@ def _count_step(gpu_check, work: Path, layers: int, args, *, lora_r: int, checkp
     except Exception:
         sys.stderr.write(log.getvalue())
         raise
+    trainer.model.share_prompts = share
     found: dict[str, collections.Counter] = {}
 
     def counted(obj, name: str, label: str, keep) -> None:
@@ -153,6 +155,7 @@ def main(argv=None) -> None:
     lora, full = dict(lora_r=32), dict(lora_r=0)
     shared, checkpointed, plain = (dict(checkpointing=False, static=False), dict(checkpointing=True, static=False),
                                    dict(checkpointing=False, static=False, group=1))
+    one = dict(checkpointing=False, static=False, share=False)
     arms = {"rollout, LoRA r 32": {**lora, **shared},
             "rollout (static), LoRA r 32": {**lora, **shared, "static": True},
             "rollout, no LoRA": {**full, **shared},
@@ -161,7 +164,9 @@ def main(argv=None) -> None:
             "update, plain, LoRA r 32": {**lora, **plain},
             "update, shared prompts, no LoRA": {**full, **shared},
             "update, checkpointed, no LoRA": {**full, **checkpointed},
-            "update, plain, no LoRA": {**full, **plain}}
+            "update, plain, no LoRA": {**full, **plain},
+            "update, one pass, LoRA r 32": {**lora, **one},
+            "update, one pass, no LoRA": {**full, **one}}
     work = Path(tempfile.mkdtemp(prefix="lmrl-launch-count-"))
     runs: dict[tuple, dict] = {}
     print(f"{'arm':36s}{'ops/layer':>11s}{'fixed':>9s}{'syncs':>8s}   (per decode step, or per micro-batch)")

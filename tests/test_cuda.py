@@ -101,6 +101,20 @@ def test_the_decode_step_is_replayed_as_a_cuda_graph_and_samples_as_the_eager_lo
     torch.testing.assert_close(graphed[2], eager[2], rtol=1e-5, atol=1e-5)
 
 
+def test_a_small_model_on_cuda_scores_its_rows_in_one_pass_instead_of_sharing_prompts():
+    """Launch-bound: the shared-prompt pass's two extra passes cost more than a small model's prompt work."""
+    from types import SimpleNamespace
+
+    from lmrl.models.hf import HFPolicy
+
+    stub = SimpleNamespace(_parameters_count=None, model=torch.nn.Linear(4, 4),
+                           config=SimpleNamespace(num_hidden_layers=30))
+    ids = torch.zeros(8, 218, dtype=torch.long, device="cuda")
+    assert not HFPolicy._sharing_pays(stub, ids, 128)
+    assert stub._parameters_count == 20
+    assert HFPolicy._sharing_pays(stub, ids.cpu(), 128)
+
+
 def test_the_cpu_prepacked_linear_path_is_not_used_on_cuda():
     """`packed_linears` replaces wide CPU layers' forward (oneDNN); on a CUDA model it must change nothing."""
     torch.manual_seed(0)

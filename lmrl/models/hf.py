@@ -21,6 +21,7 @@ try:
 except ImportError as e:  # the core of lmrl runs without transformers
     raise ImportError(f"lmrl.models.hf needs the `hf` extra ({e}): pip install -e '.[hf]'") from None
 
+from ..common.launch_costs import prompt_sharing_pays
 from ..generation.token_logprobs import token_logprobs
 from ..generation.hf_generate import generate, prefill, unique_rows
 from ..generation.kv_cache import with_cache
@@ -148,8 +149,10 @@ class HFPolicy(nn.Module):
         # "lean": lmrl.generation.hf_generate (shared prompt prefixes, finished rows dropped); "hf": HF `generate`
         self.generation_engine = "lean"
         self.cuda_graphs = True  # lean loop on a GPU: replay the decode step as a CUDA graph (generation/decode_graph.py)
-        # scoring completions (`logits_to_keep` > 0): run each distinct prompt once (see `_forward_shared_prompts`)
+        # scoring completions (`logits_to_keep` > 0): run each distinct prompt once (see `_forward_shared_prompts`),
+        # on a GPU where that pays (`_sharing_pays`)
         self.share_prompts = True
+        self._parameters_count: int | None = None
 
     @property
     def hf_model(self) -> nn.Module:
@@ -196,13 +199,25 @@ class HFPolicy(nn.Module):
             return self._forward_custom(ids, attention_mask, position_ids, logits_to_keep)
         if attention_mask is not None:  # the same positions `generate` gives a left-padded row
             position_ids = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
-        if logits_to_keep and not return_hidden and self.share_prompts:
+        if logits_to_keep and not return_hidden and self.share_prompts and self._sharing_pays(ids, logits_to_keep):
             logits = self._forward_shared_prompts(ids, attention_mask, position_ids, logits_to_keep)
             if logits is not None:
                 return logits
         out = self.model(input_ids=ids, attention_mask=attention_mask, position_ids=position_ids,
                          use_cache=False, output_hidden_states=return_hidden, logits_to_keep=logits_to_keep)
         return (out.logits, out.hidden_states[-1]) if return_hidden else out.logits
+
+    def _sharing_pays(self, ids: torch.Tensor, logits_to_keep) -> bool:
+        """Always on a CPU; on a GPU, where a small model's pass is bound by launching operations, only
+        when the rows' prompt work outweighs its extra operations (`launch_costs.prompt_sharing_pays`)."""
+        if ids.device.type != "cuda" or not isinstance(logits_to_keep, int):
+            return True
+        if self._parameters_count is None:
+            self._parameters_count = sum(p.numel() for p in self.model.parameters())
+        return prompt_sharing_pays(parameters=self._parameters_count,
+                                   layers=getattr(self.config, "num_hidden_layers", None) or 1,
+                                   rows=ids.size(0), prompt_tokens=ids.size(1) - logits_to_keep,
+                                   adapted_share=1.0 if hasattr(self.model, "peft_config") else 0.0)
 
     def _forward_custom(self, ids, allowed, position_ids, keep):
         """Logits (K, V) at the positions `keep` (B, T) marks, with the 4-D mask `allowed`."""

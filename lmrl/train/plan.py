@@ -42,7 +42,7 @@ forward and backward passes' matrix work (x2 forward for a LoRA backward, x3 for
 more forward under gradient checkpointing, one per reference or old-log-prob pass), or launching its
 micro-batches' operations if that is slower. On a GPU a small model is bound by the launches: eager
 PyTorch pays ~17 us of host time per aten operation (measured on an H100 machine), and a step's
-operations per layer are counted by benchmarks/launch_count.py (`DECODE_OPS`, `UPDATE_OPS`); the
+operations per layer are counted by benchmarks/launch_count.py (`common.launch_costs`); the
 sampling loop's decode step is replayed as a CUDA graph there, whose cost per operation
 (`Device.graph_op_us`) is assumed until the device check measures it. Attention's own arithmetic is
 left out. docs/results.md compares the memory and the GPU step times with measurements.
@@ -57,6 +57,8 @@ from pathlib import Path
 
 import torch
 
+from ..common.launch_costs import (DECODE_FIXED_OPS, DECODE_OPS, GRAPH_OP_SECONDS, OP_SECONDS, UPDATE_FIXED_OPS,
+                                   UPDATE_OPS, layer_ops, prompt_sharing_pays)
 from ..config import Config, ConfigError
 from ..tasks import task_spec
 
@@ -74,13 +76,12 @@ class Device:
     matmul_tflops: float     # dense bf16 (fp32 on a CPU), what a large product reaches
     bandwidth_gbs: float     # device memory, read + write counted
     kind: str = "cuda"
-    op_us: float = 17.0      # eager PyTorch: one aten operation's dispatch and launch on the host
-    graph_op_us: float = 1.0  # the same operation replayed in a CUDA graph (assumed: not measured yet)
+    op_us: float = OP_SECONDS * 1e6  # eager PyTorch: one aten operation's dispatch and launch on the host
+    graph_op_us: float = GRAPH_OP_SECONDS * 1e6  # the same replayed in a CUDA graph (assumed: not measured yet)
 
 
 # Rates measured on this workplace's machines where stated (docs/results.md, KINDS.md), else datasheets.
-# op_us: 16-19 us measured on the H100 machine's host (GRPO rollouts and updates over
-# benchmarks/launch_count.py's counts); the other GPUs are assumed to sit on similar hosts.
+# op_us: common/launch_costs.py's, measured on the H100 machine; the other GPUs are assumed to sit on similar hosts.
 DEVICES = {
     "h100": Device("h100", 80, 798, 3000),   # measured: 8192^3 bf16 product 798 TFLOP/s, copy 3.0 TB/s
     "h200": Device("h200", 141, 788, 4300),  # measured: 788 TFLOP/s, copy 4.3 TB/s
@@ -90,13 +91,6 @@ DEVICES = {
 }
 # Fractions of the rates that real passes reach (a training pass's matrix products; decoding's weight reads).
 MATMUL_EFFICIENCY, BANDWIDTH_EFFICIENCY = 0.4, 0.5
-# aten operations per decoder layer (benchmarks/launch_count.py, docs/results.md), as (without LoRA, with LoRA
-# on all 7 projections; in between by the share adapted): a decode step, and an update's micro-batch by the
-# learner's pass (shared prompts: 3 passes; a common start: 2; checkpointed: 1, recomputed); plus the fixed
-# operations of a decode step (sampling) and of a micro-batch (the loss).
-DECODE_OPS = (61.5, 97.6)
-UPDATE_OPS = {"shared prompts": (923.4, 1426.2), "common start": (666.4, 1023.1), "checkpointed": (411.4, 668.2)}
-DECODE_FIXED_OPS, UPDATE_FIXED_OPS = 63, 500
 
 
 @dataclass
@@ -470,7 +464,7 @@ def _rl_memory(config: Config, p: Plan) -> None:
     rows_per_rank = t.rollout_size / p.world_size
     rows = rows_per_rank / t.ga_steps
     L = p.lengths
-    shared = config.model.type == "hf" and not config.model.gradient_checkpointing and a.group_size > 1
+    shared = _shares_prompts(config, p)
     if shared:  # each distinct prompt runs once into a cache the group's rows share
         per_row, prompts = L.completion, rows / a.group_size * L.prompt
     else:
@@ -499,8 +493,11 @@ def _rl_memory(config: Config, p: Plan) -> None:
     if kv and evaluation > p.sampling[kv[0]]:
         del p.sampling[kv[0]]
         p.sampling[f"KV cache (evaluation: {eval_rows} rows)"] = evaluation
-    if not shared and config.model.type == "hf":
-        p.notes.append("gradient checkpointing turns off the learner's shared-prompt pass: every row runs its prompt")
+    if not shared and config.model.type == "hf" and a.group_size > 1:
+        why = ("gradient checkpointing" if config.model.gradient_checkpointing else
+               "FSDP" if config.distributed.strategy == "fsdp" else
+               "this GPU (launching its extra passes would cost more than the prompt work they save)")
+        p.notes.append(f"the learner's shared-prompt pass is off under {why}: every row runs its prompt")
 
 
 def _offline_memory(config: Config, p: Plan) -> None:
@@ -554,7 +551,7 @@ def _step_time(config: Config, p: Plan) -> dict[str, float]:
         tokens = d.batch_size / p.world_size * (L.prompt + (2 if pair else 1) * L.completion)
         reference = 1 if config.run.trainer == "dpo" else 0
         update = tokens * forward_per_token * (1 + backward + recompute + reference) / flops
-        pass_kind = "checkpointed" if recompute else "common start"
+        pass_kind = "checkpointed" if recompute else "one pass" if p.device.kind == "cuda" else "common start"
         update = max(update, config.train.ga_steps * _update_launch(config, p, pass_kind))
         return {"update": update, "step": update}
     t, a = config.train, config.algo
@@ -568,15 +565,33 @@ def _step_time(config: Config, p: Plan) -> dict[str, float]:
         compute = rows * forward_per_token / flops
         memory = (m.weight_bytes + kv_read(L.prompt + n)) / bandwidth
         decode += max(compute, memory, launch)
-    learner_tokens = rows * L.completion + prompts * L.prompt
+    shared = _shares_prompts(config, p)
+    learner_tokens = rows * L.completion + (prompts if shared else rows) * L.prompt
     passes = 1 + backward + recompute
     passes += 1 if a.kl_coef > 0 else 0  # the reference's log-probs
     passes += 1 if (a.ppo_epochs > 1 or 0 < a.minibatch_size < t.rollout_size) else 0  # old log-probs
     update = learner_tokens * forward_per_token * passes * a.ppo_epochs / flops
-    shared = config.model.type == "hf" and not recompute and a.group_size > 1
-    pass_kind = "checkpointed" if recompute else "shared prompts" if shared else "common start"
+    pass_kind = ("checkpointed" if recompute else "shared prompts" if shared else
+                 "one pass" if p.device.kind == "cuda" else "common start")
     update = max(update, t.ga_steps * a.ppo_epochs * _update_launch(config, p, pass_kind))
     return {"sampling": prefill + decode, "update": update, "step": prefill + decode + update}
+
+
+def _shares_prompts(config: Config, p: Plan) -> bool:
+    """Whether the learner's pass runs each distinct prompt once (`HFPolicy._forward_shared_prompts`): an
+    HF policy on groups of completions, without gradient checkpointing or FSDP, and on a GPU only where
+    the prompt work saved outweighs the extra passes' launches (`launch_costs.prompt_sharing_pays`)."""
+    t, a = config.train, config.algo
+    if (config.model.type != "hf" or config.model.gradient_checkpointing or a.group_size <= 1
+            or config.distributed.strategy == "fsdp"):
+        return False
+    if p.device.kind != "cuda":
+        return True
+    return prompt_sharing_pays(parameters=p.model.parameters, layers=p.model.layers,
+                               rows=max(1, int(t.rollout_size / p.world_size / t.ga_steps)),
+                               prompt_tokens=p.lengths.prompt, adapted_share=_adapted_share(config),
+                               pass_flops=p.device.matmul_tflops * 1e12 * MATMUL_EFFICIENCY,
+                               op_seconds=p.device.op_us * 1e-6)
 
 
 def _adapted_share(config: Config) -> float:
@@ -589,14 +604,10 @@ def _adapted_share(config: Config) -> float:
     return sum(n in targets for n in ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")) / 7
 
 
-def _ops(pair: tuple[float, float], share: float) -> float:
-    return pair[0] + (pair[1] - pair[0]) * share
-
-
 def _decode_launch(config: Config, p: Plan) -> float:
     """The host's floor under one decode step: its operations x their cost, the layers' replayed as one
     CUDA graph where the sampling loop does so (an HF policy's own loop on a GPU, outside autocast)."""
-    dev, layers = p.device, p.model.layers * _ops(DECODE_OPS, _adapted_share(config))
+    dev, layers = p.device, p.model.layers * layer_ops(DECODE_OPS, _adapted_share(config))
     graphed = (dev.kind == "cuda" and config.model.type == "hf" and config.rollout.engine == "local"
                and config.run.mixed_precision != "bf16")
     return ((layers * (dev.graph_op_us if graphed else dev.op_us)) + DECODE_FIXED_OPS * dev.op_us) * 1e-6
@@ -604,7 +615,7 @@ def _decode_launch(config: Config, p: Plan) -> float:
 
 def _update_launch(config: Config, p: Plan, pass_kind: str) -> float:
     """The host's floor under one micro-batch of the update: its operations x their eager cost."""
-    ops = p.model.layers * _ops(UPDATE_OPS[pass_kind], _adapted_share(config)) + UPDATE_FIXED_OPS
+    ops = p.model.layers * layer_ops(UPDATE_OPS[pass_kind], _adapted_share(config)) + UPDATE_FIXED_OPS
     return ops * p.device.op_us * 1e-6
 
 
