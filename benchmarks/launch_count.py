@@ -123,7 +123,8 @@ def _count_step(gpu_check, work: Path, layers: int, args, *, lora_r: int, checkp
     counted(trainer.model, "generate_ids", "rollout", lambda ids, *a: ids.size(0) == args.rows)
     plain = hf.generate
     # as on a GPU: no oneDNN packing, so LoRA adapters run unmerged; `static`: the CUDA-graph step, run eagerly
-    hf.generate = functools.partial(plain, pack_weights=False, **(dict(cache="static", compact_at=None) if static else {}))
+    graph_step = dict(cache="static", compact_at=None) if static else {}
+    hf.generate = functools.partial(plain, pack_weights=False, **graph_step)
     try:
         with contextlib.redirect_stderr(log):
             trainer.train()

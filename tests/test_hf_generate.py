@@ -16,7 +16,8 @@ PAD, VOCAB = 0, 64
 LENGTHS = [5, 4, 9, 7, 4, 9]  # ragged prompts, left-padded to 9
 VARIANTS = [dict(compact_at=None, share_prefix=False), dict(compact_at=None), dict(compact_at=0.0), dict(compact_at=0.5),
             dict(cache="static", compact_at=0.0), dict(cache="static", compact_at=0.0, share_prefix=False),
-            dict(cache="static", compact_at=None), dict(cache="static", compact_at=None, share_prefix=False),  # decode_graph's step
+            # decode_graph's step (a GPU's CUDA graph, run eagerly)
+            dict(cache="static", compact_at=None), dict(cache="static", compact_at=None, share_prefix=False),
             dict(cache="concat", compact_at=0.0)]  # transformers' own concatenating cache
 
 

@@ -2,8 +2,9 @@
 
 A decode step of a small model on a GPU is bound by the CPU launching its operations (about 60 per
 Llama layer in eager mode, nearer 100 with LoRA adapters, each ~16 us of Python, dispatch and launch
-on an H100's host: benchmarks/launch_count.py, docs/results.md), not by the GPU running them. A CUDA graph records the step's kernels once and replays them with one launch. That
-needs every tensor the step reads or writes at a fixed address with a fixed shape, so the step's
+on an H100's host: benchmarks/launch_count.py, docs/results.md), not by the GPU running them. A CUDA
+graph records the step's kernels once and replays them with one launch. That needs every tensor the
+step reads or writes at a fixed address with a fixed shape, so the step's
 inputs live in buffers sized for the whole rollout: token ids (B, 1), position ids (B, 1), the 2-D
 attention mask over every cache column (B, L), and transformers' `StaticCache`, which writes each
 step's keys and values in place at a position it keeps on the device. The batch keeps its size

@@ -148,7 +148,7 @@ class HFPolicy(nn.Module):
         self.eos_token_ids = sorted({*ids, *([tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else [])})
         # "lean": lmrl.generation.hf_generate (shared prompt prefixes, finished rows dropped); "hf": HF `generate`
         self.generation_engine = "lean"
-        self.cuda_graphs = True  # lean loop on a GPU: replay the decode step as a CUDA graph (generation/decode_graph.py)
+        self.cuda_graphs = True  # lean loop on a GPU: the decode step replayed as a CUDA graph (decode_graph.py)
         # scoring completions (`logits_to_keep` > 0): run each distinct prompt once (see `_forward_shared_prompts`),
         # on a GPU where that pays (`_sharing_pays`)
         self.share_prompts = True
