@@ -16,15 +16,18 @@ Stages, in order:
   env           python, torch, CUDA and the GPUs, package versions
   install       lmrl importable from outside the repo, else `pip install --no-deps --no-build-isolation -e .`
                 (nothing downloaded, no CUDA wheel pulled); then lmrl's own imports
-  cuda-tests    pytest -m cuda tests/test_cuda.py (sampling loop vs log-probs, bf16 steps, no CPU-only paths)
+  cuda-tests    pytest -m cuda tests/test_cuda.py (sampling loop vs log-probs, its CUDA graph against the eager
+                step, bf16 steps, no CPU-only paths, prompt sharing off for a small model)
   models        random-weight model dirs with the real shapes and tokenizers: SmolLM2-135M and Qwen2.5-1.5B
                 (config.json + tokenizer from scripts/gpu_check_assets, bf16 weights drawn on the device)
   grpo-smollm2  GRPO + LoRA steps of the math-grpo-qwen-gpu preset (bf16 weights, r 32 on every projection)
   grpo-qwen1.5b  on open prompts scored by a reward that always varies, `algo.skip_zero_advantage=false` so
-                the whole update runs: seconds per step, rollout and update seconds, peak GPU memory, and the
-                sampling loop's tokens/s against `model.generate` at batch 64 (same prompts, 128 new tokens)
+                the whole update runs: seconds per step, rollout and update seconds, peak GPU memory, `lmrl
+                plan`'s peak and step time for the same run, and the sampling loop's tokens/s (with its CUDA
+                graph, and without) against `model.generate` at batch 64 (same prompts, 128 new tokens)
   ddp           torchrun --nproc_per_node=N (N = the GPUs; one GPU: a one-process NCCL group, so the DDP code
-  fsdp          path runs) GRPO + LoRA on the SmolLM2 shape; fsdp the same with distributed.strategy=fsdp
+  fsdp          path runs) GRPO + LoRA on the SmolLM2 shape, a small rollout (16 x 32 tokens: the code path,
+                not a speed); fsdp the same with distributed.strategy=fsdp
   adder         `lmrl train adder run.device=cuda` (the preset: it stops at 99% held-out), within what is left
                 of its limit (train.time_limit_min): time to 99% held-out from its metrics.jsonl
 
