@@ -35,5 +35,6 @@ def prompt_sharing_pays(*, parameters: int, layers: int, rows: int, prompt_token
     takes longer than launching them. On a CPU sharing always pays: there the work is the bound."""
     extra = layer_ops(UPDATE_OPS["shared prompts"], adapted_share) - layer_ops(UPDATE_OPS["one pass"], adapted_share)
     launches = extra * layers * op_seconds
-    work = 6 * parameters * rows * prompt_tokens / pass_flops
+    per_token = (2 + (2 if adapted_share else 4)) * parameters  # forward; backward (LoRA: no frozen-weight gradients)
+    work = per_token * rows * prompt_tokens / pass_flops
     return work > launches
