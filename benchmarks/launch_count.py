@@ -44,6 +44,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 REPO = Path(__file__).resolve().parents[1]
+DEPTHS = (2, 6)  # decoder layers of the two builds whose counts give the per-layer slope
 SYNC_OPS = ("aten._local_scalar_dense", "aten.item", "aten.is_nonzero")  # item: as dispatched in inference mode
 
 
@@ -77,6 +78,7 @@ def count_step(work: Path, layers: int, args, *, lora_r: int, checkpointing: boo
 
 def _count_step(gpu_check, work: Path, layers: int, args, *, lora_r: int, checkpointing: bool, static: bool,
                 group: int, share: bool) -> dict:
+    import lmrl.models.hf as hf
     from lmrl.config import load_config
     from lmrl.train.rl_trainer import RLTrainer
 
@@ -89,8 +91,6 @@ def _count_step(gpu_check, work: Path, layers: int, args, *, lora_r: int, checkp
         f"model.gradient_checkpointing={str(checkpointing).lower()}", "run.threads=1"]
     if group == 1:  # GRPO compares within groups: REINFORCE, whose batches repeat no prompt
         overrides.append("algo.name=reinforce")
-    import lmrl.models.hf as hf
-
     log = io.StringIO()  # the trainer's log lines, shown if it fails
     try:
         with contextlib.redirect_stderr(log):
@@ -136,11 +136,13 @@ def _count_step(gpu_check, work: Path, layers: int, args, *, lora_r: int, checkp
     return found
 
 
-def per_layer(small: collections.Counter, large: collections.Counter, extra_layers: int, per: float):
+def per_layer(small: collections.Counter, large: collections.Counter, depths: tuple[int, int], per: float):
+    """(operations per layer, fixed operations, host syncs), each per `per` (decode steps or micro-batches),
+    from the counts of the same run at two depths: the slope, and what the slope leaves of the smaller."""
     total = lambda c: sum(c.values())  # noqa: E731
     syncs = lambda c: sum(c[name] for name in SYNC_OPS)  # noqa: E731
-    layer = (total(large) - total(small)) / extra_layers / per
-    fixed = total(small) / per - 2 * layer
+    layer = (total(large) - total(small)) / (depths[1] - depths[0]) / per
+    fixed = total(small) / per - depths[0] * layer
     return layer, fixed, syncs(small) / per
 
 
@@ -174,11 +176,11 @@ def main(argv=None) -> None:
     for name, kw in arms.items():
         key = tuple(sorted(kw.items()))
         if key not in runs:
-            runs[key] = {n: count_step(work, n, args, **kw) for n in (2, 6)}
-        small, large = runs[key][2], runs[key][6]
+            runs[key] = {n: count_step(work, n, args, **kw) for n in DEPTHS}
+        small, large = (runs[key][n] for n in DEPTHS)
         phase = "update" if name.startswith("update") else "rollout"
         per = args.ga_steps if phase == "update" else args.new_tokens
-        layer, fixed, syncs = per_layer(small[phase], large[phase], 4, per)
+        layer, fixed, syncs = per_layer(small[phase], large[phase], DEPTHS, per)
         print(f"{name:36s}{layer:11.1f}{fixed:9.1f}{syncs:8.2f}", flush=True)
     shutil.rmtree(work, ignore_errors=True)
 

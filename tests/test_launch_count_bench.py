@@ -28,7 +28,7 @@ def test_per_layer_is_the_slope_between_two_depths_and_fixed_what_remains():
     """2 layers: 10 fixed + 2 x 30 per layer = 70 ops over 5 steps; 6 layers: 10 + 6 x 30 = 190."""
     small = collections.Counter({"aten.mm": 5 * 60, "aten.add": 5 * 10, "aten._local_scalar_dense": 5})
     large = collections.Counter({"aten.mm": 5 * 180, "aten.add": 5 * 10, "aten._local_scalar_dense": 5})
-    layer, fixed, syncs = per_layer(small, large, 4, 5)
+    layer, fixed, syncs = per_layer(small, large, (2, 6), 5)
     assert layer == 30 and fixed == 11 and syncs == 1  # the sync is an op too: 10 + 1
 
 
@@ -38,6 +38,6 @@ def test_unmerged_lora_adapters_add_operations_to_every_decode_step_and_update(t
     counts = {r: {n: count_step(tmp_path, n, args, lora_r=r, checkpointing=False, static=False) for n in (2, 6)}
               for r in (0, 8)}
     for phase, per in (("rollout", args.new_tokens), ("update", args.ga_steps)):
-        full = per_layer(counts[0][2][phase], counts[0][6][phase], 4, per)[0]
-        lora = per_layer(counts[8][2][phase], counts[8][6][phase], 4, per)[0]
+        full = per_layer(counts[0][2][phase], counts[0][6][phase], (2, 6), per)[0]
+        lora = per_layer(counts[8][2][phase], counts[8][6][phase], (2, 6), per)[0]
         assert lora > full + 7 * 3, (phase, lora, full)  # seven adapted projections, a few ops each at least
