@@ -377,10 +377,10 @@ def planned(cfg, measured: dict, cpu: bool) -> dict:
     """`lmrl plan`'s figures for the run just measured: its peak without the process's own runtime
     (what torch's allocator counts, as `peak_gpu_allocated_gib` does), its error against that peak,
     and its step-time estimate."""
-    from lmrl.train.plan import plan
+    from lmrl.train.plan import RUNTIME_BYTES, plan
 
     p = plan(cfg)
-    peak = (p.peak_bytes - sum(v for k, v in p.held.items() if k.startswith("runtime"))) / 2**30
+    peak = (p.peak_bytes - RUNTIME_BYTES[p.device.kind]) / 2**30
     found = {"plan_peak_gib": round(peak, 2), "plan_step_s": round(p.step_seconds["step"], 3)}
     if not cpu and measured.get("peak_gpu_allocated_gib"):
         found["plan_peak_error"] = round(peak / measured["peak_gpu_allocated_gib"] - 1, 3)

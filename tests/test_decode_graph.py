@@ -5,28 +5,16 @@ one step's forward makes no host sync (which capture forbids) and builds no tens
 
 from __future__ import annotations
 
-import collections
-
 import pytest
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 
+from benchmarks.launch_count import OpCount
 from lmrl.generation.decode_graph import StaticDecodeStep
 from lmrl.generation.hf_generate import prefill
 from lmrl.generation.kv_cache import new_cache
 from tests.test_hf_generate import VOCAB, peaked_llama
 
 FORBIDDEN = ("aten._local_scalar_dense", "aten.item", "aten.is_nonzero", "aten.lift_fresh", "aten._to_copy")
-
-
-class Ops(TorchDispatchMode):
-    def __init__(self):
-        super().__init__()
-        self.seen = collections.Counter()
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        self.seen[str(func.overloadpacket)] += 1
-        return func(*args, **(kwargs or {}))
 
 
 @pytest.mark.parametrize("lora", [False, True])
@@ -44,7 +32,7 @@ def test_a_decode_step_on_the_capture_path_neither_syncs_nor_copies_from_the_hos
     mask[0, :2] = 0  # a left-padded row: the mask matters
     with torch.inference_mode():
         past = new_cache(model, "static", 6 + 8)
-        with Ops() as prefill_ops:  # the prefill does sync (it sizes the shared prefix): the check sees it
+        with OpCount() as prefill_ops:  # the prefill does sync (it sizes the shared prefix): the check sees it
             logits, cache_mask = prefill(model, past, ids, mask, True)
         step = StaticDecodeStep(model, past, cache_mask, 14, graph=True)  # on a CPU: never captured
         positions = mask.sum(-1, keepdim=True)
@@ -57,10 +45,10 @@ def test_a_decode_step_on_the_capture_path_neither_syncs_nor_copies_from_the_hos
         for layer in past.layers:  # the same step again (its write position back one), as run under capture
             layer.cumulative_length.sub_(1)
         monkeypatch.setattr(import_utils, "is_cuda_stream_capturing", lambda: True)
-        with Ops() as ops:
+        with OpCount() as ops:
             captured = step._forward()
     assert step.graph is None and step._capture is False
-    assert any(name in FORBIDDEN for name in prefill_ops.seen)
-    assert not {name: n for name, n in ops.seen.items() if name in FORBIDDEN}, ops.seen
-    assert ops.seen["aten.index_copy_"] == 2 * model.config.num_hidden_layers  # keys and values, in place
+    assert any(name in FORBIDDEN for name in prefill_ops.ops)
+    assert not {name: n for name, n in ops.ops.items() if name in FORBIDDEN}, ops.ops
+    assert ops.ops["aten.index_copy_"] == 2 * model.config.num_hidden_layers  # keys and values, in place
     torch.testing.assert_close(captured, eager)  # the capture path computes the same step

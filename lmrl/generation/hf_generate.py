@@ -178,16 +178,12 @@ def generate(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, max_n
         eos = torch.tensor(eos_list, device=device)
         completion = torch.full((B, max_new_tokens), pad_token_id, dtype=torch.long, device=device)
         logprobs = torch.zeros((B, max_new_tokens), dtype=torch.float32, device=device)
-        past = None
-        if cuda_graph and device.type == "cuda" and not torch.is_autocast_enabled("cuda"):
-            past = new_cache(model, "static", P + max_new_tokens)
-            if graphable(past):
-                cache, compact_at = "static", None
-            else:  # a cache layer that keeps its position in Python would replay stale writes: no graph
-                past = None
-        graphed = past is not None
-        if past is None:
-            past = new_cache(model, cache, P + max_new_tokens)
+        graphed = cuda_graph and device.type == "cuda" and not torch.is_autocast_enabled("cuda")
+        past = new_cache(model, "static" if graphed else cache, P + max_new_tokens)
+        if graphed and not graphable(past):  # a cache layer keeping its position in Python would replay stale writes
+            graphed, past = False, new_cache(model, cache, P + max_new_tokens)
+        if graphed:
+            cache, compact_at = "static", None
         logits, mask = prefill(model, past, input_ids, attention_mask.long(), share_prefix)
         step = (StaticDecodeStep(model, past, mask, P + max_new_tokens, graph=graphed)
                 if cache == "static" and compact_at is None else None)

@@ -411,9 +411,7 @@ def _trained_inputs(config: Config, m: ModelSize) -> tuple[int, int]:
 
     extra = (m.hidden if trains("q_proj", "k_proj", "v_proj") else 0) + \
         (m.hidden if trains("gate_proj", "up_proj") else 0) + (m.intermediate if trains("down_proj") else 0)
-    adapted = 7 if every else sum(n in targets for n in ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj",
-                                                          "up_proj", "down_proj"))
-    return extra, (adapted * config.lora.r if lora else 0)
+    return extra, _adapted(config) * config.lora.r
 
 
 def _activations(config: Config, p: Plan, rows: float, tokens_per_row: float, prompt_tokens: float) -> dict[str, int]:
@@ -594,14 +592,19 @@ def _shares_prompts(config: Config, p: Plan) -> bool:
                                op_seconds=p.device.op_us * 1e-6)
 
 
-def _adapted_share(config: Config) -> float:
-    """The share of a layer's 7 projections that carry a LoRA adapter (0 without LoRA)."""
+PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")  # a Llama block's
+
+
+def _adapted(config: Config) -> int:
+    """How many of a layer's projections carry a LoRA adapter (0 without LoRA)."""
     if config.lora.r <= 0:
-        return 0.0
+        return 0
     targets = set(config.lora.target_modules)
-    if "all-linear" in targets:
-        return 1.0
-    return sum(n in targets for n in ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")) / 7
+    return len(PROJECTIONS) if "all-linear" in targets else sum(n in targets for n in PROJECTIONS)
+
+
+def _adapted_share(config: Config) -> float:
+    return _adapted(config) / len(PROJECTIONS)
 
 
 def _decode_launch(config: Config, p: Plan) -> float:
