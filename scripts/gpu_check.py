@@ -22,7 +22,8 @@ Stages, in order:
                 (config.json + tokenizer from scripts/gpu_check_assets, bf16 weights drawn on the device)
   grpo-smollm2  GRPO + LoRA steps of the math-grpo-qwen-gpu preset (bf16 weights, r 32 on every projection)
   grpo-qwen1.5b  on open prompts scored by a reward that always varies, `algo.skip_zero_advantage=false` so
-                the whole update runs: seconds per step, rollout and update seconds, peak GPU memory, `lmrl
+                the whole update runs: seconds per step, rollout and update seconds, peak GPU memory and
+                what the first update held at its peak by allocation site (`first_update_memory`), `lmrl
                 plan`'s peak and step time for the same run, and the sampling loop's tokens/s (with its CUDA
                 graph, and without) against `model.generate` at batch 64 (same prompts, 128 new tokens)
   ddp           torchrun --nproc_per_node=N (N = the GPUs; one GPU: a one-process NCCL group, so the DDP code
@@ -355,9 +356,11 @@ def grpo_run(key: str, work: Path, cpu: bool) -> dict:
     run_dir = work / f"grpo-{key}"
     shutil.rmtree(run_dir, ignore_errors=True)
     cfg = load_config("math-grpo-qwen-gpu", grpo_overrides(key, work, cpu, run_dir))
+    trace = None
     if torch.cuda.is_available() and not cpu:
         torch.cuda.reset_peak_memory_stats()
-    trainer = RLTrainer(cfg)
+        trace = UpdateMemoryTrace()
+    trainer = RLTrainer(cfg, callbacks=[trace] if trace else None)
     summary = trainer.train()
     rows = [r for r in read_metrics(run_dir) if "time/step_s" in r]
     later = rows[1:] or rows  # the first step warms up kernels and allocators
@@ -368,6 +371,8 @@ def grpo_run(key: str, work: Path, cpu: bool) -> dict:
              "update_s_median": median(r["time/update_s"] for r in later),
              "update_fraction": median(r.get("train/update_fraction", 1.0) for r in later)}
     found.update(peak_memory(cpu))
+    if trace is not None:
+        found["first_update_memory"] = trace.breakdown
     found.update(planned(cfg, found, cpu))
     found.update(rollout_speed(trainer, cfg, batch=cfg.train.rollout_size, cpu=cpu))
     return found
@@ -454,6 +459,85 @@ def peak_memory(cpu: bool) -> dict:
         found["peak_gpu_allocated_gib"] = round(torch.cuda.max_memory_allocated() / 2**30, 2)
         found["peak_gpu_reserved_gib"] = round(torch.cuda.max_memory_reserved() / 2**30, 2)
     return found
+
+
+class UpdateMemoryTrace:
+    """A trainer callback (`lmrl.train.callbacks` hooks) that records the CUDA allocator's history over the
+    first step's update (from its first scored episode to the end of its optimizer step: the rollout is
+    left out) and keeps `live_at_peak` of it as `breakdown`: what the update held at its peak, by where
+    it was allocated, the figures `lmrl plan`'s update parts are checked against. Python stacks only,
+    and the first step is left out of the timed medians."""
+
+    MAX_EVENTS = 500_000
+
+    def __init__(self):
+        self.breakdown: dict | None = None
+        self._baseline: int | None = None
+
+    def on_episode_end(self, trainer, episode) -> None:
+        import torch
+
+        if self._baseline is None:
+            torch.cuda.synchronize()
+            self._baseline = torch.cuda.memory_allocated()
+            torch.cuda.memory._record_memory_history(max_entries=self.MAX_EVENTS, stacks="python")
+
+    def on_update_end(self, trainer, step: int) -> None:
+        import torch
+
+        if self._baseline is None or self.breakdown is not None:
+            return
+        snapshot = torch.cuda.memory._snapshot()
+        torch.cuda.memory._record_memory_history(enabled=None)
+        events = snapshot["device_traces"][torch.cuda.current_device()]
+        self.breakdown = live_at_peak(events, self._baseline)
+
+
+def live_at_peak(events: list[dict], baseline: int = 0, top: int = 12) -> dict:
+    """What a CUDA allocator trace (`torch.cuda.memory._snapshot()["device_traces"][device]`, events in
+    order: `alloc` and `free_requested` with `addr`, `size`, `frames` innermost first) held when its
+    allocated bytes peaked, `baseline` bytes being allocated as it began: the peak, and the blocks
+    alive then summed by `allocation_site`, largest first (`top` of them; the rest as one line)."""
+    total = peak = 0
+    at = -1  # the event after which the peak was reached (-1: before any)
+    for i, e in enumerate(events):
+        total += e["size"] if e["action"] == "alloc" else -e["size"] if e["action"] == "free_requested" else 0
+        if total > peak:
+            peak, at = total, i
+    live: dict[int, dict] = {}
+    for e in events[:at + 1]:
+        if e["action"] == "alloc":
+            live[e["addr"]] = e
+        elif e["action"] == "free_requested":
+            live.pop(e["addr"], None)  # blocks allocated before the trace began are in the baseline
+    sites: dict[str, list[int]] = {}
+    for e in live.values():
+        site = sites.setdefault(allocation_site(e.get("frames", [])), [0, 0])
+        site[0] += e["size"]
+        site[1] += 1
+    ranked = sorted(sites.items(), key=lambda kv: -kv[1][0])
+    rest = ranked[top:]
+    rows = [{"where": where, "gib": round(size / 2**30, 3), "blocks": n} for where, (size, n) in ranked[:top]]
+    if rest:
+        rows.append({"where": f"{len(rest)} other sites", "gib": round(sum(s for _, (s, _) in rest) / 2**30, 3),
+                     "blocks": sum(n for _, (_, n) in rest)})
+    return {"baseline_gib": round(baseline / 2**30, 3), "peak_gib": round((baseline + peak) / 2**30, 3),
+            "events": len(events), "peak_after_event": at, "live_at_peak": rows}
+
+
+def allocation_site(frames: list[dict]) -> str:
+    """`file:line function` of the innermost Python frame outside torch itself (paths from the package
+    or repo root), e.g. transformers/models/llama/modeling_llama.py:118 forward."""
+    for f in frames:
+        name = f.get("filename", "")
+        if "/torch/" in name or not name.endswith(".py"):
+            continue
+        for root in ("site-packages/", "dist-packages/", f"{REPO}/"):
+            if root in name:
+                name = name.split(root, 1)[1]
+                break
+        return f"{name}:{f.get('line')} {f.get('name')}"
+    return "no Python frame (autograd's backward thread, or torch itself)"
 
 
 # ------------------------------------------------------------------------------------------ torchrun
