@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import math
+from contextlib import nullcontext
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -16,6 +18,7 @@ from lmrl.models.reference import is_reference_view
 from lmrl.tasks.rewards import RewardModelScorer
 from lmrl.tasks.text_batches import pair_batch
 from lmrl.train.dpo_trainer import DPOTrainer
+from lmrl.train.offline import OfflineTrainer, TokenMean
 from lmrl.train.reward_trainer import RewardTrainer
 from lmrl.train.sft_trainer import SFTTrainer
 from lmrl.train.trainers import build_trainer
@@ -117,7 +120,25 @@ def test_dpo_resumes_exactly_with_micro_batches_sorted_by_length(data, tmp_path)
     DPOTrainer(_cfg(data, tmp_path / "part", "dpo", *over, "run.resume=auto")).train()
     full, part = _metrics(tmp_path / "full"), _metrics(tmp_path / "part")
     assert len(full) == 4 and [r["dpo/loss"] for r in full] == [r["dpo/loss"] for r in part]
+    assert [r["num_tokens"] for r in full] == [r["num_tokens"] for r in part]  # the count goes on from the checkpoint
     assert [r.get("eval/loss") for r in full] == [r.get("eval/loss") for r in part]
+
+
+def test_a_token_mean_is_over_all_the_steps_tokens_whichever_rows_share_a_micro_batch():
+    """Micro-batch [0, 0]: one token of value 1; micro-batch [1, 1]: three tokens of value 0. The step's
+    token mean is 1/4, where the mean of the micro-batches' means, weighted by rows, would be 1/2; a
+    plain number stays a mean weighted by rows."""
+    by_batch = {0: TokenMean(1.0, 1), 1: TokenMean(0.0, 3)}
+
+    def compute_loss(rows):
+        return torch.zeros((), requires_grad=True), {"entropy": by_batch[rows[0]], "row": float(rows[0])}
+
+    trainer = SimpleNamespace(ordered=lambda rows: rows, collate=lambda rows: rows, compute_loss=compute_loss,
+                              config=SimpleNamespace(train=SimpleNamespace(ga_steps=2)), device="cpu",
+                              no_sync=lambda sync: nullcontext())
+    _, metrics = OfflineTrainer.accumulate(trainer, [0, 0, 1, 1])
+    assert metrics == {"entropy": 0.25, "row": 0.5}
+    assert TokenMean(0.0, 0).value == 0.0  # no tokens: 0, as TRL logs it
 
 
 def test_dpo_without_lora_uses_a_frozen_copy(data, tmp_path):

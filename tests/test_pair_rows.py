@@ -5,14 +5,16 @@ keep the step's loss and gradients. Tiny random Llamas built here; no hub."""
 
 from __future__ import annotations
 
+import math
 import types
 
 import pytest
 import torch
 
 from lmrl.models.reward_model import build_reward_model
-from lmrl.tasks.text_batches import (PairExample, pair_batch, pair_logps, pair_rows, pair_scores,
-                                     takes_pair_rows)
+from lmrl.tasks.text_batches import (PairExample, pair_batch, pair_logps, pair_logps_and_sums, pair_rows,
+                                     pair_scores, takes_pair_rows)
+from lmrl.train.dpo_trainer import dpo_token_metrics
 from tests.test_hf_generate import tiny_lora_policy
 
 PAD = 0
@@ -64,7 +66,7 @@ def test_a_pair_row_is_the_prompt_head_then_each_reply_after_the_prompts_last_to
 
 def test_dpo_log_probs_on_pair_rows_equal_each_side_in_its_own_row_with_gradients(tmp_path, monkeypatch):
     """The policy (gradients) and its reference view (adapter off, no gradients) on pair rows give the
-    plain full forward's per-side log-probs, token counts and LoRA gradients, with sdpa and eager
+    plain full forward's per-side log-probs, token counts, token diagnostics and LoRA gradients, with sdpa and eager
     attention, with a transformers that keeps logits by columns only, and under gradient checkpointing."""
     import lmrl.models.hf as hf
     from lmrl.models.reference import reference_view
@@ -75,11 +77,11 @@ def test_dpo_log_probs_on_pair_rows_equal_each_side_in_its_own_row_with_gradient
 
     def run(batch):
         policy.zero_grad()
-        logps, counted = pair_logps(policy, batch)
+        logps, counted, sums = pair_logps_and_sums(policy, batch)
         (logps * weights).sum().backward()
         with torch.no_grad():
             reference = pair_logps(reference_view(policy), batch)[0]
-        return logps.detach(), counted, reference, lora_grads(policy)
+        return logps.detach(), counted, reference, lora_grads(policy), sums
 
     policy.share_prompts = False  # the plain pass: every row runs in full
     plain = run(pair_batch(pairs, PAD, "cpu"))
@@ -91,11 +93,14 @@ def test_dpo_log_probs_on_pair_rows_equal_each_side_in_its_own_row_with_gradient
         if checkpointing:  # one ordinary forward pass: activations recomputed in backward as usual
             policy.hf_model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
             assert policy.training and policy.hf_model.is_activation_checkpointing
-        logps, counted, reference, grads = run(pair_rows(pairs, PAD, "cpu"))
+        logps, counted, reference, grads, sums = run(pair_rows(pairs, PAD, "cpu"))
         torch.testing.assert_close(logps, plain[0], atol=1e-5, rtol=1e-5)
         assert counted.tolist() == plain[1].tolist() == [5, 3, 3, 3, 4, 2, 6, 3, 2, 1]
         torch.testing.assert_close(reference, plain[2], atol=1e-5, rtol=1e-5)
         assert_same_grads(grads, plain[3])
+        for got, expected in ((sums.entropy, plain[4].entropy), (sums.mean_logit, plain[4].mean_logit)):
+            torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
+        assert torch.equal(sums.top1, plain[4].top1)
 
 
 def test_reward_scores_on_pair_rows_equal_the_sequence_classifiers_own_forward_with_gradients(tmp_path):
@@ -171,3 +176,54 @@ def test_models_without_a_custom_mask_get_the_plain_layout(tmp_path):
     policy = tiny_lora_policy(tmp_path)
     policy.hf_model.config._attn_implementation = "flash_attention_2"  # set directly: not installed here
     assert not takes_pair_rows(policy)
+
+
+class Bigram:
+    """A model whose logits at a position are `table[its token]`, whatever came before, so both layouts
+    give every position the same logits: (B, T) ids -> (B, T, V); `logits_to_keep` a (B, T) bool mask:
+    the kept positions (K, V); an int k > 0: the last k positions."""
+
+    takes_pair_rows = True
+
+    def __init__(self, table: torch.Tensor):
+        self.table = table
+
+    def __call__(self, ids, attention_mask=None, position_ids=None, logits_to_keep=0):
+        logits = self.table[ids]
+        if isinstance(logits_to_keep, torch.Tensor):
+            return logits[logits_to_keep]
+        return logits[:, -logits_to_keep:] if logits_to_keep else logits
+
+
+# words 0 (pad) .. 4; the logits that follow each token, with their mean, entropy and argmax
+HAND_TABLE = torch.tensor([[0.0, 0.0, 0.0, 0.0, 0.0],             # 0: pad, never followed by a scored token
+                           [0.0, 0.0, 0.0, 0.0, 0.0],             # 1: mean 0, entropy ln 5, argmax 0
+                           [-100.0, 0.0, 0.0, -100.0, -100.0],    # 2: mean -60, entropy ln 2, argmax 1 (tied with 2)
+                           [0.0, 0.0, 0.0, 4.0, 0.0],             # 3: mean 0.8, entropy H3, argmax 3
+                           [0.0, 0.0, 0.0, 0.0, 0.0]])
+H3 = math.log(math.exp(4) + 4) - 4 * math.exp(4) / (math.exp(4) + 4)  # -Σ p log p of softmax(0, 0, 0, 4, 0)
+
+
+def test_reply_token_sums_of_hand_written_logits_are_the_same_in_both_layouts():
+    """Pair A: prompt 1 3, chosen 3 2 (the 2 without loss), rejected 1; pair B: prompt 2, chosen 2,
+    rejected 1 3. Each reply token is predicted by the logits after the token before it:
+      chosen A   3 after 3: the argmax         entropy H3   mean 0.8
+      chosen B   2 after 2: tied with 1, not   entropy ln 2 mean -60
+      rejected A 1 after 3                     entropy H3   mean 0.8
+      rejected B 1 after 2: the argmax         entropy ln 2 mean -60;  3 after 1: entropy ln 5, mean 0"""
+    pairs = [PairExample([1, 3], [3, 2], [1], [1, 0], [1]), PairExample([2], [2], [1, 3])]
+    model = Bigram(HAND_TABLE)
+    for batch in (pair_batch(pairs, PAD, "cpu"), pair_rows(pairs, PAD, "cpu")):
+        logps, counted, sums = pair_logps_and_sums(model, batch)  # sides: chosen A, chosen B, rejected A, B
+        assert counted.tolist() == [1, 1, 1, 2]
+        torch.testing.assert_close(sums.entropy, torch.tensor([H3, math.log(2), H3, math.log(2) + math.log(5)]))
+        torch.testing.assert_close(sums.mean_logit, torch.tensor([0.8, -60.0, 0.8, -60.0]))
+        assert sums.top1.tolist() == [1.0, 0.0, 0.0, 1.0]
+        log_p = HAND_TABLE.log_softmax(-1)  # log_p[a, b]: token b after token a
+        expected = torch.stack([log_p[3, 3], log_p[2, 2], log_p[3, 1], log_p[2, 1] + log_p[1, 3]])
+        torch.testing.assert_close(logps, expected)
+        assert torch.equal(logps, pair_logps(model, batch)[0])
+        metrics = {k: v.value for k, v in dpo_token_metrics(sums, counted).items()}
+        assert metrics == pytest.approx({"entropy": (2 * H3 + 2 * math.log(2) + math.log(5)) / 5,
+                                         "logits/chosen": (0.8 - 60) / 2, "logits/rejected": (0.8 - 60 + 0) / 3,
+                                         "mean_token_accuracy": 1 / 2})

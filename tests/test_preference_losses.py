@@ -3,7 +3,7 @@ import math
 import pytest
 import torch
 
-from lmrl.algos.preference_losses import bradley_terry_loss, dpo_loss, sequence_logps
+from lmrl.algos.preference_losses import bradley_terry_loss, dpo_loss
 
 
 def logps(*values, grad=False):
@@ -139,39 +139,3 @@ def test_bradley_terry_value_accuracy_and_margin():
     assert per_pair.item() == pytest.approx(0.5 * (math.log(2) + math.log(1 + math.e)))
     with pytest.raises(ValueError, match=r"chosen \(2,\) and rejected \(3,\)"):
         bradley_terry_loss(logps(1.0, 2.0), logps(1.0, 2.0, 3.0))
-
-
-def test_sequence_logps_sums_masked_token_logprobs():
-    # position 0: logits (0, 0, 0), label 1 → log 1/3; position 1: logits (ln 2, 0, 0), label 0 → log 2/4
-    logits = torch.tensor([[[0.0, 0.0, 0.0], [math.log(2), 0.0, 0.0]]])
-    labels = torch.tensor([[1, 0]])
-    assert sequence_logps(logits, labels, torch.tensor([[1, 1]])).tolist() == pytest.approx([-math.log(6)])
-    assert sequence_logps(logits, labels, torch.tensor([[1, 0]])).tolist() == pytest.approx([-math.log(3)])
-
-
-def test_sequence_logps_masked_tokens_contribute_nothing():
-    torch.manual_seed(0)
-    logits, labels = torch.randn(2, 4, 5), torch.randint(0, 5, (2, 4))
-    mask = torch.tensor([[1, 1, 0, 0], [0, 1, 1, 1]])
-    before = sequence_logps(logits, labels, mask)
-    changed, changed_labels = logits.clone(), labels.clone()
-    changed[0, 2] = 1e4                 # a huge logit,
-    changed[0, 3] = float("nan")        # a nan,
-    changed[1, 0, 0] = float("-inf")    # a −inf,
-    changed_labels[0, 3] = -100         # and an ignore-index label, all on masked positions
-    after = sequence_logps(changed, changed_labels, mask)
-    assert torch.equal(before, after)
-    # and a change on a kept position does change the result
-    changed[1, 1] += 3.0
-    assert not torch.equal(before, sequence_logps(changed, changed_labels, mask))
-
-
-def test_sequence_logps_gradient_skips_masked_positions():
-    logits = torch.randn(1, 3, 4, requires_grad=True)
-    sequence_logps(logits, torch.tensor([[0, 1, 2]]), torch.tensor([[1, 0, 1]])).sum().backward()
-    assert torch.all(logits.grad[0, 1] == 0) and logits.grad[0, 0].abs().sum() > 0
-
-
-def test_sequence_logps_refuses_misaligned_shapes():
-    with pytest.raises(ValueError, match=r"labels \(1, 2\), mask \(1, 3\)"):
-        sequence_logps(torch.zeros(1, 3, 4), torch.zeros(1, 2, dtype=torch.long), torch.ones(1, 3))

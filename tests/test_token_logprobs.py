@@ -1,11 +1,12 @@
-"""token_logprobs against the plain tensor expressions, in value and gradient."""
+"""token_logprobs against the plain tensor expressions, in value and gradient; the diagnostics
+(mean logit, top-1) read in the same pass, on logits written by hand."""
 
 import math
 
 import pytest
 import torch
 
-from lmrl.generation.token_logprobs import token_logprobs
+from lmrl.generation.token_logprobs import token_logprobs, token_logprobs_and_diagnostics
 
 
 def reference(logits, targets, temperature):
@@ -68,8 +69,40 @@ def test_low_precision_logits_are_read_in_float32_and_get_a_gradient_of_their_dt
     assert logits.grad.dtype == torch.bfloat16
 
 
+def test_diagnostics_are_the_mean_logit_and_whether_the_target_is_the_first_argmax():
+    logits = torch.tensor([[1.0, 3.0, 3.0, 0.0],    # target 1: the first of two maxima
+                           [1.0, 3.0, 3.0, 0.0],    # target 2: tied with an earlier token, not the argmax
+                           [2.0, -2.0, 0.0, 4.0],   # target 3: the argmax
+                           [0.0, 0.0, 0.0, 0.0]])   # target 2: all tied, token 0 is the argmax
+    targets = torch.tensor([1, 2, 3, 2])
+    for temperature, chunk_rows in ((1.0, 64), (0.5, 3)):
+        logp, entropy, mean_logit, top1 = token_logprobs_and_diagnostics(logits, targets, temperature, chunk_rows)
+        # the mean of logits / temperature over the 4 words: 7/4, 7/4, 4/4, 0
+        torch.testing.assert_close(mean_logit, torch.tensor([1.75, 1.75, 1.0, 0.0]) / temperature)
+        assert top1.tolist() == [True, False, True, False] and top1.dtype == torch.bool
+        plain_logp, plain_entropy = token_logprobs(logits, targets, temperature, chunk_rows)
+        assert torch.equal(logp, plain_logp) and torch.equal(entropy, plain_entropy)
+    assert entropy[3].item() == pytest.approx(math.log(4))
+
+
+def test_diagnostics_leave_the_gradient_unchanged():
+    gen = torch.Generator().manual_seed(3)
+    base = torch.randn(2, 5, 30, generator=gen) * 3
+    targets = torch.randint(0, 30, (2, 5), generator=gen)
+    grads = []
+    for compute in (token_logprobs, token_logprobs_and_diagnostics):
+        logits = base.clone().requires_grad_()
+        logp, entropy, *diagnostics = compute(logits, targets, 0.7, chunk_rows=4)
+        (logp.sum() + entropy.sum()).backward()
+        grads.append(logits.grad)
+        assert all(not d.requires_grad for d in diagnostics)
+    assert torch.equal(grads[0], grads[1])
+
+
 def test_bad_shapes_and_temperatures_are_refused():
     with pytest.raises(ValueError, match="do not match"):
         token_logprobs(torch.zeros(2, 3, 5), torch.zeros(2, 4, dtype=torch.long))
     with pytest.raises(ValueError, match="temperature"):
         token_logprobs(torch.zeros(2, 5), torch.zeros(2, dtype=torch.long), temperature=0.0)
+    with pytest.raises(ValueError, match="do not match"):
+        token_logprobs_and_diagnostics(torch.zeros(2, 3, 5), torch.zeros(2, 4, dtype=torch.long))

@@ -1,8 +1,10 @@
 """TRL's metric names, logged beside lmrl's own and computed as TRL computes them: a GRPO step's
 (reward, reward_std, frac_reward_zero_std, rewards/<name>/*, num_tokens, completions/*, entropy, kl,
-clip_ratio/*, loss, grad_norm, learning_rate, and what reward functions log with log_metric) and a
-DPO step's (loss, rewards/*, logps/*, grad_norm, learning_rate). Each value is checked against a
-hand-computed one on a small case."""
+clip_ratio/*, loss, grad_norm, learning_rate, and what reward functions log with log_metric), a
+DPO step's (loss, rewards/*, logps/*, logits/*, entropy, mean_token_accuracy, num_tokens, grad_norm,
+learning_rate) and an SFT step's (loss, entropy, mean_token_accuracy, num_tokens, grad_norm,
+learning_rate). Each value is checked against a hand-computed one on a small case (the token
+diagnostics' values against TRL's own in tests/test_trl_parity.py)."""
 
 from __future__ import annotations
 
@@ -17,6 +19,7 @@ from lmrl.log.plot import FAMILIES, is_rate
 from lmrl.tasks.arithmetic import seq_len
 from lmrl.train.dpo_trainer import DPOTrainer
 from lmrl.train.rl_trainer import RLTrainer
+from lmrl.train.sft_trainer import SFTTrainer
 from tests.test_offline_trainers import _cfg, data  # noqa: F401  (the fixture: a tiny Llama and preference pairs)
 
 GRPO_NAMES = ["reward", "reward_std", "frac_reward_zero_std", "rewards/fixed_rewards/mean",
@@ -26,7 +29,9 @@ GRPO_NAMES = ["reward", "reward_std", "frac_reward_zero_std", "rewards/fixed_rew
               "clip_ratio/low_mean", "clip_ratio/low_min", "clip_ratio/high_mean", "clip_ratio/high_max",
               "clip_ratio/region_mean", "loss", "grad_norm", "learning_rate"]
 DPO_NAMES = ["loss", "rewards/chosen", "rewards/rejected", "rewards/accuracies", "rewards/margins", "logps/chosen",
-             "logps/rejected", "grad_norm", "learning_rate"]
+             "logps/rejected", "logits/chosen", "logits/rejected", "entropy", "mean_token_accuracy", "num_tokens",
+             "grad_norm", "learning_rate"]
+SFT_NAMES = ["loss", "entropy", "mean_token_accuracy", "num_tokens", "grad_norm", "learning_rate"]
 
 
 def fixed_rewards(completions, log_metric, log_extra, **kwargs):
@@ -83,8 +88,20 @@ def test_the_loss_reports_trls_clip_ratios():
     assert stats["clip_ratio/high_max"] == pytest.approx(1 / 3)  # row 1: one of its three tokens
 
 
+def tokens_so_far(trainer, steps: int) -> list[int]:
+    """TRL's num_tokens after each of the first `steps` steps: each pair's prompt twice (a row per side)
+    and both replies, or each SFT row's tokens."""
+    per_step = []
+    for step in range(steps):
+        pairs = [trainer.pair(row) for row in trainer.batch_rows(step)] if hasattr(trainer, "pair") else None
+        per_step.append(sum(2 * len(p.prompt) + len(p.chosen) + len(p.rejected) for p in pairs) if pairs else
+                        sum(len(row.ids) for row in trainer.batch_rows(step)))
+    return [sum(per_step[:k + 1]) for k in range(steps)]
+
+
 def test_a_dpo_step_logs_trls_names(data, tmp_path):  # noqa: F811
-    DPOTrainer(_cfg(data, tmp_path / "run", "dpo", "lora.r=4", "train.max_steps=2", "train.eval_every=100")).train()
+    trainer = DPOTrainer(_cfg(data, tmp_path / "run", "dpo", "lora.r=4", "train.max_steps=2", "train.eval_every=100"))
+    trainer.train()
     rows = _rows(tmp_path / "run")
     assert len(rows) == 2
     for row in rows:
@@ -92,7 +109,26 @@ def test_a_dpo_step_logs_trls_names(data, tmp_path):  # noqa: F811
         assert row["loss"] == pytest.approx(row["dpo/loss"], abs=1e-6)
         assert (row["grad_norm"], row["learning_rate"]) == (row["dpo/grad_norm"], row["dpo/lr"])
         assert row["rewards/margins"] == pytest.approx(row["rewards/chosen"] - row["rewards/rejected"], abs=1e-6)
+        assert 0 <= row["mean_token_accuracy"] <= 1 and 0 < row["entropy"] <= math.log(trainer.model.config.vocab_size)
     assert rows[0]["loss"] == pytest.approx(math.log(2), abs=1e-6)  # policy = reference at the first step
+    assert [row["num_tokens"] for row in rows] == tokens_so_far(trainer, 2)
+    evaluated = rows[-1]  # the last step evaluates: the same names, eval/num_tokens the training tokens so far
+    assert all(f"eval/{name}" in evaluated for name in ("entropy", "logits/chosen", "logits/rejected",
+                                                        "mean_token_accuracy"))
+    assert evaluated["eval/num_tokens"] == evaluated["num_tokens"]
+
+
+def test_an_sft_step_logs_trls_names(data, tmp_path):  # noqa: F811
+    trainer = SFTTrainer(_cfg(data, tmp_path / "run", "sft", "lora.r=4", "train.max_steps=2", "train.eval_every=100"))
+    trainer.train()
+    rows = _rows(tmp_path / "run")
+    assert len(rows) == 2
+    for row in rows:
+        assert all(name in row for name in SFT_NAMES), [name for name in SFT_NAMES if name not in row]
+        assert row["mean_token_accuracy"] == pytest.approx(row["sft/token_accuracy"])  # one micro-batch: the same
+        assert 0 < row["entropy"] <= math.log(trainer.model.config.vocab_size)
+    assert [row["num_tokens"] for row in rows] == tokens_so_far(trainer, 2)
+    assert rows[-1]["eval/num_tokens"] == rows[-1]["num_tokens"] and "eval/entropy" in rows[-1]
 
 
 def test_plots_put_trls_rates_with_the_rates_and_its_learning_rate_with_the_learning_rates():
@@ -100,3 +136,6 @@ def test_plots_put_trls_rates_with_the_rates_and_its_learning_rate_with_the_lear
     assert not is_rate("learning_rate") and not is_rate("reward_std")
     lr = next(belongs for stem, _, _, belongs in FAMILIES if stem == "lr")
     assert lr("learning_rate") and lr("train/lr")
+    assert is_rate("mean_token_accuracy") and is_rate("eval/mean_token_accuracy")
+    evaluation = next(belongs for stem, _, _, belongs in FAMILIES if stem == "eval")
+    assert evaluation("eval/entropy") and not evaluation("eval/num_tokens")  # a count, not a held-out value

@@ -7,8 +7,13 @@ to; values agree to 1e-6. Where lmrl deliberately differs, a test pins the diffe
     GRPOTrainer._generate_and_score_completions  advantages (scale_rewards group / batch / none)
     GRPOTrainer._compute_loss                    per-token clipped loss, loss_type grpo / bnpo / dr_grpo /
                                                  dapo, asymmetric clipping, k3 KL in the loss
-    DPOTrainer._compute_loss                     sigmoid, ipo, hinge, robust (label smoothing)
+    DPOTrainer._compute_loss                     sigmoid, ipo, hinge, robust (label smoothing); entropy,
+                                                 logits/chosen|rejected, mean_token_accuracy, num_tokens
+    SFTTrainer.compute_loss                      loss, entropy, mean_token_accuracy, num_tokens
     RewardTrainer.compute_loss                   Bradley–Terry with a margin column
+
+The token diagnostics are fed TRL's own per-token outputs: its fused LM head's kernel
+(`ChunkedLogProbFunction`, torch path) run on logits with the identity as the head.
 """
 
 from __future__ import annotations
@@ -25,7 +30,13 @@ from lmrl.algos.base import PreparedBatch
 from lmrl.algos.losses import kl_estimate
 from lmrl.algos.preference_losses import bradley_terry_loss, dpo_loss
 from lmrl.config import AlgoConfig
-from trl import DPOTrainer, GRPOTrainer, RewardTrainer
+from lmrl.tasks.text_batches import PairExample, pad_sequences, pair_batch, pair_logps_and_sums, pair_rows
+from lmrl.train.dpo_trainer import dpo_token_metrics
+from lmrl.train.offline import PairTrainer
+from lmrl.train.sft_trainer import SFTTrainer as LmrlSFTTrainer
+from tests.test_pair_rows import Bigram
+from trl import DPOTrainer, GRPOTrainer, RewardTrainer, SFTTrainer
+from trl.kernels.chunked_logprob import ChunkedLogProbFunction
 
 TOL = dict(rtol=0, atol=1e-6)
 
@@ -184,13 +195,21 @@ def trl_dpo(loss_type: str, beta: float, label_smoothing: float, token_logps, re
     rows, width = mask.shape
     zeros = torch.zeros(rows, width - 1)
     out = SimpleNamespace(log_probs=token_logps, entropy=zeros, mean_logits=zeros, is_top1=zeros.bool())
+    inputs = {"input_ids": torch.ones(rows, width, dtype=torch.long), "attention_mask": torch.ones(rows, width),
+              "completion_mask": mask}
+    return trl_dpo_on(out, inputs, ref_chosen, ref_rejected, loss_type, beta, label_smoothing)
+
+
+def trl_dpo_on(out, inputs: dict, ref_chosen, ref_rejected, loss_type: str = "sigmoid", beta: float = 0.1,
+               label_smoothing: float = 0.0):
+    """`DPOTrainer._compute_loss` on a stub model that returns `out` (the fused LM head's per-token
+    fields) for `inputs` (input_ids, attention_mask, completion_mask), the reference precomputed."""
     stub = SimpleNamespace(
         model=SimpleNamespace(training=True), accelerator=Accelerator(), aux_loss_enabled=False, ld_alpha=None,
         precompute_ref_logps=True, f_divergence_type="reverse_kl", loss_types=[loss_type], loss_weights=[1.0],
         beta=beta, label_smoothing=label_smoothing, use_weighting=False, _metrics=metrics(),
         _total_train_tokens=0, _tp_size=1)
-    inputs = {"input_ids": torch.ones(rows, width, dtype=torch.long), "attention_mask": torch.ones(rows, width),
-              "completion_mask": mask, "ref_chosen_logps": ref_chosen, "ref_rejected_logps": ref_rejected}
+    inputs = {**inputs, "ref_chosen_logps": ref_chosen, "ref_rejected_logps": ref_rejected}
     loss = DPOTrainer._compute_loss(stub, lambda **kw: out, inputs, return_outputs=False)
     return loss, {k: v[0] for k, v in stub._metrics["train"].items()}
 
@@ -237,6 +256,95 @@ def test_trl_sigmoid_ignores_label_smoothing_where_lmrl_applies_cdpo():
     cdpo, _ = dpo_loss(logps[:n], logps[n:], ref_chosen, ref_rejected, beta=0.1, label_smoothing=0.2)
     torch.testing.assert_close(plain, theirs, **TOL)
     assert abs(cdpo.item() - theirs.item()) > 1e-3
+
+
+# -- token diagnostics (DPO, SFT) --------------------------------------------------------------------------
+def trl_fused_outputs(logits: torch.Tensor, ids: torch.Tensor, loss_mask: torch.Tensor):
+    """What TRL's fused LM head returns for rows `ids` (B, T) whose logits are `logits` (B, T, V) and
+    whose labels are the ids where `loss_mask` is 1 (-100 elsewhere): its kernel on the positions
+    t < T − 1 predicting ids[t + 1] (the identity as LM head, so a tile is the logits themselves), every
+    field zero where the label is -100, as `add_fused_lm_head`'s forward leaves them on a CPU."""
+    labels = ids.masked_fill(loss_mask == 0, -100)[:, 1:]
+    mask = labels != -100
+    vocab = logits.size(-1)
+    fields = ChunkedLogProbFunction.apply(logits[:, :-1].reshape(-1, vocab), torch.eye(vocab), None,
+                                          labels.clamp(min=0).reshape(-1), 1.0, 32768, None, 1.0,
+                                          ("entropy", "mean_logits", "is_top1"))
+    names = ("log_probs", "entropy", "log_sum_sq_probs", "mean_logits", "is_top1")
+    return SimpleNamespace(label_mask=mask, aux_loss=None, **{
+        name: None if x is None else x.view(mask.shape).masked_fill(~mask, 0) for name, x in zip(names, fields)})
+
+
+def random_table(seed: int, vocab: int = 40) -> torch.Tensor:
+    """A bigram model's logits after each of `vocab` tokens; after token 1 tokens 4 and 9 tie for the
+    maximum (only 4, the first, is the argmax)."""
+    gen = torch.Generator().manual_seed(seed)
+    table = torch.randn(vocab, vocab, generator=gen) * 3
+    table[1, 4] = table[1, 9] = table[1].max() + 1
+    return table
+
+
+def random_pairs(seed: int, vocab: int = 40) -> list[PairExample]:
+    """Pairs of prompts and replies of random lengths over tokens 1..vocab − 1, one reply with a loss mask
+    that leaves tokens out, and the tie of `random_table` among the predicted tokens."""
+    gen = torch.Generator().manual_seed(seed)
+
+    def tokens():
+        return torch.randint(1, vocab, (int(torch.randint(1, 7, ()).item()),), generator=gen).tolist()
+
+    pairs = [PairExample(tokens(), tokens(), tokens()) for _ in range(5)]
+    pairs.append(PairExample([5, 1], [9, 1, 4], [4, 2, 3, 1], [1, 0, 1], None))
+    return pairs
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_dpo_token_metrics_and_num_tokens_are_trls(seed):
+    """entropy, logits/chosen, logits/rejected, mean_token_accuracy and num_tokens: TRL's from each side in
+    a right-padded row of its own (its collator's layout), lmrl's from both of its layouts."""
+    table, pairs = random_table(seed), random_pairs(seed)
+    ids, attention, loss_mask = pair_batch(pairs, 0, "cpu")
+    inputs = {"input_ids": ids, "attention_mask": attention, "completion_mask": loss_mask}
+    ref = torch.zeros(len(pairs))
+    _, theirs = trl_dpo_on(trl_fused_outputs(table[ids], ids, loss_mask), inputs, ref, ref)
+    for batch in (pair_batch(pairs, 0, "cpu"), pair_rows(pairs, 0, "cpu")):
+        _, counted, sums = pair_logps_and_sums(Bigram(table), batch)
+        ours = {k: v.value for k, v in dpo_token_metrics(sums, counted).items()}
+        assert ours == pytest.approx({k: theirs[k] for k in ours}, abs=1e-6)
+    assert 0 < theirs["mean_token_accuracy"] < 1
+    trainer = SimpleNamespace(pair=PairTrainer.pair)
+    assert sum(PairTrainer.row_tokens(trainer, pair) for pair in pairs) == theirs["num_tokens"]
+
+
+class SFTAccelerator(Accelerator):
+    parallelism_config = None  # no context or sequence parallelism
+
+
+def trl_sft(out, inputs: dict):
+    """`SFTTrainer.compute_loss` (the default nll loss) on a stub model that returns `out`."""
+    stub = SimpleNamespace(
+        model=SimpleNamespace(training=True), accelerator=SFTAccelerator(), aux_loss_enabled=False,
+        compute_loss_func=None, label_smoother=None,
+        args=SimpleNamespace(loss_type="nll", average_tokens_across_devices=False), _metrics=metrics(),
+        _total_train_tokens=0, _tp_size=1)
+    loss = SFTTrainer.compute_loss(stub, lambda **kw: out, dict(inputs))
+    return loss, {k: v[0] for k, v in stub._metrics["train"].items()}
+
+
+def test_sft_loss_token_metrics_and_num_tokens_are_trls():
+    table = random_table(2)
+    rows = [(pair.prompt + pair.chosen, [0] * len(pair.prompt) + (pair.chosen_mask or [1] * len(pair.chosen)))
+            for pair in random_pairs(2)]
+    ids, attention, loss_mask = pad_sequences([r[0] for r in rows], [r[1] for r in rows])
+    theirs_loss, theirs = trl_sft(trl_fused_outputs(table[ids], ids, loss_mask),
+                                  {"input_ids": ids, "attention_mask": attention})
+    model = Bigram(table)
+    trainer = SimpleNamespace(model=model, _call=lambda: model)
+    loss, ours = LmrlSFTTrainer.compute_loss(trainer, (ids, attention, loss_mask))
+    torch.testing.assert_close(loss, theirs_loss, **TOL)
+    assert ours["entropy"].value == pytest.approx(theirs["entropy"], abs=1e-6)
+    assert ours["mean_token_accuracy"].value == pytest.approx(theirs["mean_token_accuracy"], abs=1e-6)
+    assert 0 < theirs["mean_token_accuracy"] < 1
+    assert sum(LmrlSFTTrainer.row_tokens(trainer, SimpleNamespace(ids=r[0])) for r in rows) == theirs["num_tokens"]
 
 
 # -- reward model ----------------------------------------------------------------------------------------

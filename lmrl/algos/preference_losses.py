@@ -1,5 +1,5 @@
 """Preference losses as pure functions: DPO and its variants, the Bradley–Terry reward-model loss,
-and the summed sequence log-probabilities they are computed from. Shapes: B pairs, T tokens, V vocab.
+over each side's summed sequence log-probabilities (computed by `tasks.text_batches.pair_logps`); B pairs.
 
 Names follow TRL's DPOTrainer, so a TRL user reads the same numbers: `rewards/chosen` is the implicit
 reward β·(log π(y_c|x) − log π_ref(y_c|x)), averaged over the batch."""
@@ -11,24 +11,6 @@ import torch.nn.functional as F
 
 DPO_LOSS_TYPES = ("sigmoid", "ipo", "hinge", "robust")
 SMOOTHED_DPO_LOSSES = ("sigmoid", "robust")  # the losses that take label_smoothing
-
-
-def sequence_logps(logits: torch.Tensor, labels: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """log π(y | x) = Σ_t m_t · log softmax(z_t)[y_t], one number per sequence, shape (B,).
-
-    logits (B, T, V) are already aligned with labels (B, T): logits[:, t] predicts labels[:, t] (the
-    caller has shifted them). mask (B, T) is 1 on the response tokens that count and 0 elsewhere; a
-    masked token contributes exactly nothing, whatever its logits or label (−100, a pad id), because
-    it is selected away, not multiplied by 0 (0·(−inf) would be nan). Computed in float32."""
-    if logits.shape[:2] != labels.shape or labels.shape != mask.shape:
-        raise ValueError(f"sequence_logps: logits {tuple(logits.shape)} must be (B, T, V) over labels and mask (B, T); "
-                         f"got labels {tuple(labels.shape)}, mask {tuple(mask.shape)}")
-    keep = mask.bool()
-    safe_labels = torch.where(keep, labels, torch.zeros_like(labels))  # an ignore index like −100 cannot be gathered
-    logits = logits.float()
-    # log softmax at one index = z_y − logsumexp(z): no (B, T, V) log-prob tensor is kept
-    token_logps = logits.gather(-1, safe_labels.unsqueeze(-1)).squeeze(-1) - logits.logsumexp(-1)  # (B, T)
-    return torch.where(keep, token_logps, torch.zeros_like(token_logps)).sum(-1)
 
 
 def dpo_loss(policy_chosen_logps: torch.Tensor, policy_rejected_logps: torch.Tensor,

@@ -61,7 +61,8 @@ FAMILIES: tuple[tuple[str, str, str, Callable[[str], bool]], ...] = (
     ("kl", "KL divergence", "KL", lambda k: _name(k) == "kl" or _name(k).endswith("_kl")),
     ("entropy", "Entropy", "entropy (nats)", lambda k: "entropy" in _name(k)),
     ("lr", "Learning rate", "learning rate", lambda k: k.endswith("/lr") or k == "learning_rate"),
-    ("eval", "Evaluation", "value", lambda k: k.startswith("eval/")),
+    # eval/num_tokens is the training tokens so far (TRL's), a count no held-out value shares an axis with
+    ("eval", "Evaluation", "value", lambda k: k.startswith("eval/") and k != "eval/num_tokens"),
 )
 MARKERS_UP_TO = 40  # points: short series (evaluations, quick runs) get a dot per point
 

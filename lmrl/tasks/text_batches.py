@@ -6,6 +6,7 @@ the policy's tokenizer, truncated to `max_length` with every cut counted, and pa
     ids, attention, loss_mask = pad_sequences([r.ids for r in rows], [r.mask for r in rows])
     batch = pair_rows(encode_preferences(pairs, codec, 256, counter), pad_id, "cpu")  # one row per pair
     logps, counted = pair_logps(policy, batch)                                          # (2B,) chosen, rejected
+    logps, counted, sums = pair_logps_and_sums(policy, batch)       # and TRL's token diagnostics per side
 
 The text a model is trained on is the text it will be prompted with: a plain-text prompt goes into
 the tokenizer's chat template as a user message (when it has one and `chat` is on), a response is
@@ -21,8 +22,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..algos.preference_losses import sequence_logps
-from ..generation.token_logprobs import token_logprobs
+from ..generation.token_logprobs import token_logprobs, token_logprobs_and_diagnostics
 from ..common.data import DataError
 from .preference_data import PreferenceRow, SFTRow, TruncationCounter, truncate_pair
 
@@ -263,15 +263,44 @@ def pair_logps(model, batch, call=None) -> tuple[torch.Tensor, torch.Tensor]:
     first, of a `pair_rows` batch (the model takes its custom mask, position ids and the positions to
     keep logits of: `takes_pair_rows`) or a `pair_batch` one (ids, attention, loss mask). `call`
     runs the forward instead of `model` (its DDP wrapper)."""
+    logits, targets, per_side, counted = _scored_logits(model, batch, call)
+    return per_side(token_logprobs(logits, targets)[0]), counted
+
+
+@dataclass(frozen=True)
+class ReplyTokenSums:
+    """Sums over each side's reply tokens with loss (2B,), chosen sides first, without gradient: what
+    TRL's DPOTrainer divides by the tokens to log entropy, logits/* and mean_token_accuracy."""
+    entropy: torch.Tensor     # the entropy of the policy's next-token distribution
+    mean_logit: torch.Tensor  # the logits' mean over the vocabulary
+    top1: torch.Tensor        # 1 where the reply's token is the argmax of the logits that predict it
+
+
+def pair_logps_and_sums(model, batch, call=None) -> tuple[torch.Tensor, torch.Tensor, ReplyTokenSums]:
+    """`pair_logps`' (log-probs, reply tokens) per side, and the reply tokens' diagnostics per side
+    (`ReplyTokenSums`), read from the logits in the same pass that computes the log-probs."""
+    logits, targets, per_side, counted = _scored_logits(model, batch, call)
+    logp, entropy, mean_logit, top1 = token_logprobs_and_diagnostics(logits, targets)
+    with torch.no_grad():
+        sums = ReplyTokenSums(per_side(entropy), per_side(mean_logit), per_side(top1.float()))
+    return per_side(logp), counted, sums
+
+
+def _scored_logits(model, batch, call):
+    """(logits (..., V), the tokens they predict (...), a function that sums a value per position
+    (...) into one per side (2B,) over the reply tokens with loss, those tokens per side (2B,)):
+    a `pair_rows` batch's logits are those of its scored positions (K, V); a `pair_batch` one's
+    cover each row from its earliest reply token on (2B, T, V), masked by its loss mask."""
     if not isinstance(batch, PairRows):
-        logps, _, _, counted = response_logps(model, *batch, call=call)
-        return logps, counted.sum(1)
+        logits, targets, mask = response_logits(model, *batch, call=call)
+        keep = mask.bool()
+        return logits, targets, lambda v: torch.where(keep, v, 0).sum(1), keep.sum(1)
     call = model if call is None else call
     logits = call(batch.ids, attention_mask=batch.attention, position_ids=batch.positions,
                   logits_to_keep=batch.scored)  # (K, V): the scored positions only
-    logp, _ = token_logprobs(logits, batch.targets)
     sides = 2 * batch.ids.size(0)
-    return logp.new_zeros(sides).index_add(0, batch.sides, logp), torch.bincount(batch.sides, minlength=sides)
+    return (logits, batch.targets, lambda v: v.new_zeros(sides).index_add(0, batch.sides, v),
+            torch.bincount(batch.sides, minlength=sides))
 
 
 def pair_scores(model, batch, call=None) -> torch.Tensor:
@@ -301,18 +330,18 @@ def model_logits(model, ids: torch.Tensor, attention: torch.Tensor, call=None, k
     return call(ids, logits_to_keep=keep)
 
 
-def response_logps(model, ids: torch.Tensor, attention: torch.Tensor, loss_mask: torch.Tensor, call=None):
-    """(log π(response | prompt) per row (B,), the logits used (B, K, V), their targets and mask (B, K − 1)).
+def response_logits(model, ids: torch.Tensor, attention: torch.Tensor, loss_mask: torch.Tensor,
+                    call=None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(logits (B, K − 1, V), the tokens they predict and the loss mask there (B, K − 1)): logits[:, t]
+    predicts targets[:, t].
 
     Only the positions from the earliest response token on are computed: rows that share their
     prompt start (a pair's chosen and rejected rows) then share that prefix's forward pass too (see
     HFPolicy._forward_shared_prompts)."""
-
     first = int(loss_mask.float().argmax(1).min().item())  # the earliest response token over the rows
     keep = ids.size(1) - max(first - 1, 0)
     logits = model_logits(model, ids, attention, call, keep=keep)
-    targets, mask = ids[:, -keep + 1:], loss_mask[:, -keep + 1:]
-    return sequence_logps(logits[:, :-1], targets, mask), logits[:, :-1], targets, mask
+    return logits[:, :-1], ids[:, -keep + 1:], loss_mask[:, -keep + 1:]
 
 
 def assistant_token_mask(tokenizer, messages: list[dict]) -> tuple[list[int], list[int]]:

@@ -11,8 +11,10 @@ handed to the constructor (a `datasets.Dataset`, a list of dicts), in TRL's form
 `lmrl.train.build`), unless one is handed in; a subclass says what a row and its loss are:
 `read(source) -> rows` (checked before any model loads),
 `encoder(rows, codec, max_length, counter) -> examples` (token ids and loss masks),
-`collate(examples) -> batch` and `compute_loss(batch) -> (loss, metrics)`; evaluation averages
-`compute_loss`'s metrics over the held-out rows.
+`collate(examples) -> batch`, `compute_loss(batch) -> (loss, metrics)` and `row_tokens(example)`.
+A metric is averaged over a step's micro-batches, or over the held-out rows, weighted by rows; a
+`TokenMean` is a mean over all their tokens. `num_tokens` (TRL's) counts the training tokens so far,
+every rank's, as TRL's collators lay them out.
 
 The data order is a pure function of (seed, epoch): step k reads rows k·B .. (k+1)·B − 1 of the
 stream of per-epoch permutations, so a resumed run reads exactly the rows it would have read, and
@@ -23,6 +25,7 @@ from __future__ import annotations
 import math
 import os
 import time
+from dataclasses import dataclass
 from typing import Callable
 
 import torch
@@ -36,6 +39,38 @@ from ..tasks.text_batches import (PairExample, TextCodec, encode_preferences, pa
                                   takes_pair_rows)
 from .build import build_run, own_config
 from .lifecycle import Stage, Trainer
+
+
+@dataclass(frozen=True)
+class TokenMean:
+    """A metric that is a mean over tokens, as `compute_loss` returns it: its sum and its count, which
+    the trainer adds up over a step's micro-batches (or the held-out batches) before dividing, so
+    the value is the mean over all their tokens whichever rows share a micro-batch (TRL's token-weighted
+    means). Over no tokens it is 0, as TRL logs it."""
+    total: float
+    count: float
+
+    def __add__(self, other: TokenMean) -> TokenMean:
+        return TokenMean(self.total + other.total, self.count + other.count)
+
+    @property
+    def value(self) -> float:
+        return self.total / self.count if self.count else 0.0
+
+
+def add_metrics(sums: dict, metrics: dict, weight: float) -> None:
+    """Adds one batch's `metrics` into `sums`: a number times `weight` (the batch's share of the rows),
+    a `TokenMean` as it is."""
+    for key, v in metrics.items():
+        if isinstance(v, TokenMean):
+            sums[key] = sums.get(key, TokenMean(0.0, 0.0)) + v
+        else:
+            sums[key] = sums.get(key, 0.0) + v * weight
+
+
+def metric_values(sums: dict) -> dict:
+    """`add_metrics`' sums as numbers: a `TokenMean` divided by its tokens."""
+    return {key: v.value if isinstance(v, TokenMean) else v for key, v in sums.items()}
 
 
 class OfflineTrainer(Trainer):
@@ -110,6 +145,10 @@ class OfflineTrainer(Trainer):
     def compute_loss(self, batch) -> tuple[torch.Tensor, dict]:
         raise NotImplementedError
 
+    def row_tokens(self, row) -> int:
+        """The tokens TRL's collator puts in the attention mask for this row (what `num_tokens` counts)."""
+        raise NotImplementedError
+
     def trainable_module(self) -> torch.nn.Module:
         return self.model
 
@@ -154,7 +193,8 @@ class OfflineTrainer(Trainer):
 
     def accumulate(self, rows: list) -> tuple[torch.Tensor, dict]:
         """Forward and backward of one optimizer step's `rows` in `train.ga_steps` micro-batches, each
-        weighted by its share of the rows: (the step's loss, its metrics)."""
+        weighted by its share of the rows: (the step's loss, its metrics; a `TokenMean` over all the
+        step's tokens)."""
         rows = self.ordered(rows)
         micro = max(1, math.ceil(len(rows) / self.config.train.ga_steps))
         chunks = [rows[i:i + micro] for i in range(0, len(rows), micro)]
@@ -164,15 +204,15 @@ class OfflineTrainer(Trainer):
                 loss, metrics = self.compute_loss(self.collate(chunk))
                 (loss * len(chunk) / len(rows)).backward()
             total += loss.detach() * len(chunk) / len(rows)
-            for key, v in metrics.items():
-                sums[key] = sums.get(key, 0.0) + v * len(chunk) / len(rows)
-        return total, sums
+            add_metrics(sums, metrics, len(chunk) / len(rows))
+        return total, metric_values(sums)
 
     def train_step(self, stage: Stage) -> None:
         """One optimizer step over `train.ga_steps` micro-batches (`accumulate`)."""
         t0 = time.perf_counter()
         self.model.train()
-        total, sums = self.accumulate(self.batch_rows(self.state["step"]))
+        rows = self.batch_rows(self.state["step"])
+        total, sums = self.accumulate(rows)
         lr = self.optimizer.param_groups[0]["lr"]
         stats = self.optimizer_step(total)
         stats.pop("loss")  # the subclass's metrics carry its loss under its own name
@@ -180,8 +220,16 @@ class OfflineTrainer(Trainer):
         self.scheduler.step()
         sums[f"{self.name}/lr"] = lr
         # TRL's names (its Trainer logs them for every trainer) beside lmrl's
-        sums.update({"loss": total.item(), "grad_norm": stats["grad_norm"], "learning_rate": lr})
+        sums.update({"loss": total.item(), "grad_norm": stats["grad_norm"], "learning_rate": lr,
+                     "num_tokens": self.count_tokens(rows)})
         self.end_step(stage, sums, time.perf_counter() - t0)
+
+    def count_tokens(self, rows: list) -> int:
+        """The training tokens so far, with this step's `rows` of every rank (kept in the state, so a
+        resume continues the count)."""
+        step = self.all_reduce_sum(torch.tensor([sum(map(self.row_tokens, rows))], device=self.device))
+        self.state["num_input_tokens_seen"] = self.state.get("num_input_tokens_seen", 0) + int(step.item())
+        return self.state["num_input_tokens_seen"]
 
     # -- evaluation and the end --------------------------------------------------------------------
     @property
@@ -190,22 +238,22 @@ class OfflineTrainer(Trainer):
 
     @torch.no_grad()
     def evaluate(self) -> dict:
-        """The training metrics averaged over the held-out rows (weighted by rows), as eval/<name>,
-        plus eval/accuracy from `accuracy_key`."""
+        """The training metrics averaged over the held-out rows (weighted by rows; a `TokenMean` over
+        their tokens), as eval/<name>, plus eval/accuracy from `accuracy_key` and, as TRL logs it,
+        eval/num_tokens: the training tokens so far."""
         self.model.eval()
         size = max(1, self.config.data.batch_size // self.config.train.ga_steps)
-        sums, n = {}, 0
+        sums = {}
         rows = self.ordered(self.eval_rows)
         for i in range(0, len(rows), size):
             chunk = rows[i:i + size]
             loss, metrics = self.compute_loss(self.collate(chunk))
-            metrics = {**metrics, f"{self.name}/loss": loss.item()}
-            for key, v in metrics.items():
-                sums[key] = sums.get(key, 0.0) + v * len(chunk)
-            n += len(chunk)
-        out = {"eval/" + key.removeprefix(f"{self.name}/"): v / n for key, v in sums.items()}
+            add_metrics(sums, {**metrics, f"{self.name}/loss": loss.item()}, len(chunk) / len(rows))
+        means = metric_values(sums)
+        out = {"eval/" + key.removeprefix(f"{self.name}/"): v for key, v in means.items()}
         if self.accuracy_key is not None:
-            out["eval/accuracy"] = sums[self.accuracy_key] / n
+            out["eval/accuracy"] = means[self.accuracy_key]
+        out["eval/num_tokens"] = self.state.get("num_input_tokens_seen", 0)
         return out
 
     def summary(self) -> dict:
@@ -247,6 +295,10 @@ class PairTrainer(OfflineTrainer):
     def pair(row) -> PairExample:
         """A row's pair (a subclass may keep more beside it)."""
         return row
+
+    def row_tokens(self, row) -> int:
+        pair = self.pair(row)
+        return len(pair.prompt) + pair_length(pair)  # TRL's collators give each side a row with its prompt
 
     def ordered(self, rows: list) -> list:
         return sorted(rows, key=lambda row: pair_length(self.pair(row))) if self.sort_by_length else rows

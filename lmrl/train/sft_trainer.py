@@ -7,8 +7,14 @@ Rows are {"prompt", "response" | "completion"} (the prompt goes through the chat
 tokenizer has one and data.chat is on) or conversations ({"messages"} / {"conversations"}: the loss
 covers every assistant turn). The built-in GPT trains on plain prompt/response rows with a
 character tokenizer over the data's alphabet. Metrics: sft/loss (mean cross-entropy per response
-token), sft/token_accuracy; evaluation: eval/loss, eval/token_accuracy (= eval/accuracy); the best
-model is the one with the lowest eval/loss unless train.best_metric says otherwise.
+token), sft/token_accuracy (the share of response tokens that are the argmax of their logits, a mean
+over micro-batches weighted by rows), and TRL SFTTrainer's names as TRL computes them: loss,
+entropy (the mean entropy of the next-token distribution over the response tokens),
+mean_token_accuracy (sft/token_accuracy over all the step's response tokens at once: the same with one
+micro-batch), num_tokens (every token of the rows trained on so far), grad_norm, learning_rate.
+Evaluation reports them as eval/... (eval/token_accuracy = eval/accuracy; eval/num_tokens the
+training tokens so far, as TRL logs it); the best model is the one with the lowest eval/loss unless
+train.best_metric says otherwise.
 """
 
 from __future__ import annotations
@@ -18,9 +24,10 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from ..generation.token_logprobs import token_logprobs
 from ..tasks.preference_data import read_sft
-from ..tasks.text_batches import encode_sft, pad_sequences, response_logps
-from .offline import OfflineTrainer
+from ..tasks.text_batches import encode_sft, pad_sequences, response_logits
+from .offline import OfflineTrainer, TokenMean
 from .offline_setup import export_policy
 
 
@@ -56,12 +63,21 @@ class SFTTrainer(OfflineTrainer):
     def collate(self, rows):
         return pad_sequences([r.ids for r in rows], [r.mask for r in rows], self.pad_id, self.device)
 
+    def row_tokens(self, row) -> int:
+        return len(row.ids)
+
     def compute_loss(self, batch) -> tuple[torch.Tensor, dict]:
         ids, attention, loss_mask = batch
-        _, logits, targets, mask = response_logps(self.model, ids, attention, loss_mask, call=self._call())
-        loss, correct = sft_loss(logits, targets, mask)
-        acc = correct.float().mean().item() if correct.numel() else 0.0
-        return loss, {"sft/loss": loss.item(), "sft/token_accuracy": acc}
+        logits, targets, mask = response_logits(self.model, ids, attention, loss_mask, call=self._call())
+        keep = mask.bool()
+        picked, wanted = logits[keep], targets[keep]  # (n, V), (n,): the response tokens
+        loss, correct = sft_loss(picked, wanted)
+        with torch.no_grad():  # the loss is one cross_entropy call: the entropy takes a pass of its own
+            entropy = token_logprobs(picked, wanted)[1]
+        n = correct.numel()
+        right, entropy_sum = torch.stack([correct.sum().float(), entropy.sum()]).tolist()
+        return loss, {"sft/loss": loss.item(), "sft/token_accuracy": right / n if n else 0.0,
+                      "entropy": TokenMean(entropy_sum, n), "mean_token_accuracy": TokenMean(right, n)}
 
     def export(self, out_dir: Path, model) -> Path:
         return export_policy(model, self.tokenizer, out_dir / "model")
