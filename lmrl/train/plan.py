@@ -25,8 +25,10 @@ Memory per device, in bytes, for the phases of a step that do not overlap:
   whole policy);
 - the update: gradients of the trainable parameters, the activations a micro-batch keeps for its
   backward pass (per token and layer of a Llama-style block: 4 hidden + 2 KV + 3 MLP widths, plus the
-  inputs of the layers that train or carry an adapter; with gradient checkpointing one hidden width per
-  layer plus one block recomputed), and the logits of the scored positions with their gradient;
+  inputs of the layers that train or carry an adapter, one copy per layer where it is cast first: on
+  bf16 weights an adapter's input in fp32, under autocast every such input in bf16; with gradient
+  checkpointing one hidden width per layer plus one block recomputed), under autocast the bf16 copies
+  of the weights, and the logits of the scored positions with their gradient;
 - sampling: the KV cache of the whole rollout batch (2 x layers x KV width x (prompt + completion)
   tokens x rows), or of an evaluation batch if larger, and on a CPU the copies of the wide linear
   layers the sampling loop runs from (generation/packed_linear.py);
@@ -110,6 +112,7 @@ class ModelSize:
     trainable_bytes: int     # the trainable ones (their gradients and each AdamW moment take as much)
     llama_like: bool = True  # a Llama-style block (gated MLP); else the built-in GPT
     packable: int = 0        # parameters of the linear layers a CPU rollout runs from packed copies
+    linear: int = 0          # parameters of every linear layer (the LM head included)
     heads: int = 1           # attention heads
 
 
@@ -232,8 +235,9 @@ def _gpt_size(config: Config) -> ModelSize:
         model = GPT(GPTConfig(vocab_size=vocab, n_position=m.n_position, n_layer=m.n_layer, n_head=m.n_head,
                               n_embd=m.n_embd, dropout=m.dropout))
     n = sum(p.numel() for p in model.parameters())
+    linear = sum(mod.weight.numel() for mod in model.modules() if isinstance(mod, torch.nn.Linear))
     return ModelSize(f"built-in GPT ({m.n_layer} x {m.n_embd})", n, n, False, m.n_layer, m.n_embd, 4 * m.n_embd,
-                     m.n_embd, vocab, 12 * m.n_embd * m.n_embd, 4 * n, 4 * n, llama_like=False)
+                     m.n_embd, vocab, 12 * m.n_embd * m.n_embd, 4 * n, 4 * n, llama_like=False, linear=linear)
 
 
 def _hf_size(config: Config) -> tuple[ModelSize, object]:
@@ -270,6 +274,7 @@ def _hf_size(config: Config) -> tuple[ModelSize, object]:
 
     packable = sum(mod.weight.numel() for mod in model.modules() if type(mod) is torch.nn.Linear
                    and min(mod.in_features, mod.out_features) >= MIN_FEATURES)
+    linear = sum(mod.weight.numel() for mod in model.modules() if isinstance(mod, torch.nn.Linear))
     layers_module = next((mod for name, mod in model.named_modules() if name.endswith("layers")
                           and isinstance(mod, torch.nn.ModuleList)), None)
     largest = max((sum(p.numel() for p in layer.parameters()) for layer in layers_module), default=0) \
@@ -284,7 +289,7 @@ def _hf_size(config: Config) -> tuple[ModelSize, object]:
                      getattr(text, "intermediate_size", 4 * text.hidden_size), kv, text.vocab_size, largest,
                      sum(p.numel() * p.element_size() for p in params),
                      sum(p.numel() * (4 if lora else p.element_size()) for p in trainable), packable=packable,
-                     heads=heads)
+                     linear=linear, heads=heads)
     if lora:  # peft keeps the adapter in fp32 on a bf16 base (autocast_adapter_dtype)
         size.weight_bytes += sum(p.numel() * (4 - p.element_size()) for p in trainable)
     return size, tokenizer
@@ -397,21 +402,32 @@ def _held(config: Config, p: Plan, *, sampling_copy: bool) -> None:
                        f"evaluation gather the whole policy (counted under sampling)")
 
 
+def _autocast(config: Config) -> bool:
+    return config.run.mixed_precision == "bf16"
+
+
 def _trained_inputs(config: Config, m: ModelSize) -> tuple[int, int]:
-    """(elements, LoRA ranks) a Llama-style block saves per token beyond its fixed ones because a linear
-    layer trains (its input, for the weight's or adapter's gradient) or carries an adapter (the rank-r
-    product, for B's gradient). q/k/v share one input, gate/up another; o_proj's input is the attention
-    output, which attention saves anyway."""
+    """(bytes, LoRA ranks) a Llama-style block saves per token beyond its fixed ones for its linear layers:
+    the input of each one that trains or carries an adapter (for the weight's or adapter's gradient), and
+    for an adapter the rank-r product (for B's gradient). Where the input reaches the layer as it is, the
+    layers that read it share one saved copy (q/k/v one, gate/up another; o_proj's input is the attention
+    output, which attention saves anyway). Each layer saves its own copy where it is cast first: under
+    autocast every such layer's input in bf16, and on bf16 weights every adapter's input in fp32, the
+    dtype peft keeps adapters in (measured with saved-tensor hooks, tests/test_plan.py)."""
     lora = config.lora.r > 0
     targets = set(config.lora.target_modules)
     every = not lora or "all-linear" in targets
-
-    def trains(*names):
-        return every or any(n in targets for n in names)
-
-    extra = (m.hidden if trains("q_proj", "k_proj", "v_proj") else 0) + \
-        (m.hidden if trains("gate_proj", "up_proj") else 0) + (m.intermediate if trains("down_proj") else 0)
-    return extra, _adapted(config) * config.lora.r
+    width = {"q_proj": m.hidden, "k_proj": m.hidden, "v_proj": m.hidden, "o_proj": m.hidden, "gate_proj": m.hidden,
+             "up_proj": m.hidden, "down_proj": m.intermediate}  # each projection's input features
+    saving = [name for name in PROJECTIONS if every or name in targets]
+    ranks = _adapted(config) * config.lora.r
+    if _autocast(config):
+        return 2 * sum(width[name] for name in saving), ranks
+    if lora and config.model.dtype != "fp32":
+        return 4 * sum(width[name] for name in saving), ranks
+    shared = (m.hidden if {"q_proj", "k_proj", "v_proj"} & set(saving) else 0) + \
+        (m.hidden if {"gate_proj", "up_proj"} & set(saving) else 0) + (m.intermediate if "down_proj" in saving else 0)
+    return shared * _act_bytes(config), ranks
 
 
 def _activations(config: Config, p: Plan, rows: float, tokens_per_row: float, prompt_tokens: float) -> dict[str, int]:
@@ -422,8 +438,8 @@ def _activations(config: Config, p: Plan, rows: float, tokens_per_row: float, pr
     m, b = p.model, _act_bytes(config)
     tokens = rows * tokens_per_row + prompt_tokens
     if m.llama_like:
-        extra, ranks = _trained_inputs(config, m)
-        per_token_layer = (2 * m.hidden * 4 + (2 * m.hidden + 2 * m.kv_width + 3 * m.intermediate + extra) * b
+        inputs, ranks = _trained_inputs(config, m)
+        per_token_layer = (2 * m.hidden * 4 + (2 * m.hidden + 2 * m.kv_width + 3 * m.intermediate) * b + inputs
                            + ranks * 4)  # bytes: norms in fp32, an adapter's products in fp32
     else:  # the built-in GPT: attention written out, its (T x T) weights kept per head
         per_token_layer = (18 * m.hidden + 8 * (p.lengths.prompt + p.lengths.completion)) * b
@@ -435,7 +451,11 @@ def _activations(config: Config, p: Plan, rows: float, tokens_per_row: float, pr
         label = "activations kept for backward"
     scored = rows * p.lengths.completion
     logit_bytes = 4 if config.model.dtype == "fp32" and config.run.mixed_precision != "bf16" else 2
-    return {label: int(kept), "logits and their gradient": int(2 * scored * m.vocab * logit_bytes)}
+    parts = {label: int(kept), "logits and their gradient": int(2 * scored * m.vocab * logit_bytes)}
+    if _autocast(config) and config.model.dtype == "fp32":  # each linear layer multiplies a bf16 copy of its weight
+        kept_copies = m.vocab * m.hidden + m.largest_layer if config.model.gradient_checkpointing else m.linear
+        parts["weights cast to bf16 (autocast), kept for backward"] = 2 * kept_copies
+    return parts
 
 
 def _kv(p: Plan, rows: float, tokens: float, b: int) -> int:
