@@ -21,7 +21,7 @@ prompts, `algo.skip_zero_advantage=false`), LoRA r 32 on every projection, for e
   rollout (static)  the same over a static cache from fixed buffers, the step a GPU replays as one CUDA
                     graph (`generation/decode_graph.py`); here it runs eagerly, so this is what one
                     replay holds
-  update            `algo.step`: operations per layer and micro-batch, with the learner's shared-prompt
+  update            `algo.update`: operations per layer and micro-batch, with the learner's shared-prompt
                     pass (no gradient checkpointing), under gradient checkpointing (one pass, recomputed),
                     plain (`algo.group_size=1` under REINFORCE, no prompt repeats: the rows' common start
                     runs once, 2 passes), and one pass (sharing off, as a small model on a GPU runs)

@@ -97,8 +97,8 @@ def test_one_grpo_step_with_one_epoch_and_no_active_clip_is_the_plain_policy_gra
     ro = sample(model, prompts, 3, generator=torch.Generator().manual_seed(1))
     rewards = torch.tensor([1.0, 0.0, 0.5, 0.0, 1.0, 1.0, 0.0, 0.25])
 
-    algo = build_algorithm(cfg, max_new_tokens=3)
-    algo.step(Stub(model), ro, rewards)
+    algo, learner = build_algorithm(cfg, max_new_tokens=3), Stub(model)
+    algo.update(learner, *algo.prepare(learner, ro, rewards))
     grpo_grads = [p.grad.clone() for p in model.parameters()]
 
     model.zero_grad()
@@ -155,7 +155,8 @@ def _assert_same_gradients(got, want):
 
 
 def _update(model, overrides, rollout, rewards, *, ga_steps=1, learner=None):
-    """One `Algorithm.step`; (gradients, the batch size of every forward pass with gradients, metrics)."""
+    """One `Algorithm.prepare` and `update`; (gradients, the batch size of every forward pass with gradients,
+    metrics)."""
     model.zero_grad(set_to_none=True)
     cfg = load_config("adder", ["train.rollout_size=8", *overrides]).algo
     rows = []
@@ -166,8 +167,8 @@ def _update(model, overrides, rollout, rewards, *, ga_steps=1, learner=None):
 
     hook = model.register_forward_pre_hook(count)
     try:
-        metrics = build_algorithm(cfg, max_new_tokens=3, ga_steps=ga_steps).step(learner or Stub(model), rollout,
-                                                                                 rewards)
+        algo, learner = build_algorithm(cfg, max_new_tokens=3, ga_steps=ga_steps), learner or Stub(model)
+        metrics = algo.update(learner, *algo.prepare(learner, rollout, rewards))
     finally:
         hook.remove()
     return [None if p.grad is None else p.grad.clone() for p in model.parameters()], rows, metrics

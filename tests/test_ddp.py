@@ -53,6 +53,17 @@ def test_two_cpu_processes_keep_identical_parameters(tmp_path, algo):
     assert steps == sorted(set(steps)), "a rank other than 0 wrote metrics"
 
 
+def test_the_completions_log_holds_every_ranks_completions(tmp_path):
+    script = tmp_path / "worker.py"
+    script.write_text(WORKER)
+    run = tmp_path / "run"
+    proc = torchrun(tmp_path, str(script), *TINY, "sft.steps=0", "train.steps=2", "train.rollout_size=32",
+                    "train.log_completions=true", f"run.dir={run}")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = [json.loads(line) for line in (run / "completions.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1] * 32 + [2] * 32  # 16 from each rank, written once by rank 0
+
+
 @pytest.mark.slow
 def test_torchrun_runs_the_cli(tmp_path):
     run = tmp_path / "run"

@@ -30,7 +30,7 @@ EXPECTED = {
                             # deviations, length extremes) of which 5 values are read one by one
     "prepare": 4,  # REINFORCE: the all-reduced batch mean, the advantages (the moving baseline is a host list),
                    # the new baseline, the mean advantage for the log
-    "step": 1,  # the update loop: which rows run (`algo.skip_zero_advantage`), once per minibatch
+    "update": 1,  # the update loop: which rows run (`algo.skip_zero_advantage`), once per minibatch
     "loss": 3,  # per micro-batch: policy loss, entropy and token entropy for the log
     "guarded_step": 4,  # per optimizer step: loss and gradient finite (2), every rank's verdict, the norm
     "optimizer_step": 1,  # per optimizer step: the loss for the log

@@ -128,6 +128,43 @@ def test_conversational_prompts_and_columns_reach_the_reward_functions(model_dir
     assert step["completions"][0][0]["role"] == "assistant" and set(step["topic"]) <= {"cats", "dogs"}
 
 
+@pytest.mark.parametrize("kwargs, logged, printed", [
+    (dict(), False, 0),  # TRL's default: off
+    (dict(num_completions_to_print=3), False, 0),  # printing is part of log_completions, as in TRL
+    (dict(log_completions=True), True, 16),  # None: TRL prints all of them (a step's 16 here)
+    (dict(log_completions=True, num_completions_to_print=3), True, 3),
+])
+def test_log_completions_and_num_completions_to_print_set_the_completions_log(tmp_path, kwargs, logged, printed):
+    args = GRPOConfig(output_dir=str(tmp_path), num_generations=4, per_device_train_batch_size=8,
+                      gradient_accumulation_steps=2, **kwargs)
+    cfg = args.to_config(model_path="m", train_rows=8)
+    assert (cfg.train.log_completions, cfg.train.completions_to_print) == (logged, printed)
+    assert args.ignored == []
+
+
+def test_a_grpo_script_with_log_completions_writes_the_completions_and_their_extra_columns(model_dir, tmp_path):
+    def topical(completions, topic, log_extra, **kwargs):
+        log_extra("topic", topic)
+        return [float(t in c[0]["content"]) for t, c in zip(topic, completions)]
+
+    def length(completions, **kwargs):
+        return [float(len(c[0]["content"])) for c in completions]
+
+    chat = Dataset.from_list([{"prompt": [{"role": "user", "content": f"Tell me about {w}."}], "topic": w}
+                              for w in ("cats", "dogs")])
+    args = GRPOConfig(output_dir=str(tmp_path), num_generations=2, per_device_train_batch_size=4, max_steps=2,
+                      max_completion_length=4, logging_steps=1, log_completions=True, num_completions_to_print=1)
+    GRPOTrainer(model=str(model_dir), reward_funcs=[topical, length], args=args, train_dataset=chat).train()
+    rows = [json.loads(line) for line in (tmp_path / "completions.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1] * 4 + [2] * 4
+    for r in rows:  # the topic column on the row of its prompt; each function's reward for that completion
+        assert f"Tell me about {r['extra']['topic']}." in r["prompt"]
+        assert r["rewards"] == {"topical": float(r["extra"]["topic"] in r["completion"]),
+                                "length": float(len(r["completion"]))}
+        assert r["reward"] == sum(r["rewards"].values())
+    assert "[rl] Step 2/2: 1 of 4 completions" in (tmp_path / "train.log").read_text()
+
+
 @pytest.mark.parametrize("kwargs, message", [
     (dict(num_generations=3), "divisible by num_generations"),  # TRL's own check, as the config is made
     (dict(lr_scheduler_type="polynomial"), "lr_scheduler_type='polynomial' is not one of"),

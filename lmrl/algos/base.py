@@ -6,7 +6,7 @@ An algorithm turns one step's scored rollouts into updates in two parts:
     prepare(learner, rollout, rewards)  → PreparedBatch   advantages, old / reference log-probs, values
     loss(batch, logprobs, entropy, values) → loss, stats  on one micro-batch, with gradients
 
-and `Algorithm.step` runs `ppo_epochs` passes over the batch in minibatches of `minibatch_size`
+and `Algorithm.update` runs `ppo_epochs` passes over the batch in minibatches of `minibatch_size`
 completions, each split into `train.ga_steps` micro-batches whose losses are weighted so that the
 accumulated gradient equals the gradient of the whole minibatch's loss. Completions whose advantage
 is 0 on every token add nothing to that gradient when the loss has no term besides the
@@ -243,12 +243,11 @@ class Algorithm:
         advantages = batch.advantages if batch.advantages.dim() == 2 else batch.advantages[:, None]
         return ((advantages != 0) & batch.mask.bool()).any(1)
 
-    def step(self, learner: Learner, rollout, rewards: torch.Tensor) -> dict:
-        """prepare, then ppo_epochs × minibatches × micro-batches of updates; returns the mean
-        of each statistic over optimizer steps, named by `metric_name` (`train/<stat>`, or TRL's
-        name). The loss statistics describe the completions the pass ran on
-        (`train/update_fraction` of them, see `rows_in_pass`)."""
-        batch, metrics = self.prepare(learner, rollout, rewards)
+    def update(self, learner: Learner, batch: PreparedBatch, metrics: dict) -> dict:
+        """ppo_epochs × minibatches × micro-batches of updates on what `prepare` made of a rollout
+        (`batch`, and its `metrics`); returns those metrics and the mean of each statistic over
+        optimizer steps, named by `metric_name` (`train/<stat>`, or TRL's name). The loss statistics
+        describe the completions the pass ran on (`train/update_fraction` of them, see `rows_in_pass`)."""
         n = len(batch)
         in_pass = self.rows_in_pass(learner, batch)
         mb_size = self.cfg.minibatch_size if 0 < self.cfg.minibatch_size < n else n

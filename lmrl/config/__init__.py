@@ -69,6 +69,8 @@ TRL_ALIASES: dict[str, Alias] = {
     "mask_truncated_completions": Alias("algo.mask_truncated_completions", "GRPOConfig"),
     "reward_weights": Alias("reward.weights", "GRPOConfig"),
     "disable_dropout": Alias("train.disable_dropout", "GRPOConfig"),
+    "log_completions": Alias("train.log_completions", "GRPOConfig"),
+    "num_completions_to_print": Alias("train.completions_to_print", "GRPOConfig"),
     "temperature": Alias("train.temperature", "GRPOConfig"),
     "top_p": Alias("train.top_p", "GRPOConfig"),
     "top_k": Alias("train.top_k", "GRPOConfig"),

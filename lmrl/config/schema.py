@@ -345,6 +345,12 @@ class TrainConfig(Section):
     ga_steps: int = _f(1, "gradient-accumulation micro-batches per update", ge=1)
     grad_clip: float = _f(1.0, "max gradient norm (0 = off)", ge=0)
     log_every: int = _f(10, "log metrics every N steps", ge=1)
+    log_completions: bool = _f(False, "RL: at every step that logs its metrics, append the step's completions to "
+                                      "<run dir>/completions.jsonl (prompt, completion, reward, each reward "
+                                      "function's reward, advantage, the functions' log_extra columns) and, with "
+                                      "run.wandb, log them as the table 'completions' (TRL's log_completions)")
+    completions_to_print: int = _f(0, "RL, with train.log_completions: print this many of each logged step's "
+                                      "completions to the console and train.log (0 = none)", ge=0)
     eval_every: int = _f(50, "held-out evaluation every N RL steps", ge=1)
     ckpt_every: int = _f(50, "checkpoint every N steps", ge=1)
     keep_checkpoints: int = _f(2, "step checkpoints kept (0 = all)", ge=0)
@@ -374,6 +380,9 @@ class TrainConfig(Section):
              f"train.rollout_size={self.rollout_size} must be divisible by train.ga_steps={self.ga_steps}"),
             (self.best_metric == "" or self.best_metric.startswith("eval/"),
              f"train.best_metric must name an eval metric (eval/...), got {self.best_metric!r}"),
+            (self.completions_to_print == 0 or self.log_completions,
+             f"train.completions_to_print={self.completions_to_print} prints logged completions: set "
+             f"train.log_completions=true too"),
         ] if not ok]
 
 
@@ -521,6 +530,8 @@ def _offline_rules(cfg: Config) -> list[tuple[bool, str]]:
                                      f"steps in train.max_steps (0 = data.epochs passes): set train.max_steps={steps}"),
         (trainer != "reward" or m.type == "hf", "run.trainer=reward trains a Hugging Face model: set model.type=hf "
                                                 "and model.path"),
+        (not cfg.train.log_completions, f"train.log_completions logs the completions RL samples; run.trainer={trainer} "
+                                        f"samples none (set train.log_completions=false)"),
         (split is None, split),
     ] + [(False, problem) for problem in (generator.problems(cfg) if generator is not None else [])]
 

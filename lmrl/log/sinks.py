@@ -18,7 +18,7 @@ import os
 import sys
 import tempfile
 from pathlib import Path
-from typing import Any, Iterable, Mapping, Protocol
+from typing import Any, Iterable, Mapping, Protocol, Sequence
 
 from tqdm import tqdm
 
@@ -113,7 +113,8 @@ class TensorBoardSink:
 
 
 class WandbSink:
-    """A Weights & Biases run (offline by default: `wandb sync` uploads it later)."""
+    """A Weights & Biases run (offline by default: `wandb sync` uploads it later): metrics, and tables
+    (`log_table`: the completions log's)."""
 
     def __init__(self, project: str, name: str | None, config: dict, dir: str | os.PathLike, mode: str = "offline"):
         try:
@@ -121,10 +122,18 @@ class WandbSink:
         except ImportError as err:
             raise ImportError(WANDB_MISSING) from err
         Path(dir).mkdir(parents=True, exist_ok=True)
+        self.wandb = wandb
         self.run = wandb.init(project=project, name=name, config=config, dir=str(dir), mode=mode)
 
     def log(self, step: int, metrics: Mapping[str, float], **context: Any) -> None:
         self.run.log({k: to_number(k, v) for k, v in metrics.items()}, step=step)
+
+    def log_table(self, step: int, name: str, rows: Sequence[Mapping[str, Any]]) -> None:
+        """`rows` (numbers, texts, None) as the `wandb.Table` `name` at `step`; its columns are every key
+        of the rows, in order of first appearance, a row's missing ones None."""
+        columns = list(dict.fromkeys(key for row in rows for key in row))
+        table = self.wandb.Table(columns=columns, data=[[row.get(c) for c in columns] for row in rows])
+        self.run.log({name: table}, step=step)
 
     def close(self) -> None:
         self.run.finish()

@@ -83,3 +83,13 @@ def broadcast_object(obj):
         dist.broadcast_object_list(box, src=0)
         return box[0]
     return obj
+
+
+def gather_object(obj) -> list | None:
+    """Every rank's `obj` (any picklable value) on rank 0, in rank order; None on the other ranks.
+    `[obj]` in a single process."""
+    if not (dist.is_available() and dist.is_initialized()):
+        return [obj]
+    every = [None] * dist.get_world_size() if dist.get_rank() == 0 else None
+    dist.gather_object(obj, every, dst=0)
+    return every

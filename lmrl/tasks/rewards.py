@@ -80,8 +80,8 @@ class RewardLog:
     """What the reward functions logged while scoring one batch through TRL's keywords, and which
     of them ran out of time. `log_metric(name, value)`: a number; the trainer averages a step's
     values of each name into the step's metrics under that name, as TRL does. `log_extra(column,
-    values)`: a column of the batch's completions (TRL's completions table; lmrl keeps no such
-    table, so the columns stay here for whoever scores with a log)."""
+    values)`: a column of the batch's completions, one value per completion, written beside them
+    by the trainer's completions log (`train.log_completions`; TRL's completions table)."""
     metrics: dict[str, list[float]] = field(default_factory=dict)
     columns: dict[str, list] = field(default_factory=dict)
     timed_out: list[str] = field(default_factory=list)  # names of the functions over the time limit
@@ -431,6 +431,13 @@ def _rewards(name: str, returned, p_txt: Sequence[str], c_txt: Sequence[str]) ->
 def completion_ids(rollout) -> list[list[int]]:
     """Each completion's sampled token ids (the rollout's mask: up to EOS; an agent's own turns)."""
     return [c[m.bool()].tolist() for c, m in zip(rollout.completions.cpu(), rollout.mask.cpu())]
+
+
+def function_rewards(extras: dict) -> dict[str, torch.Tensor]:
+    """Each reward function's rewards (B,) among `score_rollout`'s extras ("rewards/<name>/mean"), by
+    the function's name; NaN where it returned None or ran out of time."""
+    return {key.removeprefix("rewards/").removesuffix("/mean"): values for key, values in extras.items()
+            if key.startswith("rewards/") and key.endswith("/mean")}
 
 
 def fill_unscored(rewards: torch.Tensor, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -398,10 +398,10 @@ class Trainer:
         stage_step = step - stage.first
         last = step == stage.last
         self.callbacks.update_end(self, step)
-        if self.can_evaluate and (last or (stage.eval_every and stage_step % stage.eval_every == 0)):
+        if self.evaluates_at(stage, stage_step):
             metrics.update(self.run_evaluation())
             self.stage_evaluated(stage, metrics)
-        if stage_step % cfg.train.log_every == 0 or stage_step == 1 or last or any(k.startswith("eval/") for k in metrics):
+        if self.logs_at(stage, stage_step):
             self._tick()
             metrics["time/elapsed_s"] = self.state["time"]["wall"]  # the run's wall time so far (resumes add on)
             self.log_metrics(step, metrics, stage=stage.name, stage_step=stage_step, stage_total=stage.steps)
@@ -410,6 +410,18 @@ class Trainer:
         self.callbacks.step_end(self, step, metrics)
         if stage_step % cfg.train.ckpt_every == 0 and not last and self.state["nonfinite_run"] == 0:
             self.save_checkpoint()  # never during a run of skipped updates: the last one stays a good one
+
+    def evaluates_at(self, stage: Stage, stage_step: int) -> bool:
+        """Whether step `stage_step` of `stage` ends with an evaluation: every `stage.eval_every`
+        steps, and the stage's last."""
+        due = stage_step == stage.steps or (stage.eval_every and stage_step % stage.eval_every == 0)
+        return self.can_evaluate and bool(due)
+
+    def logs_at(self, stage: Stage, stage_step: int) -> bool:
+        """Whether step `stage_step` of `stage` logs its metrics: every `train.log_every` steps, the
+        stage's first and last, and every step with an evaluation."""
+        return (stage_step % self.config.train.log_every == 0 or stage_step in (1, stage.steps)
+                or self.evaluates_at(stage, stage_step))
 
     def run_evaluation(self) -> dict:
         """`evaluate`, then the best model, early stopping and the plateau schedule on `train.best_metric`."""

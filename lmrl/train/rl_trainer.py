@@ -6,7 +6,7 @@ reward alone, with the algorithm `algo.name` names (REINFORCE, RLOO, GRPO, PPO; 
 
 Two stages on the shared lifecycle (`lifecycle.Trainer`: steps, evaluation, best model, early
 stopping, checkpoints, resume, summary): the warm-up's steps are 1..S and RL's S+1..S+R. One RL
-step is: prompts → the rollout engine → rewards → `algo.step` (the algorithm's update). A
+step is: prompts → the rollout engine → rewards → `algo.prepare` and `algo.update` (the algorithm). A
 checkpoint after step N holds everything the next step reads — weights, optimizer, scheduler, the
 algorithm's state (baseline, KL coefficient), value model and reference, every RNG — so a run
 resumed from it writes the same metrics as one that never stopped.
@@ -15,11 +15,17 @@ Sampling goes through a rollout engine (`lmrl.engines.local`): the trainer syncs
 weights right before asking for each batch, so a batch is sampled with the weights the learner had
 when it asked. With `rollout.overlap` the next batch is asked for before this one's update (sampled
 one update behind, `rollout/staleness` = 1).
+
+With `train.log_completions`, each step that logs its metrics also writes its completions (prompt,
+completion, reward, each reward function's, advantage, the functions' `log_extra` columns) to
+`<run dir>/completions.jsonl` (`completion_rows`, `lmrl.log.completions`); other steps decode nothing.
 """
 
 from __future__ import annotations
 
 import functools
+import logging
+import math
 import re
 import time
 from contextlib import nullcontext
@@ -34,7 +40,7 @@ from ..config import Config
 from ..config.schema import batch_split_problem
 from ..common.data import write_jsonl
 from ..common.errors import ConfigError
-from ..parallel.ddp import all_reduce_sum
+from ..parallel.ddp import all_reduce_sum, gather_object
 from ..models import disable_dropout
 from ..models.heads import ActorCritic
 from ..models.reference import build_reference, is_reference_view
@@ -44,12 +50,14 @@ from ..generation.rollout import Rollout
 from ..tasks import task_spec
 from ..tasks.prompt_task import PromptTask, prompt_rows
 from ..tasks.protocol import LabeledTask, ScoredByModel, Task
-from ..tasks.rewards import RewardFn, RewardLog, build_reward, fill_unscored, score_rollout
+from ..tasks.rewards import RewardFn, RewardLog, build_reward, fill_unscored, function_rewards, score_rollout
 from .build import build_run, build_worker_parts, own_config
 from .evaluate import evaluate
 from .lifecycle import Stage, Trainer, TrainingError
 from .replay import ReplayBuffer
 from .sft_trainer import sft_loss
+
+logger = logging.getLogger("lmrl")
 
 
 class RLTrainer(Trainer):
@@ -59,8 +67,9 @@ class RLTrainer(Trainer):
         `config.model`: the built-in GPT, or a Hugging Face model with an optional LoRA adapter).
     task: prompts, rollouts and verifier (default: from `config.task`; see `lmrl.tasks.protocol`).
     reward_funcs, reward_weights: reward functions as TRL writes them, one or a list, called
-        `f(prompts=, completions=, completion_ids=, trainer_state=, **columns)` and summed with these
-        weights (None values left out; see `lmrl.tasks.rewards`); reward_fn: one function, either so
+        `f(prompts=, completions=, completion_ids=, trainer_state=, log_metric=, log_extra=, **columns)`
+        and summed with these weights (None values left out; see `lmrl.tasks.rewards`; `log_extra`
+        columns go to the completions log, `train.log_completions`); reward_fn: one function, either so
         or lmrl's positional `f(prompts, completions, **columns)`; default: `reward.funcs` / `reward.weights`,
         else `reward.cls`, else the task's own verifier.
     train_dataset, eval_dataset: prompts as TRL's GRPO takes them (a `datasets.Dataset` or a list of
@@ -223,12 +232,14 @@ class RLTrainer(Trainer):
     def rl_step(self, stage: Stage) -> None:
         cfg, state = self.config, self.state
         t0 = time.perf_counter()
+        step = state["step"] + 1
+        logs_completions = cfg.train.log_completions and self.logs_at(stage, step - stage.first)
         # G completions per prompt, each group's rows contiguous (what group baselines expect)
         n_prompts = cfg.train.rollout_size // self.dist.world_size // self.algo.group_size
         pending = self._pending or self._submit_rollout(n_prompts)
         sampled = pending.result()
         # rollout.overlap: the next batch samples with these weights while this one trains
-        more = state["step"] + 1 < stage.last
+        more = step < stage.last
         self._pending = self._submit_rollout(n_prompts) if cfg.rollout.overlap and more else None
         ids, ro = sampled.ids, self._on_learner(sampled)
         reward_log = RewardLog()
@@ -237,7 +248,10 @@ class RLTrainer(Trainer):
         if cfg.train.replay_fraction:
             self.replay.add(ids, exact)
             state["replay"] = self.replay.ids  # in the trainer state: a resume continues the buffer
-        self.callbacks.rollout_end(self, state["step"] + 1, ids, ro, rewards)
+        self.callbacks.rollout_end(self, step, ids, ro, rewards)
+        # decoded as sampled and scored, before the loss mask below drops unscored or truncated tokens
+        completions = (completion_rows(self.task, step, ids, ro, rewards, extras, reward_log.columns)
+                       if logs_completions else None)
         metrics = rollout_metrics(ro, rewards, exact, extras, self.device, group_size=self.algo.group_size,
                                   scale_rewards=cfg.algo.scale_rewards, logged=reward_log.metrics,
                                   tokens_seen=state.get("num_input_tokens_seen", 0))
@@ -253,14 +267,25 @@ class RLTrainer(Trainer):
                                     f"say which completions were cut off (Rollout.truncated is None)")
             ro.mask = ro.mask * ~ro.truncated[:, None]  # still scored, and in their group's baseline
         t_update = time.perf_counter()
-        metrics.update(self.algo.step(self, ro, rewards))
+        batch, prepared = self.algo.prepare(self, ro, rewards)
+        metrics.update(self.algo.update(self, batch, prepared))
         metrics.update({"time/rollout_s": t_update - t0, "time/update_s": time.perf_counter() - t_update,
                         "rollout/staleness": float(ro.staleness)})
+        if completions is not None:
+            self.log_completions(stage, step, with_advantages(completions, batch.advantages, batch.mask))
         state["algo"] = self.algo.state_dict()
         metrics["train/lr"] = self.optimizer.param_groups[0]["lr"]
         metrics.update({trl: metrics[name] for name, trl in TRL_METRIC_NAMES.items() if name in metrics})
         self.scheduler.step()
         self.end_step(stage, metrics, time.perf_counter() - t0, tokens=ro.sequences.numel())
+
+    def log_completions(self, stage: Stage, step: int, rows: list[dict]) -> None:
+        """Every rank's completion rows, gathered to process 0, to the run's completions log (printed
+        under the step's count in its stage, as the console's step line has it)."""
+        every = gather_object(rows)
+        if self.log is not None:
+            self.log.log_completions(step, [row for rank_rows in every for row in rank_rows],
+                                     title=f"[{stage.name}] Step {step - stage.first}/{stage.steps}")
 
     def prompt_epochs(self) -> float:
         """Passes over the training prompts before this batch, as a reward function's
@@ -483,6 +508,54 @@ def rollout_metrics(ro: Rollout, rewards: torch.Tensor, exact: torch.Tensor, ext
         if k and name not in out:  # the built-in numbers keep their names
             out[name] = total / k
     return out
+
+
+def completion_rows(task: Task, step: int, ids: torch.Tensor, ro: Rollout, rewards: torch.Tensor, extras: dict,
+                    columns: dict[str, list]) -> list[dict]:
+    """One row per completion of a scored rollout for the completions log (`lmrl.log.completions`):
+    `step`, `prompt` and `completion` as callbacks' `Episode`s have them (`task.texts`), `reward`
+    (summed over tokens for per-token rewards), `rewards` (each reward function's, where the run has
+    reward functions), `extra` (the functions' `log_extra` columns, from `columns`), and `messages`
+    (a multi-turn episode's conversation). A reward no function gave (None, or out of time) is None.
+    A column without one value per completion is left out, with a warning naming it."""
+    prompts, completions = task.texts(ids, ro)
+    n = len(prompts)
+    per_row = rewards.float().sum(1) if rewards.dim() == 2 else rewards.float()
+    per_function = {name: values.tolist() for name, values in function_rewards(extras).items()}
+    for column, values in columns.items():
+        if len(values) != n:
+            logger.warning(f"log_extra column {column!r} has {len(values)} values for {n} completions: left out of "
+                           f"the completions log at step {step}")
+    extra = {column: values for column, values in columns.items() if len(values) == n}
+    transcripts = getattr(ro, "transcripts", None)
+    rows = []
+    for i, (prompt, completion, reward) in enumerate(zip(prompts, completions, per_row.tolist())):
+        row = {"step": step, "prompt": prompt, "completion": completion, "reward": _finite_or_none(reward)}
+        if per_function:
+            row["rewards"] = {name: _finite_or_none(values[i]) for name, values in per_function.items()}
+        if extra:
+            row["extra"] = {column: values[i] for column, values in extra.items()}
+        if transcripts:
+            row["messages"] = transcripts[i]
+        rows.append(row)
+    return rows
+
+
+def with_advantages(rows: list[dict], advantages: torch.Tensor, mask: torch.Tensor) -> list[dict]:
+    """`rows` with each completion's `advantage`: its own (B,), or for per-token advantages (B, N) their
+    mean over the tokens with loss (None for a completion that has none)."""
+    if advantages.dim() == 2:
+        mask = mask.to(advantages.dtype)
+        tokens = mask.sum(1)
+        values = ((advantages * mask).sum(1) / tokens.clamp(min=1)).tolist()
+        values = [v if t else None for v, t in zip(values, tokens.tolist())]
+    else:
+        values = advantages.tolist()
+    return [{**row, "advantage": value} for row, value in zip(rows, values)]
+
+
+def _finite_or_none(x: float) -> float | None:
+    return x if math.isfinite(x) else None
 
 
 def _nanstd(x: torch.Tensor) -> torch.Tensor:

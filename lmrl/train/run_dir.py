@@ -1,5 +1,5 @@
 """The run directory and everything a run writes to it besides checkpoints: train.log,
-metrics.jsonl, TensorBoard events, Weights & Biases, and the console progress bar.
+metrics.jsonl, completions.jsonl, TensorBoard events, Weights & Biases, and the console progress bar.
 
 One run dir, one run: preparing a run dir takes its lock (`flock` on `<run dir>/.lock`, which
 holds the owner's pid), fresh and resumed runs alike, so a second process on the same dir stops
@@ -13,6 +13,7 @@ import os
 from pathlib import Path
 
 from ..config import Config, ConfigError, config_to_dict
+from ..log.completions import COMPLETIONS_FILE, CompletionsLog
 from ..log.sinks import (ConsoleSink, JsonlSink, MetricsLogger, TensorBoardSink, WandbSink, progress, setup_logging,
                          truncate_jsonl)
 
@@ -105,16 +106,18 @@ def holds_a_run(path: Path) -> bool:
 
 
 class RunLog:
-    """Rank 0's logging: console + train.log, metrics.jsonl, TensorBoard, optional wandb, and a
-    progress bar over all steps. `resume_step` is the step of the checkpoint the run resumed from,
-    None when it loaded none. Metrics an earlier attempt logged after that step (all of them when
-    None) are dropped first, so the files read as if the run had never stopped."""
+    """Rank 0's logging: console + train.log, metrics.jsonl, TensorBoard, optional wandb, the
+    completions log (train.log_completions) and a progress bar over all steps. `resume_step` is the
+    step of the checkpoint the run resumed from, None when it loaded none. Metrics and completions an
+    earlier attempt logged after that step (all of them when None) are dropped first, so the files
+    read as if the run had never stopped."""
 
     def __init__(self, run_dir: Path, cfg: Config, *, total_steps: int, resume_step: int | None = None):
         self.logger = setup_logging(run_dir)
-        metrics_path = run_dir / "metrics.jsonl"
-        if metrics_path.exists():
-            truncate_jsonl(metrics_path, resume_step)
+        metrics_path, completions_path = run_dir / "metrics.jsonl", run_dir / COMPLETIONS_FILE
+        for path in (metrics_path, completions_path):
+            if path.exists():
+                truncate_jsonl(path, resume_step)
         sinks = [ConsoleSink(self.logger, total_steps), JsonlSink(metrics_path)]
         if cfg.run.tensorboard:
             # TensorBoard hides the events an earlier attempt wrote from purge_step on: all of them
@@ -124,14 +127,25 @@ class RunLog:
             else:
                 purge = 0 if (run_dir / "tb").exists() else None
             sinks.append(TensorBoardSink(run_dir / "tb", purge_step=purge))
+        wandb = None
         if cfg.run.wandb:
-            sinks.append(WandbSink(cfg.run.wandb_project, cfg.run.name, config_to_dict(cfg), run_dir,
-                                   mode=cfg.run.wandb_mode))
+            wandb = WandbSink(cfg.run.wandb_project, cfg.run.name, config_to_dict(cfg), run_dir,
+                              mode=cfg.run.wandb_mode)
+            sinks.append(wandb)
         self.metrics = MetricsLogger(sinks)
+        self.completions = None
+        if cfg.train.log_completions:
+            self.completions = CompletionsLog(completions_path, self.logger, to_print=cfg.train.completions_to_print,
+                                              wandb=wandb)
         self.bar = progress(total_steps, initial=resume_step or 0, desc=cfg.run.name, enabled=cfg.run.progress)
 
     def log(self, step: int, metrics: dict, **context) -> None:
         self.metrics.log(step, metrics, **context)
+
+    def log_completions(self, step: int, rows: list[dict], *, title: str = "") -> None:
+        """A step's completions (`lmrl.log.completions`), with train.log_completions on; `title` heads
+        the printed ones."""
+        self.completions.log(step, rows, title=title)
 
     def info(self, msg: str) -> None:
         self.logger.info(msg)
@@ -144,4 +158,6 @@ class RunLog:
 
     def close(self) -> None:
         self.bar.close()
+        if self.completions is not None:
+            self.completions.close()
         self.metrics.close()

@@ -262,6 +262,9 @@ class GRPOConfig(_LmrlArgs, trl.GRPOConfig):
                               f"the first training prompts without an eval_dataset); TRL evaluates nothing")
         data["train"].update(rollout_size=batch, steps=steps, temperature=float(self.temperature),
                              top_p=float(self.top_p), top_k=int(self.top_k or 0))
+        if self.log_completions:  # TRL prints num_completions_to_print of them, all where it is None
+            to_print = self.num_completions_to_print
+            data["train"].update(log_completions=True, completions_to_print=batch if to_print is None else to_print)
         # reward_weights weigh the trainer's reward_funcs (GRPOTrainer passes them on): reward.weights is for
         # reward.funcs named in the config, and would be refused beside functions given from Python
         if self.use_vllm:
@@ -333,7 +336,7 @@ TRANSLATED = {
     "grpo": {"num_generations", "max_completion_length", "temperature", "top_p", "top_k", "beta", "num_iterations",
              "epsilon", "epsilon_high", "scale_rewards", "loss_type", "mask_truncated_completions", "reward_weights",
              "entropy_coef", "use_vllm", "vllm_gpu_memory_utilization", "vllm_max_model_length",
-             "max_tool_calling_iterations"},
+             "max_tool_calling_iterations", "log_completions", "num_completions_to_print"},
     "dpo": {"beta", "loss_type", "label_smoothing", "max_length"},
     "sft": {"max_length", "assistant_only_loss"},
     "reward": {"max_length"},

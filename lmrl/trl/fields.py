@@ -168,7 +168,11 @@ GRPO: dict[str, Rule] = {
     "shuffle_dataset": Rule(NO_EFFECT, "prompts are always drawn at random (seeded)"),
     "ds3_gather_for_generation": Rule(NO_EFFECT, "DeepSpeed only"),
     "cache_implementation": Rule(NO_EFFECT, "lmrl's sampling loop keeps its own KV cache"),
-    "log_completions": Rule(NO_EFFECT, "lmrl logs sampled completions its own way (callbacks' on_episode_end)"),
+    "log_completions": Rule(CARRIED, "train.log_completions: each logged step's completions, with their rewards, "
+                                     "advantages and log_extra columns, to completions.jsonl in output_dir and to "
+                                     "wandb as the table 'completions'"),
+    "num_completions_to_print": Rule(CARRIED, "train.completions_to_print, with log_completions (None: all of "
+                                              "each logged step's)"),
 }
 GRPO.update(_rules(NO_EFFECT, """
     vllm_mode vllm_model_impl vllm_enable_sleep_mode vllm_structured_outputs_regex vllm_server_base_url
@@ -179,7 +183,7 @@ GRPO.update(_rules(NO_EFFECT, """
 GRPO.update(_rules(NO_EFFECT, """sapo_temperature_neg sapo_temperature_pos vespo_k_pos vespo_lambda_pos vespo_k_neg
     vespo_lambda_neg entropy_coef_min entropy_coef_max entropy_coef_delta entropy_target""",
     "only with a loss type or adaptive entropy that lmrl refuses"))
-GRPO.update(_rules(NO_EFFECT, """log_multimodal num_completions_to_print log_unique_prompts log_completions_hub_repo
+GRPO.update(_rules(NO_EFFECT, """log_multimodal log_unique_prompts log_completions_hub_repo
     transformers_continuous_batching_config""", "logging and sampling-backend settings lmrl does not use"))
 
 DPO: dict[str, Rule] = {
