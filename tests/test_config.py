@@ -188,6 +188,14 @@ def test_an_offline_preset_on_an_rl_base_drops_the_bases_rl_updates(tmp_path):
     ("rollout.gpu_memory_utilization=0", "rollout.gpu_memory_utilization must be in (0, 1], got 0.0"),
     ("run.threads=-2", "run.threads must be >= 0, got -2"),
     ("train.temperature=0", "train.temperature must be > 0, got 0.0"),
+    ("model.chat_template_kwargs=[enable_thinking]",
+     "model.chat_template_kwargs must be a mapping, got ['enable_thinking'] (from override "
+     "model.chat_template_kwargs=[enable_thinking])"),
+    ("model.chat_template_kwargs={1: false}",
+     "model.chat_template_kwargs takes the template variables' names as string keys, got 1"),
+    ("model.chat_template_kwargs={add_generation_prompt: false}",
+     "model.chat_template_kwargs cannot set 'add_generation_prompt': lmrl sets that argument of apply_chat_template "
+     "for each rendering"),
 ])
 def test_bad_values_are_refused_up_front_in_one_line_naming_the_key(override, message):
     with pytest.raises(ConfigError) as e:
@@ -201,6 +209,11 @@ def test_a_config_built_in_python_is_checked_the_same_way():
     cfg = Config()
     cfg.algo.group_size = 0  # the rollout_size % group_size rule would divide by it
     with pytest.raises(ConfigError, match="algo.group_size must be >= 1, got 0"):
+        validate(cfg)
+    cfg = Config()
+    cfg.model.chat_template_kwargs = "enable_thinking=False"  # no YAML read turned it into a mapping
+    with pytest.raises(ConfigError, match="^model.chat_template_kwargs must be a mapping of the chat template's "
+                                          "variables .*, got 'enable_thinking=False'$"):
         validate(cfg)
 
 

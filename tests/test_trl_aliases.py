@@ -40,6 +40,10 @@ ALIAS_CASES = [
     ("temperature", ["algo.temperature=0.7"], {"train.temperature": 0.7}),
     ("top_p", ["top_p=0.9"], {"train.top_p": 0.9}),
     ("top_k", ["algo.top_k=50"], {"train.top_k": 50}),
+    ("chat_template_kwargs", ["chat_template_kwargs={enable_thinking: false}"],
+     {"model.chat_template_kwargs": {"enable_thinking": False}}),
+    ("chat_template_kwargs", ["algo.chat_template_kwargs={enable_thinking: false}"],
+     {"model.chat_template_kwargs": {"enable_thinking": False}}),
     ("max_length", ["dpo.max_length=512"], {"data.max_length": 512}),
     ("learning_rate", ["learning_rate=1e-6"], {"optim.lr": 1e-6}),
     ("learning_rate", ["dpo.learning_rate=5e-7"], {"optim.lr": 5e-7}),
@@ -85,11 +89,13 @@ def test_a_config_without_trl_names_notes_none():
 def test_trl_names_in_a_yaml_file_bare_and_under_a_section(tmp_path):
     path = tmp_path / "trl.yaml"
     path.write_text("base: adder-grpo\nlearning_rate: 1.0e-6\nnum_generations: 8\nepsilon_high: 0.3\n"
+                    "chat_template_kwargs:\n  enable_thinking: false\n"  # a bare TRL name whose value is a mapping
                     "algo:\n  epsilon: 0.1\n  loss_type: dr_grpo\n")
     cfg = load_config(path)
     assert (cfg.optim.lr, cfg.algo.group_size, cfg.algo.loss_level) == (1e-6, 8, "constant")
     assert (cfg.algo.clip_range_left, cfg.algo.clip_range_right) == (0.1, 0.3)  # epsilon_high wins in its file
-    assert len(cfg.aliases) == 5
+    assert cfg.model.chat_template_kwargs == {"enable_thinking": False}
+    assert len(cfg.aliases) == 6
     assert config_to_dict(config_from_dict(yaml.safe_load(path.read_text().replace("base: adder-grpo\n", ""))))[
         "algo"]["group_size"] == 8
 
@@ -120,6 +126,8 @@ def test_epsilon_on_the_command_line_moves_a_presets_upper_clip_too():
     (["per_device_train_batch_size=8"], "per_device_train_batch_size (TRL's TrainingArguments) has no single lmrl "
                                         "key in override per_device_train_batch_size=8: lmrl sizes a whole update"),
     (["algo.top_p=1.5"], "train.top_p must be in (0, 1], got 1.5"),
+    (["chat_template_kwargs=no_thinking"], "model.chat_template_kwargs must be a mapping, got 'no_thinking' (from "
+                                           "override chat_template_kwargs=no_thinking, as TRL's chat_template_kwargs)"),
 ])
 def test_trl_name_mistakes_are_one_line_naming_the_key(overrides, message):
     with pytest.raises(ConfigError) as e:

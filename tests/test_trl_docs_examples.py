@@ -514,22 +514,17 @@ def increment_as_asked(context: str) -> str:
 
 def test_an_environment_that_owns_its_data_and_reward_trains(model_dir, tmp_path):
     """GRPO, "Environments": environment_factory=IncrementEnv, no train_dataset (reset() makes each
-    prompt), max_steps sets the length, get_reward is a reward source named after the class."""
+    prompt), max_steps sets the length, get_reward is a reward source named after the class; the
+    example's chat_template_kwargs={"enable_thinking": False} go to the chat template
+    (tests/test_chat_template_kwargs.py follows them into every rendering, on Qwen3's template)."""
     random.seed(0)
-    trainer = GRPOTrainer(model=str(model_dir), args=grpo_args(tmp_path / "run", max_completion_length=96),
-                          environment_factory=IncrementEnv)
+    args = grpo_args(tmp_path / "run", max_completion_length=96, chat_template_kwargs={"enable_thinking": False})
+    trainer = GRPOTrainer(model=str(model_dir), args=args, environment_factory=IncrementEnv)
+    assert trainer.config.model.chat_template_kwargs == {"enable_thinking": False}
     write(trainer, increment_as_asked)
     trainer.train()
     log = step_log(trainer)
     assert trainer.state.global_step == 1 and log["rewards/IncrementEnv/mean"] == 1.0 and log["reward"] == 1.0
-
-
-def test_environment_chat_template_kwargs_are_refused(model_dir, tmp_path):
-    """GRPO, "Environments": the example's chat_template_kwargs={"enable_thinking": False}."""
-    args = grpo_args(tmp_path / "run", chat_template_kwargs={"enable_thinking": False})
-    with pytest.raises(ConfigError, match=r"chat_template_kwargs=\{'enable_thinking': False\}\): the chat template is "
-                                          r"rendered with its defaults"):
-        GRPOTrainer(model=str(model_dir), args=args, environment_factory=IncrementEnv)
 
 
 class TargetEnv:

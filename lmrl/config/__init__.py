@@ -74,6 +74,7 @@ TRL_ALIASES: dict[str, Alias] = {
     "temperature": Alias("train.temperature", "GRPOConfig"),
     "top_p": Alias("train.top_p", "GRPOConfig"),
     "top_k": Alias("train.top_k", "GRPOConfig"),
+    "chat_template_kwargs": Alias("model.chat_template_kwargs", "GRPOConfig"),
     "max_length": Alias("data.max_length", "DPOConfig"),
     "learning_rate": Alias("optim.lr", "TrainingArguments"),
     "weight_decay": Alias("optim.weight_decay", "TrainingArguments"),
@@ -347,11 +348,12 @@ def save_config(cfg: Config, path: str | Path) -> None:
 
 
 def _items_of(data: dict, where: str) -> list[tuple[str, Any, str]]:
-    """A YAML mapping of sections as (dotted key, value, where) items; a top-level entry that is not
-    a mapping stays bare (a TRL name such as `num_generations: 8`, or an error for `_set`)."""
+    """A YAML mapping of sections as (dotted key, value, where) items; a top-level entry that is not a
+    mapping or is a TRL name (`num_generations: 8`, `chat_template_kwargs: {enable_thinking: false}`)
+    stays bare, for `_set` to translate or refuse."""
     items = []
     for section, values in data.items():
-        if isinstance(values, dict):
+        if isinstance(values, dict) and section not in _ALIAS_SPELLINGS:
             items += [(f"{section}.{key}", value, where) for key, value in values.items()]
         else:
             items.append((str(section), values, where))

@@ -19,6 +19,7 @@ from ..algos import ALGORITHMS
 from ..algos.advantages import GROUP_MODES, SCALE_REWARDS
 from ..algos.losses import KL_ESTIMATORS, LOSS_LEVELS
 from ..algos.preference_losses import DPO_LOSS_TYPES, SMOOTHED_DPO_LOSSES
+from ..common.chat import template_kwargs_problem
 from ..common.errors import ConfigError  # noqa: F401  (re-exported: `from lmrl.config import ConfigError`)
 from ..models.heads import VALUE_MODELS
 from ..common.options import Section, _bounds_text, option as _f, suggest  # noqa: F401  (re-exported)
@@ -71,6 +72,10 @@ class ModelConfig(Section):
     gguf_file: str | None = _f(None, "hf: the GGUF file inside model.path to load (dequantized)")
     dtype: str = _f("fp32", "hf: fp32 | bf16", choices=("fp32", "bf16"))
     gradient_checkpointing: bool = _f(False, "hf: recompute activations in the backward pass (less memory)")
+    chat_template_kwargs: dict = _f({}, "hf: keyword arguments for the chat template wherever the run renders one "
+                                        "(prompts, turns of an episode, training rows, a reward model's texts), as "
+                                        "TRL's chat_template_kwargs: {enable_thinking: false} for Qwen3; a data "
+                                        "row's chat_template_kwargs column goes over them")
     init_from: str | None = _f(None, "start from these weights: a checkpoint dir (e.g. runs/x/checkpoints/step_200) "
                                      "or a .safetensors file")
     n_layer: int = _f(4, "transformer blocks", ge=1)
@@ -80,11 +85,13 @@ class ModelConfig(Section):
     dropout: float = _f(0.0, "dropout probability", ge=0, lt=1)
 
     def check(self) -> list[str]:
+        template = template_kwargs_problem(self.chat_template_kwargs)
         return [msg for ok, msg in [
             (self.type != "hf" or bool(self.path),
              "model.type=hf needs model.path (a local directory, or smollm2-135m-instruct)"),
             (self.type != "gpt" or self.n_embd % self.n_head == 0,
              f"model.n_embd={self.n_embd} must be divisible by model.n_head={self.n_head}"),
+            (template is None, f"model.chat_template_kwargs {template}"),
         ] if not ok]
 
 

@@ -43,6 +43,7 @@ import inspect
 import json
 from typing import Any, Callable
 
+from lmrl.common.chat import render_chat
 from lmrl.envs.protocol import as_reward, env_name
 
 __all__ = [
@@ -213,14 +214,14 @@ _PROBE_TOOL = {"type": "function", "function": {
 
 def template_renders_tools(tokenizer) -> bool:
     """True when the tokenizer's chat template uses `tools`: rendering a conversation with a probe tool changes
-    the text. False for templates that ignore it (then put `tools_system_prompt` in a system message)."""
+    the text (both renderings with the template arguments every prompt gets). False for templates that ignore
+    it (then put `tools_system_prompt` in a system message)."""
     if getattr(tokenizer, "chat_template", None) is None:
         return False
     messages = [{"role": "user", "content": "hi"}]
     try:
-        plain = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-        with_tools = tokenizer.apply_chat_template(messages, tools=[_PROBE_TOOL], tokenize=False,
-                                                   add_generation_prompt=True)
+        plain = render_chat(tokenizer, messages, add_generation_prompt=True)
+        with_tools = render_chat(tokenizer, messages, add_generation_prompt=True, tools=[_PROBE_TOOL])
     except Exception:  # jinja2's TemplateError and the like: a template that cannot take tools does not render them
         return False
     return plain != with_tools

@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from ..common.chat import render_chat
 from ..envs.protocol import EnvError, as_reset, as_reward, as_step, env_name
 from .rollout import Rollout
 
@@ -68,8 +69,7 @@ def observation_ids(tokenizer, observation: str | list[dict], *, after_eos: bool
     marker = "\x00LMRL_TURN\x00"
     head = [{"role": "user", "content": "q"}, {"role": "assistant", "content": marker}]
     messages = [{"role": role, "content": observation}] if isinstance(observation, str) else list(observation)
-    text = tokenizer.apply_chat_template(head + messages, tokenize=False, add_generation_prompt=True,
-                                         **({"tools": tools} if tools else {}))
+    text = render_chat(tokenizer, head + messages, add_generation_prompt=True, tools=tools)
     cut = text.find(marker)
     if cut < 0:
         raise ValueError("the chat template does not write the assistant's message content back as it is; "
@@ -169,9 +169,7 @@ def run_episodes(policy, envs: list, first_messages: list[list[dict]] | None = N
                 _fail(i, e, failed, infos)
                 observation = ""  # the episode never starts: an empty opening, no turn, no loss
             first_messages.append(opening_messages(observation, preamble))
-    template = {"tools": tools} if tools else {}
-    prompt_texts = [tok.apply_chat_template(m, tokenize=False, add_generation_prompt=True, **template)
-                    for m in first_messages]
+    prompt_texts = [render_chat(tok, m, add_generation_prompt=True, tools=tools) for m in first_messages]
     prompt_ids, prompt_mask = policy.encode(prompt_texts)
     prompts = [row[m.bool()].tolist() for row, m in zip(prompt_ids.cpu(), prompt_mask.cpu())]
     body: list[list[int]] = [[] for _ in range(n)]  # everything after the prompt

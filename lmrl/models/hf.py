@@ -21,6 +21,7 @@ try:
 except ImportError as e:  # the core of lmrl runs without transformers
     raise ImportError(f"lmrl.models.hf needs the `hf` extra ({e}): pip install -e '.[hf]'") from None
 
+from ..common.chat import render_chat
 from ..common.launch_costs import prompt_sharing_pays
 from ..generation.token_logprobs import token_logprobs
 from ..generation.hf_generate import generate, prefill, unique_rows
@@ -34,7 +35,7 @@ from .hf_loading import (DTYPES, PACKAGED_GGUF, convert_gguf, drop_quantizer_rec
 
 def apply_chat_template(tokenizer, messages: list[dict]) -> str:
     """A conversational prompt (list of {"role", "content"}) as the model's chat text, ending with
-    the assistant's turn opened (the generation prompt)."""
+    the assistant's turn opened (the generation prompt), rendered by `render_chat`."""
     if not getattr(tokenizer, "chat_template", None):
         raise ValueError(f"the model {getattr(tokenizer, 'name_or_path', '')!r} has no chat template, so "
                          "conversational prompts (lists of {role, content} messages) cannot be formatted; "
@@ -42,7 +43,7 @@ def apply_chat_template(tokenizer, messages: list[dict]) -> str:
     bad = [m for m in messages if not (isinstance(m, dict) and "role" in m and "content" in m)]
     if bad:
         raise ValueError(f"chat messages must be dicts with 'role' and 'content', got {bad[0]!r}")
-    return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    return render_chat(tokenizer, messages, add_generation_prompt=True)
 
 
 def already_templated(tokenizer, text: str) -> bool:

@@ -93,7 +93,8 @@ def _prompt_task(config, *, tokenizer, device="cpu", **_):
         from ..models.reward_model import same_vocabulary
         from .rewards import RewardModelScorer
 
-        scorer = RewardModelScorer(r.model, device=device, batch_size=r.model_batch_size, chat=t.chat)
+        scorer = RewardModelScorer(r.model, device=device, batch_size=r.model_batch_size, chat=t.chat,
+                                   chat_template_kwargs=config.model.chat_template_kwargs)
         if not same_vocabulary(tokenizer, scorer.tokenizer):
             raise ConfigError(f"reward.model={r.model!r} uses a different tokenizer than the policy "
                               f"({len(scorer.tokenizer)} vs {len(tokenizer)} tokens, or other ids): train the reward "

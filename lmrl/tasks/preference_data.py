@@ -17,6 +17,9 @@ Preference rows, standard (strings) or conversational (lists of {"role", "conten
                                           become conversational rows: the shared turns, then each side's reply)
 Any of them may carry "margin", a number (TRL's reward-model data: the reward trainer's Bradley–Terry
 loss wants the chosen reward ahead by at least that much); the DPO trainer ignores it.
+Any row but a {"text"} one (no template) may carry "chat_template_kwargs": the row's own keyword arguments
+for the chat template (e.g. {"enable_thinking": false}), as TRL's DPO, reward and SFT trainers read them,
+over the run's model.chat_template_kwargs; an entry a datasets.Dataset fills with None counts as absent.
 SFT rows:
     {"prompt", "completion" | "response"} strings, or prompt messages + completion assistant messages
     {"messages"}, {"conversations"}       a conversation (ShareGPT's {"from", "value"} turns too)
@@ -37,6 +40,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Sequence, Union
 
+from ..common.chat import template_kwargs_problem
 from ..common.data import DataError, iter_jsonl
 
 SHAREGPT_ROLES = {"human": "user", "gpt": "assistant", "system": "system",
@@ -54,6 +58,7 @@ class PreferenceRow:
     chosen: str | list[dict]    # the preferred reply: a string, or messages starting with the assistant's
     rejected: str | list[dict]  # the dispreferred reply, in the same form as chosen
     margin: float | None = None  # how far the chosen reply's reward should beat the rejected's (TRL's reward data)
+    chat_template_kwargs: dict = field(default_factory=dict)  # the row's own chat template arguments
     source: str = field(default="", compare=False, repr=False)  # "path:line" or "row i", for later errors
 
 
@@ -67,6 +72,7 @@ class SFTRow:
     messages: list[dict]  # {"role", "content"}; roles system, user, assistant, tool
     chat: bool            # False: a plain prompt/response pair (or text), not a chat
     text: str | None = None
+    chat_template_kwargs: dict = field(default_factory=dict)  # the row's own chat template arguments
     source: str = field(default="", compare=False, repr=False)
 
 
@@ -121,11 +127,14 @@ def preference_row(row: Mapping, *, dialogue: str = "auto") -> PreferenceRow:
 def trl_preference(pair: PreferenceRow) -> dict:
     """A pair as the JSON row TRL reads: {"prompt", "chosen", "rejected"} as strings (standard), or, when
     the prompt is a conversation, as message lists (conversational: each reply a list of assistant
-    messages; a reply given as text becomes one such message); "margin" when the pair has one."""
+    messages; a reply given as text becomes one such message); "margin" and "chat_template_kwargs" when
+    the pair has them."""
     chosen, rejected = pair.chosen, pair.rejected
     if isinstance(pair.prompt, list) and isinstance(chosen, str):
         chosen, rejected = ([{"role": "assistant", "content": reply}] for reply in (chosen, rejected))
     row = {"prompt": pair.prompt, "chosen": chosen, "rejected": rejected}
+    if pair.chat_template_kwargs:
+        row["chat_template_kwargs"] = pair.chat_template_kwargs
     return row if pair.margin is None else {**row, "margin": pair.margin}
 
 
@@ -190,7 +199,7 @@ def _preference_row(row: dict, dialogue: str) -> PreferenceRow:
     if _comparable(chosen) == _comparable(rejected):
         raise _Bad(f"'chosen' and 'rejected' are the same text ({_preview(chosen)}); a pair must differ to say "
                    f"which is preferred")
-    return PreferenceRow(prompt, chosen, rejected, _margin(row.get("margin")))
+    return PreferenceRow(prompt, chosen, rejected, _margin(row.get("margin")), _template_kwargs(row))
 
 
 def _margin(value) -> float | None:
@@ -201,6 +210,15 @@ def _margin(value) -> float | None:
         raise _Bad(f"'margin' must be a finite number (how much the chosen reply's reward should exceed the "
                    f"rejected one's), got {_describe(value)}")
     return float(value)
+
+
+def _template_kwargs(row: dict) -> dict:
+    """The optional `chat_template_kwargs` column: the row's own chat template arguments."""
+    value = row.get("chat_template_kwargs", {})
+    problem = template_kwargs_problem(value)
+    if problem:
+        raise _Bad(f"'chat_template_kwargs' {problem}")
+    return {k: v for k, v in value.items() if v is not None}
 
 
 def _text_or_messages(value, key: str) -> str | list[dict]:
@@ -336,7 +354,8 @@ def _sft_row(row: dict) -> SFTRow:
         answer_key = "response" if "response" in row else "completion"
         prompt, answer = _text_or_messages(row["prompt"], "prompt"), _text_or_messages(row[answer_key], answer_key)
         if isinstance(prompt, str) and isinstance(answer, str):
-            return SFTRow([{"role": "user", "content": prompt}, {"role": "assistant", "content": answer}], chat=False)
+            return SFTRow([{"role": "user", "content": prompt}, {"role": "assistant", "content": answer}], chat=False,
+                          chat_template_kwargs=_template_kwargs(row))
         # conversational: the prompt (a string becomes one user message) is context, the completion is the loss
         prompt = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else prompt
         answer = [{"role": "assistant", "content": answer}] if isinstance(answer, str) else \
@@ -351,7 +370,7 @@ def _sft_row(row: dict) -> SFTRow:
         raise _Bad(f"{key!r} has no assistant turn, so there is nothing to learn")
     if not any(m["role"] == "assistant" and m.get("training", True) for m in messages):
         raise _Bad(f"every assistant turn of {key!r} is \"training\": false, so there is nothing to learn")
-    return SFTRow(messages, chat=True)
+    return SFTRow(messages, chat=True, chat_template_kwargs=_template_kwargs(row))
 
 
 def _conversation(turns, key: str) -> list[dict]:

@@ -43,6 +43,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 import torch
 
+from ..common.chat import hold_template_kwargs
 from ..envs.tools import run_coroutines
 from ..models.reward_model import load_reward_model
 from .protocol import Conversational
@@ -557,12 +558,16 @@ class RewardModelScorer:
     """A reward function for the RL trainers: `scorer(prompts, completions, **_) -> list[float]`, the
     reward model's score of each prompt + completion, encoded as in reward-model training (a plain
     prompt through the chat template, the completion followed by the end token). Prompts and
-    completions may be texts or, as TRL passes a chat task's, message lists."""
+    completions may be texts or, as TRL passes a chat task's, message lists; the chat template renders
+    them with `chat_template_kwargs` (the run's model.chat_template_kwargs, as TRL renders a reward
+    model's texts with its chat_template_kwargs)."""
 
-    def __init__(self, path: str | Path, *, device="cpu", batch_size: int = 16, chat: bool = True):
+    def __init__(self, path: str | Path, *, device="cpu", batch_size: int = 16, chat: bool = True,
+                 chat_template_kwargs: dict | None = None):
         self.path = str(path)
         self.model, self.tokenizer = load_reward_model(path, device=device)
         self.model.requires_grad_(False)
+        hold_template_kwargs(self.tokenizer, chat_template_kwargs or {})
         self.codec = TextCodec(self.tokenizer, chat=chat)
         self.batch_size = batch_size
         self.device = torch.device(device)

@@ -18,11 +18,13 @@ contents and the end-of-turn token closing each. A {"text"} row has the loss on 
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 import torch
 
 from ..generation.token_logprobs import token_logprobs, token_logprobs_and_diagnostics
+from ..common.chat import render_chat
 from ..common.data import DataError
 from .preference_data import PreferenceRow, SFTRow, TruncationCounter, truncate_pair
 
@@ -60,34 +62,37 @@ class TextCodec:
         self.chat = chat and self.is_hf and bool(getattr(tokenizer, "chat_template", None))
         self.eos = [tokenizer.eos_token_id] if self.is_hf and tokenizer.eos_token_id is not None else []
 
-    def prompt_ids(self, prompt: str | list[dict]) -> list[int]:
+    def prompt_ids(self, prompt: str | list[dict], **template_kwargs) -> list[int]:
+        """A prompt's ids: a conversation (or, with chat, a plain prompt as its user message) through the chat
+        template with the generation prompt and `template_kwargs` (a row's own), other text as it is."""
         if isinstance(prompt, list):  # a conversation so far
             if not self.chat:
                 raise ValueError(f"a conversational prompt (a list of messages) {_NEEDS_CHAT}")
-            return self._ids(self.tokenizer.apply_chat_template(prompt, tokenize=False, add_generation_prompt=True))
+            return self._ids(render_chat(self.tokenizer, prompt, add_generation_prompt=True, **template_kwargs))
         if self.chat:
             from ..models.hf import already_templated
 
             if already_templated(self.tokenizer, prompt):  # a rendered chat prompt (what RL tasks pass)
                 return self._ids(prompt)
-            return self.prompt_ids([{"role": "user", "content": prompt}])
+            return self.prompt_ids([{"role": "user", "content": prompt}], **template_kwargs)
         return self._ids(prompt)
 
     def response_ids(self, text: str) -> list[int]:
         return self._ids(text) + self.eos
 
-    def reply_ids(self, prompt: str | list[dict], reply: str | list[dict]) -> tuple[list[int], list[int]]:
-        """(ids, loss mask) of a reply to `prompt`, to follow `prompt_ids(prompt)`: a string reply is its
-        text and the end token, all with loss; a conversational reply is what the chat template renders
-        after the prompt's generation prompt, up to the end of its last assistant message, with the loss
-        on its assistant messages' contents and their end-of-turn tokens (not the template's markup)."""
+    def reply_ids(self, prompt: str | list[dict], reply: str | list[dict],
+                  **template_kwargs) -> tuple[list[int], list[int]]:
+        """(ids, loss mask) of a reply to `prompt`, to follow `prompt_ids(prompt, **template_kwargs)`: a string
+        reply is its text and the end token, all with loss; a conversational reply is what the chat template
+        renders after the prompt's generation prompt, up to the end of its last assistant message, with the
+        loss on its assistant messages' contents and their end-of-turn tokens (not the template's markup)."""
         if isinstance(reply, str):
             ids = self.response_ids(reply)
             return ids, [1] * len(ids)
         if not self.chat:
             raise ValueError(f"a conversational reply (a list of messages) {_NEEDS_CHAT}")
         prompt = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else prompt
-        return conversation_reply(self.tokenizer, prompt, reply)
+        return conversation_reply(self.tokenizer, prompt, reply, **template_kwargs)
 
     def text_ids(self, text: str) -> list[int]:
         """A {"text"} row for language modelling: its tokens and the end token, no template."""
@@ -115,10 +120,12 @@ def encode_sft(rows: list[SFTRow], codec: TextCodec, max_length: int, counter: T
             elif row.chat:
                 if not codec.chat:
                     raise ValueError(f"a conversation (messages) {_NEEDS_CHAT}")
-                ids, mask = _keep_start(*assistant_token_mask(codec.tokenizer, row.messages), max_length, counter)
+                ids, mask = assistant_token_mask(codec.tokenizer, row.messages, **row.chat_template_kwargs)
+                ids, mask = _keep_start(ids, mask, max_length, counter)
             else:
                 prompt, response = row.messages[0]["content"], row.messages[1]["content"]
-                p, r = counter.truncate(codec.prompt_ids(prompt), codec.response_ids(response), max_length)
+                p, r = counter.truncate(codec.prompt_ids(prompt, **row.chat_template_kwargs),
+                                        codec.response_ids(response), max_length)
                 ids, mask = p + r, [0] * len(p) + [1] * len(r)
         except (ValueError, TemplateError) as e:
             raise DataError(f"{_row_name(row, where, i)}: {e}") from None
@@ -135,9 +142,10 @@ def encode_preferences(rows: list[PreferenceRow], codec: TextCodec, max_length: 
     out = []
     for i, row in enumerate(rows):
         try:
-            prompt = codec.prompt_ids(row.prompt)
-            (chosen, chosen_mask), (rejected, rejected_mask) = (codec.reply_ids(row.prompt, row.chosen),
-                                                                codec.reply_ids(row.prompt, row.rejected))
+            template = row.chat_template_kwargs
+            prompt = codec.prompt_ids(row.prompt, **template)
+            (chosen, chosen_mask), (rejected, rejected_mask) = (codec.reply_ids(row.prompt, row.chosen, **template),
+                                                                codec.reply_ids(row.prompt, row.rejected, **template))
         except (ValueError, TemplateError) as e:
             hint = _KEEP_TEXT if not codec.chat and isinstance(row.prompt, list) else ""
             raise DataError(f"{_row_name(row, where, i)}: {e}{hint}") from None
@@ -344,30 +352,33 @@ def response_logits(model, ids: torch.Tensor, attention: torch.Tensor, loss_mask
     return logits[:, :-1], ids[:, -keep + 1:], loss_mask[:, -keep + 1:]
 
 
-def assistant_token_mask(tokenizer, messages: list[dict]) -> tuple[list[int], list[int]]:
-    """(ids, mask) of the chat-templated conversation; mask is 1 on the tokens of assistant message
-    contents and the end-of-turn token that closes each, except messages marked `"training": false`
-    (context, such as a worked example). Needs a fast tokenizer (offsets)."""
+def assistant_token_mask(tokenizer, messages: list[dict], **template_kwargs) -> tuple[list[int], list[int]]:
+    """(ids, mask) of the chat-templated conversation (`template_kwargs`: a row's own template arguments);
+    mask is 1 on the tokens of assistant message contents and the end-of-turn token that closes each,
+    except messages marked `"training": false` (context, such as a worked example). Needs a fast
+    tokenizer (offsets)."""
     if not messages or messages[-1].get("role") != "assistant":
         raise ValueError("an episode's messages must end with the assistant's last turn")
-    text = tokenizer.apply_chat_template(messages, tokenize=False)
-    spans = _assistant_spans(tokenizer, messages, text)
+    text = render_chat(tokenizer, messages, **template_kwargs)
+    spans = _assistant_spans(tokenizer, messages, text, template_kwargs)
     enc = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
     return enc["input_ids"], _span_mask(enc["offset_mapping"], spans)
 
 
-def conversation_reply(tokenizer, prompt: list[dict], reply: list[dict]) -> tuple[list[int], list[int]]:
+def conversation_reply(tokenizer, prompt: list[dict], reply: list[dict],
+                       **template_kwargs) -> tuple[list[int], list[int]]:
     """(ids, mask) of `reply` (messages, the first and last the assistant's) after `prompt`: the text the
     chat template renders for prompt + reply past the prompt's own rendering with the generation
     prompt, up to the end of the last assistant message (its end-of-turn token included; what the
     template writes after it, such as a newline, is left out: nothing follows a reply). mask is 1 on
-    the assistant messages' contents and their end-of-turn tokens (`"training": false` ones excepted)."""
-    head = tokenizer.apply_chat_template(prompt, tokenize=False, add_generation_prompt=True)
-    text = tokenizer.apply_chat_template(prompt + reply, tokenize=False)
+    the assistant messages' contents and their end-of-turn tokens (`"training": false` ones excepted).
+    Both renderings take `template_kwargs` (a row's own template arguments)."""
+    head = render_chat(tokenizer, prompt, add_generation_prompt=True, **template_kwargs)
+    text = render_chat(tokenizer, prompt + reply, **template_kwargs)
     if not text.startswith(head):
         raise ValueError("the chat template does not render prompt + reply as the prompt (with its generation "
                          "prompt) followed by the reply, so the reply's tokens cannot be told apart")
-    spans = _assistant_spans(tokenizer, prompt + reply, text, first=len(prompt), every=True)
+    spans = _assistant_spans(tokenizer, prompt + reply, text, template_kwargs, first=len(prompt), every=True)
     body = text[len(head):spans[-1][1]]
     enc = tokenizer(body, add_special_tokens=False, return_offsets_mapping=True)
     trained = [(s - len(head), e - len(head)) for (s, e), m in zip(spans, _assistants(reply))
@@ -379,17 +390,25 @@ def _assistants(messages: list[dict]) -> list[dict]:
     return [m for m in messages if m["role"] == "assistant"]
 
 
-def _assistant_spans(tokenizer, messages: list[dict], text: str, first: int = 0,
+def _assistant_spans(tokenizer, messages: list[dict], text: str, template_kwargs: dict, first: int = 0,
                      every: bool = False) -> list[tuple[int, int]]:
-    """Character spans in `text` (the rendered conversation) of the assistant messages from index
-    `first` on, each with the end-of-turn token that closes it; messages marked `"training": false`
-    are left out unless `every`."""
-    closers = _turn_closers(tokenizer)
+    """Character spans in `text` (the rendered conversation, with `template_kwargs`) of the assistant
+    messages from index `first` on, each with the end-of-turn token that closes it; messages marked
+    `"training": false` are left out unless `every`.
+
+    Message k's content is looked for after the conversation before it, rendered with the generation
+    prompt. A template whose generation prompt writes what it leaves out of a past assistant turn (Qwen3
+    under enable_thinking=False opens a new turn with an empty think block and renders earlier turns
+    without one) continues the conversation before k differently in `text`; the content is then looked
+    for from where the generation prompt and `text` part."""
+    closers = _turn_closers(tokenizer, template_kwargs)
     spans, cursor = [], 0
     for k, message in enumerate(messages):
         if k < first or message["role"] != "assistant" or (message.get("training") is False and not every):
             continue
-        prefix = tokenizer.apply_chat_template(messages[:k], tokenize=False, add_generation_prompt=True)
+        prefix = render_chat(tokenizer, messages[:k], add_generation_prompt=True, **template_kwargs)
+        if not text.startswith(prefix) and text.startswith(render_chat(tokenizer, messages[:k], **template_kwargs)):
+            prefix = os.path.commonprefix([prefix, text])
         start = text.find(message["content"], max(len(prefix), cursor))
         if start < 0 or not text.startswith(prefix):
             raise ValueError(f"the chat template does not render message {k} (assistant) after the conversation "
@@ -401,19 +420,19 @@ def _assistant_spans(tokenizer, messages: list[dict], text: str, first: int = 0,
     return spans
 
 
-def _turn_closers(tokenizer) -> list[str]:
+def _turn_closers(tokenizer, template_kwargs: dict) -> list[str]:
     """The special tokens that may close an assistant turn right after its content: the end-of-sequence
     token first, then the tokenizer's other special tokens (e.g. Gemma's <end_of_turn> where eos is
     <eos>), less those that begin a sequence or pad it and those the generation prompt holds (they
-    open a turn)."""
+    open a turn; rendered with `template_kwargs`, as the conversation is)."""
     eos = tokenizer.eos_token or ""
     specials = set(tokenizer.all_special_tokens)
     specials |= {t.content for t in getattr(tokenizer, "added_tokens_decoder", {}).values() if t.special}
     specials -= {tokenizer.bos_token, tokenizer.pad_token, tokenizer.unk_token, eos, None, ""}
     user = [{"role": "user", "content": "x"}]
     try:
-        opening = tokenizer.apply_chat_template(user, tokenize=False, add_generation_prompt=True)[
-            len(tokenizer.apply_chat_template(user, tokenize=False)):]
+        opening = render_chat(tokenizer, user, add_generation_prompt=True, **template_kwargs)[
+            len(render_chat(tokenizer, user, **template_kwargs)):]
     except Exception:  # a template that cannot render a lone user turn: keep the end-of-sequence token only
         return [eos] if eos else []
     others = sorted((s for s in specials if s not in opening), key=len, reverse=True)

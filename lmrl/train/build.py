@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import torch
 
 from .. import checkpoint as ckpt
+from ..common.chat import hold_template_kwargs
 from ..common.errors import ConfigError
 from ..config import Config
 from ..models import build_model
@@ -51,9 +52,10 @@ def build_run(cfg: Config, *, device=None, model=None, task: Task | None = None,
     """The parts `cfg.run.trainer` trains with. The seed is set first, so every random
     initialisation (the GPT's, a LoRA adapter's, a reward model's score head) is the seed's:
 
-    rl      an hf policy from `model.path` (+ LoRA), then the task (with the policy's tokenizer;
-            `env_factory` for task.name=env), else the built-in GPT sized to the task's vocabulary;
-            `model.init_from` loaded into the policy. A `model` or `task` given is used as it is.
+    rl      an hf policy from `model.path` (+ LoRA), its tokenizer holding model.chat_template_kwargs,
+            then the task (with that tokenizer; `env_factory` for task.name=env), else the built-in GPT
+            sized to the task's vocabulary; `model.init_from` loaded into the policy. A `model` or `task`
+            given is used as it is.
     sft/dpo an hf policy, else the GPT with a character tokenizer over the characters of
             data.train_file and data.eval_file.
     reward  a reward model: a one-number head on `model.path`'s trunk (+ LoRA).
@@ -63,6 +65,8 @@ def build_run(cfg: Config, *, device=None, model=None, task: Task | None = None,
     if cfg.run.trainer == "rl":
         if model is None and cfg.model.type == "hf":
             model = build_model(cfg.model, lora=cfg.lora)
+        if hasattr(model, "tokenizer"):  # before the task renders its prompts with it
+            hold_template_kwargs(model.tokenizer, cfg.model.chat_template_kwargs)
         if task is None:
             task = build_task(cfg, tokenizer=getattr(model, "tokenizer", None), device=device or "cpu",
                               env_factory=env_factory)

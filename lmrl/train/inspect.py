@@ -8,6 +8,7 @@ from pathlib import Path
 
 import torch
 
+from ..common.chat import hold_template_kwargs
 from ..config import Config, load_config
 from ..models import build_model
 from ..generation.rollout import sample, sample_text
@@ -88,6 +89,7 @@ def _load(run_dir: Path, which: str, with_task: bool) -> tuple:
     cfg = load_config(run_dir / "config.yaml")
     if cfg.model.type == "hf":  # the base model from model.path, then the checkpoint's weights (or adapter)
         model = build_model(cfg.model, lora=cfg.lora)
+        hold_template_kwargs(model.tokenizer, cfg.model.chat_template_kwargs)  # rendered as in training
         task = build_task(cfg, tokenizer=model.tokenizer) if with_task else None
     else:  # the GPT's vocabulary is its task's
         task = build_task(cfg)

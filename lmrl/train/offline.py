@@ -32,6 +32,7 @@ import torch
 
 from ..config import Config
 from ..config.schema import batch_split_problem
+from ..common.chat import hold_template_kwargs
 from ..common.errors import ConfigError
 from ..tasks.preference_data import TruncationCounter, read_preference
 from ..tasks.registry import ensure_data
@@ -106,6 +107,7 @@ class OfflineTrainer(Trainer):
         if tokenizer is None:
             raise ValueError(f"{type(self).__name__}(model=...) needs its tokenizer: pass tokenizer=...")
         self.model, self.tokenizer = model.to(self.device), tokenizer
+        hold_template_kwargs(tokenizer, cfg.model.chat_template_kwargs)
         self.codec = TextCodec(tokenizer, chat=cfg.data.chat)
         self.pad_id = getattr(tokenizer, "pad_token_id", None) or 0
         self.train_rows = self.encode(train_rows, source_name(train))

@@ -59,6 +59,7 @@ from pathlib import Path
 
 import torch
 
+from ..common.chat import hold_template_kwargs
 from ..common.launch_costs import (DECODE_FIXED_OPS, DECODE_OPS, GRAPH_OP_SECONDS, OP_SECONDS, UPDATE_FIXED_OPS,
                                    UPDATE_OPS, layer_ops, prompt_sharing_pays)
 from ..config import Config, ConfigError
@@ -254,6 +255,7 @@ def _hf_size(config: Config) -> tuple[ModelSize, object]:
     kwargs = {"local_files_only": True} | ({"gguf_file": gguf_file} if gguf_file else {})
     hf_config = AutoConfig.from_pretrained(directory, **kwargs)
     tokenizer = AutoTokenizer.from_pretrained(directory, **kwargs)
+    hold_template_kwargs(tokenizer, m.chat_template_kwargs)  # prompts counted as the run renders them
     if not tokenizer("Hello world", add_special_tokens=False)["input_ids"]:
         tokenizer = None  # e.g. a tokenizer_config.json without its vocabulary: lengths from the config
     dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[m.dtype]

@@ -272,6 +272,7 @@ class GRPOConfig(_LmrlArgs, trl.GRPOConfig):
                                "max_model_len": int(self.vllm_max_model_length or 0)}
         if self.max_tool_calling_iterations is not None:  # tool calls answered, then the turn that answers
             data["env"] = {"max_turns": int(self.max_tool_calling_iterations) + 1}
+        data["model"]["chat_template_kwargs"] = self.chat_template_kwargs or {}  # TRL's post-init parsed a JSON string
 
 
 class _OfflineArgs(_LmrlArgs):
@@ -336,7 +337,7 @@ TRANSLATED = {
     "grpo": {"num_generations", "max_completion_length", "temperature", "top_p", "top_k", "beta", "num_iterations",
              "epsilon", "epsilon_high", "scale_rewards", "loss_type", "mask_truncated_completions", "reward_weights",
              "entropy_coef", "use_vllm", "vllm_gpu_memory_utilization", "vllm_max_model_length",
-             "max_tool_calling_iterations", "log_completions", "num_completions_to_print"},
+             "max_tool_calling_iterations", "log_completions", "num_completions_to_print", "chat_template_kwargs"},
     "dpo": {"beta", "loss_type", "label_smoothing", "max_length"},
     "sft": {"max_length", "assistant_only_loss"},
     "reward": {"max_length"},

@@ -147,6 +147,8 @@ GRPO: dict[str, Rule] = {
     "vllm_gpu_memory_utilization": Rule(CARRIED, "rollout.gpu_memory_utilization"),
     "vllm_max_model_length": Rule(CARRIED, "rollout.max_model_len"),
     "max_tool_calling_iterations": Rule(CARRIED, "env.max_turns (the tool calls plus the answering turn)"),
+    "chat_template_kwargs": Rule(CARRIED, "model.chat_template_kwargs: passed to the chat template wherever a prompt, "
+                                          "an episode's turns or a reward model's text is rendered"),
     "importance_sampling_level": Rule(REFUSED, "token-level ratios only (GSPO's sequence level is not in lmrl)"),
     "multi_objective_aggregation": Rule(REFUSED, "rewards are summed, then normalised"),
     "generation_batch_size": Rule(REFUSED, "lmrl samples one optimizer step's completions at a time: leave it "
@@ -156,7 +158,6 @@ GRPO: dict[str, Rule] = {
     "min_p": Rule(REFUSED, "lmrl samples with temperature, top_k and top_p"),
     "repetition_penalty": Rule(REFUSED, "lmrl samples with temperature, top_k and top_p"),
     "generation_kwargs": Rule(REFUSED, "lmrl samples with temperature, top_k and top_p"),
-    "chat_template_kwargs": Rule(REFUSED, "the chat template is rendered with its defaults"),
     "delta": Rule(REFUSED, "no two-sided clipping of the ratio (INTELLECT-2's delta)"),
     "top_entropy_quantile": Rule(REFUSED, "the loss covers every completion token"),
     "off_policy_mask_threshold": Rule(REFUSED, "no off-policy sequence masking"),
