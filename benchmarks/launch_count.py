@@ -21,10 +21,11 @@ prompts, `algo.skip_zero_advantage=false`), LoRA r 32 on every projection, for e
   rollout (static)  the same over a static cache from fixed buffers, the step a GPU replays as one CUDA
                     graph (`generation/decode_graph.py`); here it runs eagerly, so this is what one
                     replay holds
-  update            `algo.update`: operations per layer and micro-batch, with the learner's shared-prompt
-                    pass (no gradient checkpointing), under gradient checkpointing (one pass, recomputed),
-                    plain (`algo.group_size=1` under REINFORCE, no prompt repeats: the rows' common start
-                    runs once, 2 passes), and one pass (sharing off, as a small model on a GPU runs)
+  update            `algo.prepare` and `algo.update`: operations per layer and micro-batch, with the
+                    learner's shared-prompt pass (no gradient checkpointing), under gradient checkpointing
+                    (one pass, recomputed), plain (`algo.group_size=1` under REINFORCE, no prompt repeats:
+                    the rows' common start runs once, 2 passes), and one pass (sharing off, as a small model
+                    on a GPU runs)
   no LoRA           the same arms training every weight (`lora.r=0`)
 """
 
@@ -100,16 +101,19 @@ def _count_step(gpu_check, work: Path, layers: int, args, *, lora_r: int, checkp
         raise
     trainer.model.share_prompts = share
     found: dict[str, collections.Counter] = {}
+    seen: set[str] = set()
 
     def counted(obj, name: str, label: str, keep) -> None:
+        """Counts the operations of `obj.name`'s first call that `keep`s its arguments into `label`."""
         method = getattr(obj, name)
 
         @functools.wraps(method)
         def run(*a, **k):
             with OpCount() as mode:
                 out = method(*a, **k)
-            if label not in found and keep(*a):
-                found[label] = mode.ops
+            if name not in seen and keep(*a):
+                seen.add(name)
+                found[label] = found.get(label, collections.Counter()) + mode.ops
             return out
         setattr(obj, name, run)
 
@@ -117,7 +121,8 @@ def _count_step(gpu_check, work: Path, layers: int, args, *, lora_r: int, checkp
 
     def build_counted():
         build()
-        counted(trainer.algo, "step", "update", lambda *a: True)
+        counted(trainer.algo, "prepare", "update", lambda *a: True)  # the reference's pass, advantages
+        counted(trainer.algo, "update", "update", lambda *a: True)
     trainer.build_rl_modules = build_counted
     # the step's rollout, not the evaluations' (another batch size)
     counted(trainer.model, "generate_ids", "rollout", lambda ids, *a: ids.size(0) == args.rows)
