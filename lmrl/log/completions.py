@@ -1,5 +1,5 @@
 """The completions log of an RL run (TRL's `log_completions`): each logged step's sampled completions
-appended to `RUN_DIR/completions.jsonl`, one JSON object per completion, flushed line by line; a few
+appended to `RUN_DIR/completions.jsonl`, one JSON object per completion, flushed after each step; a few
 of them printed to the run log; with Weights & Biases on, the step's rows as its `completions` table.
 
     log = CompletionsLog(run_dir / COMPLETIONS_FILE, logger, to_print=2, wandb=wandb_sink)
@@ -38,9 +38,8 @@ class CompletionsLog:
 
     def log(self, step: int, rows: Sequence[dict], *, title: str = "") -> None:
         """Writes and prints step `step`'s `rows`; `title` heads the printed ones (default: the step)."""
-        for row in rows:
-            self._file.write(json.dumps(row, default=_plain) + "\n")
-            self._file.flush()
+        self._file.writelines(json.dumps(row, default=_plain) + "\n" for row in rows)
+        self._file.flush()
         if self.to_print and rows:
             self.logger.info(format_completions(title or f"Step {step}", rows, self.to_print))
         if self.wandb is not None:

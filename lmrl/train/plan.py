@@ -385,7 +385,7 @@ def _rows(path: str | None, limit: int = 256) -> list[dict]:
 # ------------------------------------------------------------------------------------------ memory
 
 def _act_bytes(config: Config) -> int:
-    return 2 if config.model.dtype == "bf16" or config.run.mixed_precision == "bf16" else 4
+    return 2 if config.model.dtype == "bf16" or _autocast(config) else 4
 
 
 def _held(config: Config, p: Plan, *, sampling_copy: bool) -> None:
@@ -452,8 +452,7 @@ def _activations(config: Config, p: Plan, rows: float, tokens_per_row: float, pr
         kept = tokens * per_token_layer * m.layers
         label = "activations kept for backward"
     scored = rows * p.lengths.completion
-    logit_bytes = 4 if config.model.dtype == "fp32" and config.run.mixed_precision != "bf16" else 2
-    parts = {label: int(kept), "logits and their gradient": int(2 * scored * m.vocab * logit_bytes)}
+    parts = {label: int(kept), "logits and their gradient": int(2 * scored * m.vocab * b)}
     if _autocast(config) and config.model.dtype == "fp32":  # each linear layer multiplies a bf16 copy of its weight
         kept_copies = m.vocab * m.hidden + m.largest_layer if config.model.gradient_checkpointing else m.linear
         parts["weights cast to bf16 (autocast), kept for backward"] = 2 * kept_copies
