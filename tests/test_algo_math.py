@@ -8,7 +8,8 @@ from torch.testing import assert_close
 
 from lmrl.algos.advantages import (gae, group_advantages, leave_one_out_advantages, normalize_advantages,
                                    token_level_rewards)
-from lmrl.algos.losses import aggregate, clipped_surrogate_loss, explained_variance, kl_estimate, value_loss
+from lmrl.algos.losses import (aggregate, clipped_surrogate_loss, explained_variance, high_entropy_mask,
+                               importance_ratio, kl_estimate, off_policy_mask, value_loss)
 
 T = torch.tensor
 
@@ -267,6 +268,118 @@ def test_old_logprobs_and_advantages_get_no_gradient():
     loss, _ = clipped_surrogate_loss(logp, old, adv)
     loss.backward()
     assert old.grad is None and adv.grad is None and logp.grad is not None
+
+
+# -- ratio level (GSPO), the ratio cap (INTELLECT-2), the high-entropy and off-policy masks -------------
+LN = math.log
+S0 = math.sqrt(1.1 * 0.9)  # row 0's sequence ratio: exp of the mean of ln 1.1 and ln 0.9 = 0.9949874
+S2 = math.sqrt(1.2 * 1.5)  # row 2's: 1.3416408
+RATIO_ROWS = T([[LN(1.1), LN(0.9)], [LN(0.5), 0.0], [LN(1.2), LN(1.5)]])  # row 1's second token is padding
+RATIO_MASK = T([[1.0, 1.0], [1.0, 0.0], [1.0, 1.0]])
+
+
+def test_the_three_ratio_levels_by_hand():
+    assert_close(importance_ratio(RATIO_ROWS, RATIO_MASK), T([[1.1, 0.9], [0.5, 1.0], [1.2, 1.5]]))
+    assert_close(importance_ratio(RATIO_ROWS, RATIO_MASK, "sequence"), T([[S0], [0.5], [S2]]))
+    log_ratio = RATIO_ROWS.clone().requires_grad_()
+    gspo_token = importance_ratio(log_ratio, RATIO_MASK, "sequence_token")
+    assert_close(gspo_token.detach(), T([[S0, S0], [0.5, 0.5], [S2, S2]]))  # the sequence's value at each token
+    (row0_t0,) = torch.autograd.grad(gspo_token[0, 0], log_ratio)  # ... and the token's own gradient, times it
+    assert_close(row0_t0, T([[S0, 0.0], [0.0, 0.0], [0.0, 0.0]]))
+    (seq,) = torch.autograd.grad(importance_ratio(log_ratio, RATIO_MASK, "sequence")[0, 0], log_ratio)
+    assert_close(seq, T([[S0 / 2, S0 / 2], [0.0, 0.0], [0.0, 0.0]]))  # GSPO: ds/dlog ρ_t = s / |y|
+    assert_close(importance_ratio(T([[0.3, 0.1]]), T([[0.0, 0.0]]), "sequence"), T([[1.0]]))  # no valid token
+    with pytest.raises(ValueError, match="token, sequence, sequence_token"):
+        importance_ratio(RATIO_ROWS, RATIO_MASK, "sentence")
+
+
+def test_one_clipped_ratio_per_sequence_by_hand():
+    # clip [0.8, 1.2]; row 0 (A = 1): s = 0.995, inside; row 1 (A = −1): s = 0.5, clipped up to 0.8;
+    # row 2 (A = 1): s = 1.342, clipped down to 1.2. Token means over 5 valid tokens.
+    logp = RATIO_ROWS.clone().requires_grad_()
+    loss, stats = clipped_surrogate_loss(logp, torch.zeros(3, 2), T([1.0, -1.0, 1.0]), RATIO_MASK, 0.2, 0.2,
+                                         ratio_level="sequence")
+    loss.backward()
+    assert loss.item() == pytest.approx((-2 * S0 + 0.8 - 2 * 1.2) / 5)  # -0.7179950
+    assert_close(logp.grad, T([[-S0 / 5, -S0 / 5], [0.0, 0.0], [0.0, 0.0]]))  # d(−2s/5)/dlog ρ_t = −2/5 · s/2
+    # TRL's clip_ratio/* count sequences: 1 of 3 clipped low, 1 of 3 high
+    assert stats["clip_ratio/low_mean"] == pytest.approx(1 / 3)
+    assert stats["clip_ratio/high_mean"] == pytest.approx(1 / 3)
+    assert stats["clip_frac"] == stats["clip_ratio/region_mean"] == pytest.approx(2 / 3)
+    assert (stats["clip_ratio/low_min"], stats["clip_ratio/high_max"]) == (0.0, 1.0)
+    assert stats["ratio_mean"] == pytest.approx((S0 + 0.5 + S2) / 3)
+
+
+def test_gspo_token_is_gspo_with_each_tokens_own_advantage():
+    # row 0 with token advantages (2, 0): GSPO spreads the first token's credit over both tokens' log-probs,
+    # GSPO-token keeps it on the first; both equal GSPO's with one advantage per sequence (row 1: A = 1)
+    advantages = T([[2.0, 0.0], [1.0, 1.0]])
+    grads = {}
+    for level in ("sequence", "sequence_token"):
+        logp = RATIO_ROWS[[0, 2]].clone().requires_grad_()
+        loss, _ = clipped_surrogate_loss(logp, torch.zeros(2, 2), advantages, None, 0.2, 0.5, ratio_level=level)
+        loss.backward()
+        assert loss.item() == pytest.approx((-2 * S0 - 2 * S2) / 4)
+        grads[level] = logp.grad
+    assert_close(grads["sequence"], T([[-S0 / 4, -S0 / 4], [-S2 / 4, -S2 / 4]]))
+    assert_close(grads["sequence_token"], T([[-2 * S0 / 4, 0.0], [-S2 / 4, -S2 / 4]]))
+
+
+def test_the_ratio_cap_bounds_the_unclipped_term_of_a_negative_advantage():
+    # clip [0.8, 1.2], cap 2: ρ = 3 with A = −1 adds min(−2, −1.2) = −2 → loss 2, no gradient (uncapped: 3,
+    # gradient 3); ρ = 1.5 with A = −1 is under the cap: 1.5 and its gradient; ρ = 3 with A = 1 was clipped at
+    # 1.2 anyway
+    ratios, advantages = [[3.0, 1.5, 3.0]], [[-1.0, -1.0, 1.0]]
+    logp = torch.log(T(ratios)).requires_grad_()
+    loss, stats = clipped_surrogate_loss(logp, torch.zeros(1, 3), T(advantages), None, 0.2, 0.2, ratio_max=2.0)
+    loss.backward()
+    assert loss.item() == pytest.approx((2.0 + 1.5 - 1.2) / 3)
+    assert_close(logp.grad, T([[0.0, 1.5 / 3, 0.0]]))
+    assert stats["clip_ratio/high_mean"] == pytest.approx(1 / 3)  # the capped 2 > 1.2 still counts, as in TRL
+    loss, _, _ = surrogate(ratios[0:1], advantages, left=0.2, right=0.2)
+    assert loss == pytest.approx((3.0 + 1.5 - 1.2) / 3)
+
+
+def test_token_weights_leave_tokens_out_but_keep_the_normaliser():
+    logp = torch.zeros(1, 2, requires_grad=True)
+    loss, _ = clipped_surrogate_loss(logp, torch.zeros(1, 2), T([1.0]), T([[1.0, 1.0]]), token_weights=T([[1.0, 0.0]]))
+    loss.backward()
+    assert loss.item() == pytest.approx(-1 / 2)  # one token trains, the mean is still over both
+    assert_close(logp.grad, T([[-0.5, 0.0]]))
+
+
+ENTROPY = T([[0.1, 0.5, 0.9], [0.3, 0.7, 5.0]])  # 5.0 sits on padding
+ENTROPY_MASK = T([[1.0, 1.0, 1.0], [1.0, 1.0, 0.0]])
+
+
+@pytest.mark.parametrize("quantile, kept", [
+    (0.5, [[0, 1, 1], [0, 1, 0]]),  # τ = median of 0.1, 0.3, 0.5, 0.7, 0.9 = 0.5 (with the padding's 5.0: 0.6)
+    (0.2, [[0, 0, 1], [0, 0, 0]]),  # τ = 0.8-quantile: 0.7 + 0.2·(0.9 − 0.7) = 0.74
+    (1.0, [[1, 1, 1], [1, 1, 0]]),  # τ = the minimum: every valid token
+    (0.0, [[0, 0, 1], [0, 0, 0]]),  # τ = the maximum
+])
+def test_high_entropy_tokens_by_hand(quantile, kept):
+    assert high_entropy_mask(ENTROPY, ENTROPY_MASK, quantile).tolist() == T(kept).bool().tolist()
+
+
+def test_no_valid_token_keeps_none_and_the_entropy_mask_is_a_constant():
+    assert not high_entropy_mask(ENTROPY, torch.zeros(2, 3), 0.5).any()
+    entropy = ENTROPY.clone().requires_grad_()
+    assert not high_entropy_mask(entropy, ENTROPY_MASK, 0.5).requires_grad
+
+
+def test_off_policy_mask_drops_drifted_completions_with_negative_advantage():
+    # mean log π_old − log π over valid tokens, threshold 0.1: row 0 drifted 0.2 with A < 0: dropped;
+    # row 1 drifted 0 (A < 0), row 2 drifted 1.0 but A > 0, row 3's padding (100) is not read: kept
+    old = T([[0.3, 0.1], [0.05, -0.05], [1.0, 1.0], [0.05, 100.0]])
+    mask = T([[1.0, 1.0], [1.0, 1.0], [1.0, 1.0], [1.0, 0.0]])
+    keep = off_policy_mask(T([-1.0, -1.0, 1.0, -1.0]), torch.zeros(4, 2), old, mask, 0.1)
+    assert keep.tolist() == [[0.0], [1.0], [1.0], [1.0]]
+    assert off_policy_mask(T([0.0]), T([[0.0]]), T([[5.0]]), None, 0.1).tolist() == [[1.0]]  # A = 0 is kept
+    assert off_policy_mask(T([-1.0]), T([[0.0, 0.0]]), T([[float("nan"), 0.5]]), None, 0.1).tolist() == [[0.0]]
+    # token advantages: kept per token by its own sign
+    keep = off_policy_mask(T([[1.0, -1.0]]), torch.zeros(1, 2), T([[1.0, 1.0]]), None, 0.1)
+    assert keep.tolist() == [[1.0, 0.0]]
 
 
 # -- KL, entropy, value loss, explained variance ------------------------------------------------------

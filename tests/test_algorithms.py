@@ -260,3 +260,106 @@ def test_every_completion_runs_under_several_processes():
     learner.distributed = True  # each process must run as many passes as the others
     _, rows, _ = _update(model, ["algo.name=grpo", "algo.group_size=4"], _rollout(model), SPLIT, learner=learner)
     assert rows == [8]
+
+
+# -- GSPO's ratio level, INTELLECT-2's cap, high-entropy tokens, the off-policy mask ---------------------
+OPTIONS = {
+    "gspo": ["algo.ratio_level=sequence"],
+    "gspo-token": ["algo.ratio_level=sequence_token"],
+    "ratio-cap": ["algo.clip_ratio_max=2.0"],
+    "high-entropy": ["algo.top_entropy_quantile=0.2"],
+    "off-policy-mask": ["algo.off_policy_mask_threshold=0.01"],
+}
+
+
+@pytest.mark.parametrize("name", OPTIONS)
+def test_grpo_trains_with_each_ratio_option(tiny_config, name):
+    # two epochs per rollout: the second pass's ratios have moved, so each option has something to act on
+    cfg = tiny_config("algo.name=grpo", "algo.group_size=4", "algo.ppo_epochs=2", *OPTIONS[name],
+                      "train.steps=2", "train.eval_every=2")
+    assert RLTrainer(cfg).train()["rl_steps"] == 2
+    rows = rl_rows(cfg.run_dir)
+    assert len(rows) == 2
+    for row in rows:
+        assert all(k in row for k in ("train/policy_loss", "clip_ratio/region_mean", "clip_ratio/high_max"))
+        assert all(v == v for v in row.values() if isinstance(v, float)), f"{name} logged NaN: {row}"
+
+
+def test_ppo_shares_the_ratio_options(tiny_config):
+    cfg = tiny_config("algo.name=ppo", "algo.value_model=head", "algo.ratio_level=sequence",
+                      "algo.clip_ratio_max=1.5", "algo.top_entropy_quantile=0.5", "algo.off_policy_mask_threshold=0.1",
+                      "train.steps=1", "train.eval_every=1")
+    assert RLTrainer(cfg).train()["rl_steps"] == 1
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (["algo.clip_ratio_max=1.2"], "algo.clip_ratio_max=1.2 must be > 1 + algo.clip_range_right = 1.2"),
+    (["algo.clip_range_right=0.28", "algo.clip_ratio_max=1.25"], "algo.clip_ratio_max=1.25 must be > 1 + "
+                                                                 "algo.clip_range_right = 1.28"),
+    (["algo.top_entropy_quantile=1.5"], "algo.top_entropy_quantile must be in [0, 1], got 1.5"),
+    (["algo.top_entropy_quantile=-0.1"], "algo.top_entropy_quantile must be in [0, 1], got -0.1"),
+    (["algo.off_policy_mask_threshold=0"], "algo.off_policy_mask_threshold must be > 0, got 0.0"),
+    (["algo.ratio_level=seq"], "algo.ratio_level='seq' is not one of token, sequence, sequence_token"),
+])
+def test_ratio_options_out_of_range_are_one_line_naming_the_key_and_value(overrides, message):
+    with pytest.raises(ConfigError) as e:
+        load_config("adder", TINY + ["algo.name=grpo", "algo.group_size=4", *overrides])
+    assert message in str(e.value) and "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("option", ["algo.ratio_level=sequence", "algo.clip_ratio_max=4.0",
+                                    "algo.top_entropy_quantile=0.2", "algo.off_policy_mask_threshold=0.5"])
+def test_reinforce_refuses_the_options_of_a_ratio_it_does_not_have(option):
+    with pytest.raises(ConfigError) as e:
+        load_config("adder", TINY + [option])
+    assert f"{option} shapes the clipped ratio of grpo, rloo and ppo; algo.name=reinforce has none" in str(e.value)
+
+
+def _moved_batch(model, overrides):
+    """A GRPO batch of `_rollout`'s completions whose old log-probs are 0.4 nats off (random signs), so the
+    ratios differ from 1 as after an earlier update."""
+    cfg = load_config("adder", ["train.rollout_size=8", "algo.name=grpo", "algo.group_size=4", *overrides]).algo
+    algo, learner = build_algorithm(cfg, max_new_tokens=3), Stub(model)
+    batch, _ = algo.prepare(learner, _rollout(model, mask_rows=[(4, 1), (6, 2)]), SPLIT)
+    logp, _, _ = policy_forward(model, batch.sequences, 3)
+    sign = torch.randint(2, logp.shape, generator=torch.Generator().manual_seed(3)) * 2 - 1
+    batch.old_logprobs = logp.detach() + 0.4 * sign
+    return algo, learner, batch
+
+
+@pytest.mark.parametrize("overrides", [
+    ["algo.ratio_level=sequence"], ["algo.ratio_level=sequence_token", "algo.clip_ratio_max=1.3"],
+    ["algo.off_policy_mask_threshold=0.05", "algo.loss_level=sequence"],
+])
+def test_zero_advantage_completions_still_leave_the_pass_with_per_completion_options(overrides):
+    model = _tiny_gpt()
+    grads = {}
+    for skip in ("true", "false"):
+        model.zero_grad(set_to_none=True)
+        algo, learner, batch = _moved_batch(model, [*overrides, f"algo.skip_zero_advantage={skip}"])
+        metrics = algo.update(learner, batch, {})
+        grads[skip] = [p.grad.clone() for p in model.parameters()]
+        assert metrics["train/update_fraction"] == (0.5 if skip == "true" else 1.0)
+    _assert_same_gradients(grads["true"], grads["false"])
+
+
+def test_every_completion_runs_when_only_the_high_entropy_tokens_train():
+    # the threshold is a quantile over the micro-batch's tokens: leaving rows out would move it
+    model = _tiny_gpt()
+    _, rows, metrics = _update(model, ["algo.name=grpo", "algo.group_size=4", "algo.top_entropy_quantile=0.2"],
+                               _rollout(model), SPLIT)
+    assert rows == [8] and metrics["train/update_fraction"] == 1.0
+
+
+def test_the_entropy_bonus_acts_on_the_high_entropy_tokens_only():
+    from lmrl.algos.losses import high_entropy_mask
+
+    model = _tiny_gpt()
+    algo, _, batch = _moved_batch(model, ["algo.top_entropy_quantile=0.3", "algo.ent_coef=0.1"])
+    logp, entropy, _ = policy_forward(model, batch.sequences, 3)
+    loss, stats = algo.loss(batch, logp, entropy, None)
+    kept = batch.mask * high_entropy_mask(entropy, batch.mask, 0.3)
+    assert 0 < kept.sum() < batch.mask.sum()
+    bonus = (entropy * kept).sum() / kept.sum()  # loss_level=token over the tokens trained
+    torch.testing.assert_close(loss, torch.tensor(stats["policy_loss"]) - 0.1 * bonus)
+    assert stats["entropy"] == pytest.approx(((entropy * batch.mask).sum() / batch.mask.sum()).item())  # all tokens

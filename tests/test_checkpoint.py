@@ -14,6 +14,7 @@ from lmrl.checkpoint import (
     latest_checkpoint,
     list_checkpoints,
     load_checkpoint,
+    remove_stale_temps,
     restore_rng_state,
     save_checkpoint,
     save_weights,
@@ -157,6 +158,25 @@ def test_latest_checkpoint_ignores_stale_temp_and_incomplete_step_dirs(tmp_path)
     save_checkpoint(tmp_path, 4, model=TiedLM(), trainer_state={"step": 4})
     assert not stale.exists()
     assert latest_checkpoint(tmp_path) == tmp_path / "step_4"
+
+
+def test_a_save_killed_between_its_two_renames_gets_the_old_checkpoint_back(tmp_path):
+    # write_atomically replacing best/: best -> .tmp-best-<pid>-old, then .tmp-best-<pid> -> best; a kill between
+    # the two left no best/, and the next save deleted both copies (audit D10)
+    save_weights(tmp_path / "best", TiedLM(), trainer_state={"step": 2})
+    save_weights(tmp_path / "elsewhere", TiedLM(), trainer_state={"step": 6})
+    (tmp_path / "best").rename(tmp_path / ".tmp-best-4242-old")  # the first rename done...
+    (tmp_path / "elsewhere").rename(tmp_path / ".tmp-best-4242")  # ...the second not
+    save_checkpoint(tmp_path, 8, model=TiedLM(), trainer_state={"step": 8})  # the next save cleans up
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["best", "step_8"]
+    assert json.loads((tmp_path / "best" / "trainer_state.json").read_text()) == {"step": 2}
+    assert check_checkpoint(tmp_path / "best") is None
+    # an old copy whose checkpoint is there is a leftover like any other
+    save_weights(tmp_path / "spare", TiedLM(), trainer_state={"step": 1})
+    (tmp_path / "spare").rename(tmp_path / ".tmp-step_8-77-old")
+    assert remove_stale_temps(tmp_path) == []
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["best", "step_8"]
+    assert json.loads((tmp_path / "step_8" / "trainer_state.json").read_text()) == {"step": 8}
 
 
 def test_saving_the_same_step_again_replaces_it(tmp_path):

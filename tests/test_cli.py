@@ -41,6 +41,24 @@ def test_generate_rejects_a_prompt_the_task_cannot_read(tmp_path, capsys):
     capsys.readouterr()
     assert main(["generate", str(run), "12+3="]) == 1
     assert "prompts must look like '23+45='" in capsys.readouterr().err
+    assert main(["generate", str(run), "1a+45="]) == 1  # the right length, a character outside the alphabet
+    assert capsys.readouterr().err == ("lmrl generate: error: character 'a' in prompt '1a+45=' is not in the model's "
+                                       "alphabet '0123456789+='; prompts must look like '23+45='\n")
+    for temperature in ("-1", "nan", "inf"):
+        assert main(["generate", str(run), "12+34=", "--temperature", temperature]) == 2
+        assert capsys.readouterr().err == (f"lmrl generate: error: --temperature must be a finite number >= 0 (0: "
+                                           f"greedy), got {float(temperature)}\n")
+
+
+def test_eval_size_is_at_least_one_and_reports_the_problems_evaluated(tmp_path, capsys):
+    run = tmp_path / "run"
+    main(["train", "adder", *TINY, "sft.steps=1", "train.steps=1", f"run.dir={run}"])
+    capsys.readouterr()
+    for size in ("0", "-5"):
+        assert main(["eval", str(run), "--size", size]) == 2
+        assert capsys.readouterr().err == f"lmrl eval: error: --size must be at least 1, got {size}\n"
+    assert main(["eval", str(run), "--size", "5000"]) == 0
+    assert json.loads(capsys.readouterr().out)["heldout_problems"] == 100  # every held-out problem there is
 
 
 def test_debug_runs_every_stage_of_the_real_preset_in_seconds(tmp_path):
@@ -69,7 +87,8 @@ def test_presets_lists_the_named_configs(capsys):
     (["train", "adderr"], "unknown preset 'adderr'; did you mean 'adder'?", 2),
     (["train", "adder", "train.setps=3"], "unknown key 'train.setps' in override train.setps=3; did you mean "
                                           "'train.steps'?", 2),
-    (["train", "adder", "task.ndigit=31"], "task.ndigit=31 needs 96 positions but model.n_position is 64", 2),
+    (["train", "adder", "task.ndigit=9", "model.n_position=16"], "task.ndigit=9 needs 30 positions but "
+                                                                 "model.n_position is 16", 2),
     (["eval", "/nonexistent/run"], "/nonexistent/run is not a run dir (no config.yaml)", 1),
 ])
 def test_bad_input_is_one_line_on_stderr_before_any_training(args, message, status, tmp_path):

@@ -183,6 +183,49 @@ def test_a_multi_turn_episodes_row_holds_its_conversation(tmp_path):
         assert r["completion"] == "\n".join(f"[{m['role']}] {m['content']}" for m in turns)
 
 
+def test_a_multi_turn_episodes_row_says_its_turns_truncation_and_environment_error(tmp_path):
+    class HalfBroken(Countdown):
+        made = 0  # every other environment made breaks on its first step
+
+        def step(self, action):
+            if self.broken:
+                raise RuntimeError("the board\nwent away")
+            return super().step(action)
+
+        def reset(self, seed=None):
+            HalfBroken.made += 1
+            self.broken = HalfBroken.made % 2 == 0
+            return super().reset(seed)
+
+    save_tiny_llama(tmp_path / "model", max_positions=1024)
+    cfg = load_config("adder", [
+        "model.type=hf", f"model.path={tmp_path / 'model'}", f"run.dir={tmp_path / 'run'}", "run.progress=false",
+        "run.tensorboard=false", "run.threads=1", "run.mixed_precision=", "sft.steps=0", "algo.name=grpo",
+        "algo.group_size=2", "train.steps=1", "train.rollout_size=4", "eval.size=2", "eval.batch_size=2",
+        "task.name=env", "task.max_new_tokens=4", "env.max_turns=2", "env.heldout_episodes=2", "env.workers=1",
+        "train.stopping_threshold=null", "train.log_completions=true"])
+    RLTrainer(cfg, env_factory=HalfBroken).train()
+    text = (tmp_path / "run" / "completions.jsonl").read_text()
+    rows = [json.loads(line, parse_constant=lambda c: pytest.fail(f"{c} in the completions log")) for line in
+            text.splitlines()]
+    assert [r["env_error"] for r in rows] == [None, "environment HalfBroken: step() raised RuntimeError: the board "
+                                                    "went away"] * 2
+    assert [r["turns"] for r in rows] == [2, 1, 2, 1]
+    for ran, failed in (rows[:2], rows[2:]):  # a game of 3 turns is cut at env.max_turns=2 with 0.5 a turn
+        assert (ran["truncated"], ran["reward"]) in ((True, 1.0), (False, 1.5))
+        assert failed["truncated"] is False and failed["reward"] is None  # a failed episode has no reward
+
+
+def test_nan_and_infinite_numbers_are_written_as_null(tmp_path):
+    log = CompletionsLog(tmp_path / "completions.jsonl", logging.getLogger("tests.completions"))
+    log.log(1, [{"step": 1, "reward": float("nan"), "advantage": float("inf"),
+                 "extra": {"t": torch.tensor([1.0, float("nan")]), "n": [float("-inf")]}}])
+    log.close()
+    line = (tmp_path / "completions.jsonl").read_text()
+    assert json.loads(line, parse_constant=lambda c: pytest.fail(f"{c} is not JSON")) == {
+        "step": 1, "reward": None, "advantage": None, "extra": {"t": [1.0, None], "n": [None]}}
+
+
 # -- the log's own parts -------------------------------------------------------------------------------
 
 ROWS = [{"step": 3, "prompt": f"p{i}\nline", "completion": f"c{i}", "reward": float(i),

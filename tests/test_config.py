@@ -2,6 +2,7 @@
 name the key, its source and the nearest valid key."""
 
 import pytest
+import torch
 import yaml
 
 from lmrl.config import (AdderRLConfig, ConfigError, MultiplierRLConfig, config_from_dict, config_to_dict,
@@ -58,7 +59,7 @@ def test_base_inheritance_and_yaml_round_trip(tmp_path):
     (["train.steps=1.5"], "train.steps must be an int, got 1.5"),
     (["task.use_format=maybe"], "task.use_format must be true or false, got 'maybe'"),
     (["train.steps"], "override 'train.steps' must look like section.key=value"),
-    (["task.ndigit=40"], "task.ndigit=40 needs 123 positions but model.n_position is 64"),
+    (["task.ndigit=9", "model.n_position=16"], "task.ndigit=9 needs 30 positions but model.n_position is 16"),
     (["algo.name=reinforc"], "algo.name='reinforc' is not one of reinforce, grpo, rloo, ppo; did you mean 'reinforce'?"),
     (["train.rollout_size=10", "train.ga_steps=3"], "must be divisible by train.ga_steps=3"),
     (["sft.examples=0"], "sft.steps > 0 needs sft.examples > 0"),
@@ -79,7 +80,7 @@ def test_unknown_preset_suggests_the_nearest():
 def test_errors_in_a_yaml_file_name_the_file(tmp_path):
     path = tmp_path / "bad.yaml"
     path.write_text("train:\n  rollout_sise: 8\n")
-    with pytest.raises(ConfigError, match=rf"unknown key 'train.rollout_sise' in {path}; did you mean "
+    with pytest.raises(ConfigError, match=rf"unknown key 'train.rollout_sise' in {path}:2; did you mean "
                                           r"'train.rollout_size'\?"):
         load_config(path)
     path.write_text("train: [1, 2\n")
@@ -119,7 +120,7 @@ def test_every_schedule_in_the_registry_is_a_valid_schedule_name():
     from lmrl.common.schedules import SCHEDULES
 
     for name in SCHEDULES:
-        assert load_config("adder", [f"schedule.name={name}"]).schedule.name == name
+        assert load_config("adder", [f"schedule.name={name}", "schedule.decay_steps=10"]).schedule.name == name
 
 
 def test_an_algorithm_states_its_own_requirements():
@@ -187,6 +188,11 @@ def test_an_offline_preset_on_an_rl_base_drops_the_bases_rl_updates(tmp_path):
     ("algo.gamma=1.5", "algo.gamma must be in [0, 1], got 1.5"),
     ("rollout.gpu_memory_utilization=0", "rollout.gpu_memory_utilization must be in (0, 1], got 0.0"),
     ("run.threads=-2", "run.threads must be >= 0, got -2"),
+    # each crashed once the run started (audit D5): torch's seed overflows, problem ids overflow int64
+    ("run.seed=99999999999999999999", "run.seed must be in [0, 4294967296), got 99999999999999999999"),
+    ("run.seed=-1", "run.seed must be in [0, 4294967296), got -1"),
+    ("task.ndigit=10", "task.ndigit must be in [1, 9], got 10"),
+    ("run.device=gpu7", "run.device='gpu7' is not one of auto | cpu | cuda | cuda:N"),
     ("train.temperature=0", "train.temperature must be > 0, got 0.0"),
     ("model.chat_template_kwargs=[enable_thinking]",
      "model.chat_template_kwargs must be a mapping, got ['enable_thinking'] (from override "
@@ -256,3 +262,52 @@ def test_a_single_string_for_a_list_key_is_a_one_item_list_as_trls_cli_takes_it(
     path.write_text("base: math-grpo-smollm2\nreward:\n  funcs: tests.trl_rewards:reward_len\n")
     assert load_config(path).reward.funcs == ["tests.trl_rewards:reward_len"]
     assert load_config("math-grpo-smollm2", ["reward.funcs="]).reward.funcs == []
+
+
+def test_the_largest_seed_and_digit_count_the_config_takes_build_their_task():
+    from lmrl.tasks.arithmetic import ArithmeticTask
+
+    load_config("adder", ["run.seed=4294967295", "task.ndigit=9", "model.n_position=32", "run.device=cuda:0"])
+    task = ArithmeticTask("multiplication", ndigit=9, heldout_size=10)
+    ids = task.sample_train_ids(4, torch.Generator().manual_seed(4294967295 + 7919))
+    assert len(ids) == 4 and int(ids.max()) < 10 ** 18
+
+
+def test_a_gpu_that_is_not_there_is_one_line(monkeypatch):
+    from lmrl.parallel.ddp import DistInfo, resolve_device
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(ConfigError, match=r"^run.device=cuda:5 but no CUDA device is visible; use run.device=cpu or auto$"):
+        resolve_device("cuda:5", DistInfo())
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    with pytest.raises(ConfigError) as raised:
+        resolve_device("cuda:5", DistInfo())
+    assert str(raised.value) == "run.device=cuda:5 names a GPU, but this process sees 2 CUDA devices (cuda:0 to cuda:1)"
+    with pytest.raises(ConfigError, match=r"^run.device=cuda gives rank 3 cuda:3 \(its LOCAL_RANK\), but this process "
+                                          r"sees 2 CUDA devices"):
+        resolve_device("cuda", DistInfo(rank=3, world_size=4, local_rank=3))
+
+
+def test_yaml_errors_name_the_file_and_line_that_set_the_key(tmp_path):
+    def refused(text: str) -> str:
+        path = tmp_path / "mine.yaml"
+        path.write_text(text)
+        with pytest.raises(ConfigError) as e:
+            load_config(path)
+        return str(e.value).replace(str(path), "mine.yaml")
+
+    assert refused("base: adder\ntrain:\n  stesp: 3\n") == ("unknown key 'train.stesp' in mine.yaml:3; did you mean "
+                                                          "'train.steps'?")
+    assert refused("base: adder\noptim:\n  lr: -1\n") == "optim.lr must be >= 0, got -1.0 (from mine.yaml:3)"
+    # a rule joining two keys: where each one a file set was set
+    assert refused("model:\n  n_embd: 100\n  n_head: 8\n") == ("model.n_embd=100 must be divisible by model.n_head=8 "
+                                                               "(model.n_embd from mine.yaml:2, model.n_head from "
+                                                               "mine.yaml:3)")
+    assert refused("model:\n  n_head: 3\n") == ("model.n_embd=256 must be divisible by model.n_head=3 (model.n_head "
+                                              "from mine.yaml:2)")
+    assert refused("base: nothere\n").startswith("mine.yaml:1: base: unknown preset 'nothere'")
+    # on the command line the value is in sight: no source added
+    with pytest.raises(ConfigError) as e:
+        load_config("adder", ["optim.lr=-1"])
+    assert str(e.value) == "optim.lr must be >= 0, got -1.0"

@@ -8,6 +8,7 @@ import json
 import random
 import re
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -128,6 +129,34 @@ def test_episodes_depend_on_their_seed_alone_and_leave_the_callers_random_alone(
     interleaved = as_step(a.step("[2 2]"), a.name)[0]
     assert interleaved == alone
     assert random.getstate() == before
+
+
+def test_games_in_threads_draw_from_their_own_random_state_however_the_threads_switch():
+    # Two games' calls overlap in time (env.workers runs them in threads), the second starting before the first
+    # ends and drawing after it ended: each must still draw from its own state, not the other's or the caller's.
+    games = [textarena.factory("Minesweeper-v0-small")() for _ in range(2)]
+    first_in, second_in, first_out, draws = threading.Event(), threading.Event(), threading.Event(), {}
+
+    def first():
+        with games[0]._episode_random():
+            one = random.random()
+            first_in.set()
+            second_in.wait(0.5)  # the second game's call starts meanwhile, if it may
+            draws[0] = (one, random.random())
+        first_out.set()
+
+    for game, seed in zip(games, (1, 2)):
+        game._random_state = random.Random(seed).getstate()
+    thread = threading.Thread(target=first)
+    thread.start()
+    first_in.wait(5)
+    with games[1]._episode_random():
+        second_in.set()
+        first_out.wait(0.5)  # the first game's call ends meanwhile
+        draws[1] = (random.random(), random.random())
+    thread.join()
+    expect = [random.Random(seed) for seed in (1, 2)]
+    assert draws == {k: (r.random(), r.random()) for k, r in enumerate(expect)}
 
 
 def test_settings_override_the_registered_variant_and_wrapper_suffixes_name_the_same_game():
@@ -255,7 +284,9 @@ def test_the_real_gsm8k_test_split_reads_whole():
 
 
 def test_skyrl_errors_are_one_line_naming_the_environment(tmp_path):
-    with pytest.raises(ValueError, match=r"^skyrl:gsm9k: no skyrl-gym environment .*known: aime, gsm8k, "):
+    with pytest.raises(ValueError, match=r"^skyrl:gsm9k: no skyrl-gym environment .*known: aime, gsm8k, .*registers "
+                                         r"with skyrl_gym.register exists once it is imported: name a factory of it "
+                                         r"as env.id=package.module:make"):
         skyrl.factory("gsm9k", rows=GSM8K_ROWS)
     with pytest.raises(ValueError, match=r"^skyrl:gsm8k: give the problems as data_file="):
         skyrl.factory("gsm8k")

@@ -8,6 +8,9 @@ from __future__ import annotations
 import json
 import logging
 import math
+import sqlite3
+import sys
+import threading
 import time
 
 import pytest
@@ -15,13 +18,20 @@ import torch
 
 pytest.importorskip("transformers")
 
+from lmrl.algos.advantages import group_advantages  # noqa: E402
+from lmrl.cli import main  # noqa: E402
+from lmrl.common.errors import TrainingError  # noqa: E402
 from lmrl.config import ConfigError, load_config  # noqa: E402
 from lmrl.envs import EnvError, check_env, register_env  # noqa: E402
 from lmrl.envs.protocol import as_reset, as_step  # noqa: E402
+from lmrl.envs.registry import load_object  # noqa: E402
 from lmrl.models.hf import load_hf_policy  # noqa: E402
 from lmrl.generation.agent import run_episodes  # noqa: E402
-from lmrl.tasks import register_task  # noqa: E402
+from lmrl.tasks import build_task, register_task  # noqa: E402
 from lmrl.tasks.env_task import HELDOUT_SEED, EnvTask  # noqa: E402
+from lmrl.tasks.rewards import fill_unscored, score_rollout  # noqa: E402
+from lmrl.train.callbacks import Callback  # noqa: E402
+from lmrl.train.evaluate import evaluate  # noqa: E402
 from lmrl.train.rl_trainer import RLTrainer  # noqa: E402
 from tests.test_hf import save_tiny_llama  # noqa: E402
 
@@ -101,6 +111,60 @@ def test_check_env_names_the_part_of_the_protocol_an_environment_breaks():
 
     with pytest.raises(EnvError, match=r"environment NoBool: step\(\) returned terminated='yes'"):
         check_env(NoBool())
+
+
+def test_numpy_bools_are_flags_and_rewards_success_and_metrics_are_held_to_their_types():
+    np = pytest.importorskip("numpy")
+    # gymnasium-style code compares numpy values: its flags are numpy bools (called numpy.bool in numpy 2)
+    assert as_step(("o", np.float32(0.5), np.int64(3) == 3, np.bool_(False), {}), "x")[1:4] == (0.5, True, False)
+    bad = [(("o", 10**400, True, False, {}), r"returned reward 1000.*\(401 characters\); a reward is a finite number "
+                                              r"within float32's range"),
+           (("o", 1e39, True, False, {}), r"returned reward 1e\+39; a reward is a finite number within float32"),
+           (("o", 1.0, True, False, {"success": math.nan}), r"info\['success'\]=nan \(float\); it is True or False"),
+           (("o", 1.0, True, False, {"success": "yes"}), r"info\['success'\]='yes' \(str\); it is True or False"),
+           (("o", 1.0, True, False, {"metrics": [1, 2]}), r"info\['metrics'\]=\[1, 2\] \(list\); metrics is a dict")]
+    for result, message in bad:
+        with pytest.raises(EnvError, match=message) as error:
+            as_step(result, "x")
+        assert "\n" not in str(error.value)
+    assert as_step(("o", 1.0, True, False, {"success": np.bool_(True), "metrics": {"n": 1}}), "x")[4]["success"]
+
+
+def test_gymnasium_envs_and_gymnasium_make_are_reset_with_their_seed_by_keyword(policy):
+    gymnasium = pytest.importorskip("gymnasium")
+    np = pytest.importorskip("numpy")
+
+    class GymCountdown(gymnasium.Env):
+        """Countdown as a gymnasium.Env: reset's seed is keyword-only, the flags numpy bools."""
+
+        observation_space = action_space = gymnasium.spaces.Text(200)
+
+        def reset(self, *, seed=None, options=None):
+            super().reset(seed=seed)
+            self.left = np.int64(2 + seed % 2)
+            return f"Count down from {self.left}.", {}
+
+        def step(self, action):
+            self.left -= 1
+            done = self.left == 0
+            return f"{self.left} left", 1.0 if done else 0.5, done, np.bool_(False), {}
+
+    class GymBroken(GymCountdown):
+        def step(self, action):
+            raise RuntimeError("lost the board")
+
+    gymnasium.register("LmrlCountdown-v0", entry_point=GymCountdown, max_episode_steps=10, disable_env_checker=True)
+    gymnasium.register("LmrlBroken-v0", entry_point=GymBroken, disable_env_checker=True)
+    try:
+        for envs in ([GymCountdown() for _ in range(3)], [gymnasium.make("LmrlCountdown-v0") for _ in range(3)]):
+            ro = _play(policy, envs)
+            assert not ro.failed.any(), [i.get("env_error") for i in ro.infos]
+            assert ro.rewards.tolist() == [countdown_return(s) for s in range(3)]
+        ro = _play(policy, [gymnasium.make("LmrlBroken-v0")])  # errors name the id, not the outer wrapper
+        assert ro.infos[0]["env_error"] == "environment LmrlBroken-v0: step() raised RuntimeError: lost the board"
+    finally:
+        for name in ("LmrlCountdown-v0", "LmrlBroken-v0"):
+            gymnasium.registry.pop(name, None)
 
 
 # -- misbehaving environments: each ends its episode, is counted, and the batch goes on -----------------------
@@ -197,6 +261,101 @@ def test_an_observation_that_floods_the_context_ends_the_episode_without_tokeniz
     assert ro.completions.size(1) < 600
 
 
+class LongOpening(Countdown):
+    def reset(self, seed=None):
+        super().reset(seed)
+        return "word " * 3000
+
+
+class HugeOpening(Countdown):
+    def reset(self, seed=None):
+        super().reset(seed)
+        return "x" * 10_000_000
+
+
+def test_an_opening_that_overflows_max_context_fails_its_episode_before_any_turn(policy):
+    t0 = time.monotonic()
+    ro = _play(policy, [LongOpening(), HugeOpening(), Countdown()], max_context=256)
+    assert time.monotonic() - t0 < 10  # ten million characters are not tokenized
+    assert ro.failed.tolist() == [True, True, False] and [i["turns"] for i in ro.infos] == [0, 0, 2]
+    assert __import__("re").fullmatch(r"environment LongOpening: its opening is \d+ tokens, which with a turn of 4 "
+                                      r"does not fit env.max_context=256", ro.infos[0]["env_error"])
+    assert ro.infos[1]["env_error"] == ("environment HugeOpening: its opening is 10000000 characters, more than "
+                                        "env.max_context=256 tokens hold")
+    assert ro.prompts.size(1) < 64 and ro.mask[:2].sum() == 0  # the failed openings never sized the batch
+    assert ro.rewards[2].item() == countdown_return(2)
+
+
+def test_a_factory_that_raises_or_hangs_after_the_first_episodes_fails_those_episodes_only(policy):
+    made, lock = [], threading.Lock()
+
+    def factory():  # the episodes' environments are made side by side: the 2nd and 3rd made break
+        with lock:
+            made.append(1)
+            k = len(made)
+        if k == 2:
+            raise RuntimeError("out of sandbox slots")
+        if k == 3:
+            time.sleep(5)
+        return Countdown()
+
+    task = EnvTask(factory, policy.tokenizer, train_episodes=10, heldout_episodes=2, max_turns=4, max_new_tokens=4,
+                   step_timeout_s=0.5, name="sandboxed")
+    t0 = time.monotonic()
+    ro = task.rollout(policy, torch.tensor([0, 1, 2, 3]), generator=torch.Generator().manual_seed(0))
+    assert time.monotonic() - t0 < 4
+    assert ro.failed.sum() == 2
+    assert sorted(i["env_error"] for i in ro.infos if "env_error" in i) == [
+        "environment sandboxed: its factory did not return within 0.5 s (env.step_timeout_s)",
+        "environment sandboxed: its factory raised RuntimeError: out of sandbox slots"]
+    assert all(ro.rewards[s] == countdown_return(s) for s in range(4) if not ro.failed[s])
+
+
+class Library(Countdown):
+    """Opens a sqlite3 connection when made (a connection works only in the thread that opened it) and
+    records the thread of every call."""
+
+    def __init__(self):
+        super().__init__()
+        self.db = sqlite3.connect(":memory:")
+        self.db.execute("CREATE TABLE books(title)")
+        self.threads = [threading.get_ident()]
+
+    def reset(self, seed=None):
+        self.threads.append(threading.get_ident())
+        self.db.execute("INSERT INTO books VALUES ('Dune')")
+        return super().reset(seed)
+
+    def step(self, action):
+        self.threads.append(threading.get_ident())
+        observation, reward, done, truncated, info = super().step(action)
+        n = self.db.execute("SELECT count(*) FROM books").fetchone()[0]
+        return f"{observation} ({n} book)", reward, done, truncated, info
+
+    def close(self):
+        self.threads.append(threading.get_ident())
+        self.db.close()
+
+
+def test_each_environment_is_made_reset_stepped_and_closed_on_one_thread(policy):
+    for timeout_s, workers in ((5.0, 2), (None, 8)):  # no time limit: every call in the caller's thread
+        envs = []
+
+        def factory():
+            envs.append(Library())
+            return envs[-1]
+
+        task = EnvTask(factory, policy.tokenizer, train_episodes=10, heldout_episodes=2, max_turns=4,
+                       max_new_tokens=4, step_timeout_s=timeout_s, workers=workers)
+        ro = task.rollout(policy, torch.tensor([0, 1, 2, 3]), generator=torch.Generator().manual_seed(0))
+        assert not ro.failed.any(), [i.get("env_error") for i in ro.infos]
+        assert ro.transcripts[0][2]["content"] == "1 left (1 book)"
+        # made, reset, stepped 2 or 3 times, closed: each environment on one thread
+        assert sorted(len(e.threads) for e in envs) == [5, 5, 6, 6] and all(len(set(e.threads)) == 1 for e in envs)
+        threads = {e.threads[0] for e in envs}
+        assert threads == {threading.get_ident()} if timeout_s is None else threading.get_ident() not in threads
+
+
 def test_environments_step_concurrently():
     class Slow(Countdown):
         def step(self, action):
@@ -228,6 +387,47 @@ def test_held_out_episodes_play_seeds_no_training_episode_uses(policy):
     assert extras["left"].tolist() == [0.0, 0.0, 0.0]  # info["metrics"], from each episode's last step
     prompts, episodes = task.texts(torch.tensor([0, 1, 10]), ro)
     assert prompts[0] == "Count down from 2." and "[user] 1 left" in episodes[0]
+
+
+class Alternating(Countdown):
+    """Every other one made breaks after paying 1.0 on its first turn; the others return 0 in one turn."""
+
+    made = 0
+
+    def __init__(self):
+        super().__init__()
+        Alternating.made += 1
+        self.broken = Alternating.made % 2 == 0
+
+    def step(self, action):
+        self.left -= 1
+        if not self.broken:
+            return "lost", 0.0, True, False, {"metrics": {"score": 0}}
+        if self.left < 1 + (self.seed or 0) % 2:
+            raise ConnectionError("game server went away")
+        return "go on", 1.0, False, False, {"metrics": {"score": 7}}
+
+
+def test_a_failed_episode_counts_in_no_reward_accuracy_or_group_baseline(policy):
+    Alternating.made = 0
+    task = EnvTask(Alternating, policy.tokenizer, train_episodes=10, heldout_episodes=4, max_turns=4,
+                   max_new_tokens=4, workers=1)  # one at a time: made in the batch's order
+    ids = torch.tensor([3, 3, 5, 5])  # two GRPO groups of two: one episode of each breaks after paying 1.0
+    ro = task.rollout(policy, ids, generator=torch.Generator().manual_seed(0))
+    assert ro.failed.tolist() == [False, True, False, True]
+    rewards, success, extras = score_rollout(task, ids, ro)
+    assert rewards.isnan().tolist() == success.isnan().tolist() == extras["score"].isnan().tolist() == \
+        [False, True, False, True]
+    assert extras["env/errors"].tolist() == [0.0, 1.0, 0.0, 1.0] and not extras["turns"].isnan().any()
+    filled, unscored = fill_unscored(rewards, ids)
+    assert filled.tolist() == [0.0, 0.0, 0.0, 0.0] and unscored.tolist() == [False, True, False, True]
+    # the healthy episode is its group's only real one: no advantage from its sibling's broken environment
+    assert group_advantages(filled, 2).tolist() == [0.0, 0.0, 0.0, 0.0]
+
+    Alternating.made = 0
+    metrics = evaluate(policy, task, task.heldout_ids, batch_size=4)
+    assert metrics["eval/env/errors"] == 0.5
+    assert metrics["eval/accuracy"] == 0.0 and metrics["eval/reward"] == 0.0 and metrics["eval/score"] == 0.0
 
 
 # -- training: a registered task, env.id=package.module:Class, env_factory= ---------------------------------
@@ -269,8 +469,15 @@ def test_env_id_names_the_users_own_class_and_env_factory_plays_from_python(tiny
 
 def test_training_goes_on_when_some_environments_break_and_counts_them(tiny_dir, tmp_path):
     class HalfBroken(Countdown):
+        made = 0  # every other environment made breaks: half of each batch, and one of each group of two
+
+        def __init__(self):
+            super().__init__()
+            HalfBroken.made += 1
+            self.broken = HalfBroken.made % 2
+
         def step(self, action):
-            if self.seed % 2:
+            if self.broken:
                 raise RuntimeError("boom")
             return super().step(action)
 
@@ -282,6 +489,81 @@ def test_training_goes_on_when_some_environments_break_and_counts_them(tiny_dir,
     assert errors and 0 < sum(errors) / len(errors) < 1
     assert "environment HalfBroken: step() raised RuntimeError: boom" in (tmp_path / "run" / "train.log").read_text()
     assert sorted(p.name for p in (tmp_path / "run" / "checkpoints").iterdir() if p.name.startswith("step_"))
+
+
+class Outage(Countdown):
+    """Plays until `down` is set, then every reset fails."""
+
+    down = False
+
+    def reset(self, seed=None):
+        if Outage.down:
+            raise ConnectionError("the game server is down")
+        return super().reset(seed)
+
+
+class TakeDownAfter(Callback):
+    def __init__(self, step):
+        self.step = step
+
+    def on_step_end(self, trainer, step, metrics):
+        Outage.down = step >= self.step
+
+
+def test_a_step_whose_every_episode_failed_stops_the_run_in_one_line_with_its_checkpoints(tiny_dir, tmp_path):
+    Outage.down = False
+    cfg = load_config("adder", _config(tiny_dir, tmp_path / "run", "task.name=env", "train.steps=4"))
+    with pytest.raises(TrainingError) as error:
+        RLTrainer(cfg, env_factory=Outage, callbacks=[TakeDownAfter(1)]).train()
+    assert str(error.value) == ("every episode of step 2 failed on its environment, so there is nothing to learn from; "
+                                "the first: environment Outage: reset() raised ConnectionError: the game server is "
+                                "down (checkpoints before step 2 are intact)")
+    checkpoints = sorted(p.name for p in (tmp_path / "run" / "checkpoints").iterdir() if p.name.startswith("step_"))
+    assert checkpoints == ["step_1"]
+    Outage.down = False
+
+
+def test_an_importable_env_factory_is_recorded_so_lmrl_eval_plays_the_run(tiny_dir, tmp_path, capsys):
+    cfg = load_config("adder", _config(tiny_dir, tmp_path / "a", "task.name=env", "train.steps=1"))
+    RLTrainer(cfg, env_factory=Countdown).train()
+    recorded = load_config(tmp_path / "a" / "config.yaml")
+    assert recorded.env.id == "tests.test_envs:Countdown"
+    assert main(["eval", str(tmp_path / "a")]) == 0
+    assert json.loads(capsys.readouterr().out)["eval/accuracy"] == 1.0
+
+    cfg = load_config("adder", _config(tiny_dir, tmp_path / "b", "task.name=env", "train.steps=1"))
+    RLTrainer(cfg, env_factory=lambda: Countdown()).train()  # a lambda cannot be named in a config
+    recorded = load_config(tmp_path / "b" / "config.yaml")
+    assert recorded.env.id == ""
+    with pytest.raises(ConfigError, match=r"records it as env.id only when it is importable.*set env.id in the run's "
+                                          r"config.yaml to package.module:factory"):
+        build_task(recorded, tokenizer=load_hf_policy(str(tiny_dir))[0].tokenizer)
+
+
+def test_env_id_modules_are_found_in_the_current_directory_as_python_m_finds_them(tmp_path, monkeypatch):
+    (tmp_path / "lmrl_test_games").mkdir()
+    (tmp_path / "lmrl_test_games" / "__init__.py").write_text("")
+    (tmp_path / "lmrl_test_games" / "guess.py").write_text("class Guess:\n    pass\n")
+    monkeypatch.setattr(sys, "path", [p for p in sys.path if p not in ("", str(tmp_path))])
+    monkeypatch.chdir(tmp_path)  # the `lmrl` console script leaves the current directory off sys.path
+    try:
+        assert load_object("lmrl_test_games.guess:Guess").__name__ == "Guess"
+    finally:
+        for name in ("lmrl_test_games", "lmrl_test_games.guess"):
+            sys.modules.pop(name, None)
+    with pytest.raises(ConfigError, match=r"env.id='nowhere_pkg.games:Guess': cannot import nowhere_pkg.games "
+                                          r"\(No module named 'nowhere_pkg'; looked on sys.path and in the current "
+                                          r"directory"):
+        load_object("nowhere_pkg.games:Guess")
+
+
+def test_register_env_refuses_a_class_or_a_function_that_takes_no_config_in_one_line():
+    for target in (Countdown, lambda: Countdown()):
+        with pytest.raises(ValueError, match=r"@register_env\('countdown-class'\) decorates a function \(config, "
+                                             r"\*\*kwargs\) -> factory, where factory\(\) makes one environment") as e:
+            register_env("countdown-class")(target)
+        assert "\n" not in str(e.value)
+    assert "countdown-class" not in __import__("lmrl.envs", fromlist=["ENVS"]).ENVS
 
 
 def test_a_task_registered_in_this_file_trains(tiny_dir, tmp_path):

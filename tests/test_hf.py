@@ -128,6 +128,37 @@ def test_missing_path_raises_file_not_found_naming_it(tmp_path):
         load_hf_policy(str(tmp_path / "no-such-model"))
 
 
+def test_a_model_dir_without_a_model_or_a_tokenizer_is_one_line_naming_what_is_missing(tiny, tmp_path):
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    with pytest.raises(FileNotFoundError) as raised:
+        load_hf_policy(str(empty))
+    assert str(raised.value) == f"model path {str(empty)!r} holds no Hugging Face model: no config.json (it holds nothing)"
+    with pytest.raises(FileNotFoundError, match=r"holds no Hugging Face model: no config.json; for its tiny.gguf, name "
+                                                r"the file \(model.gguf_file=tiny.gguf, or the .gguf path\)"):
+        load_hf_policy(str(tiny["gguf_dir"]))
+    weights_only = tmp_path / "weights-only"
+    weights_only.mkdir()
+    for name in ("config.json", "model.safetensors"):
+        (weights_only / name).write_bytes((tiny["dir"] / name).read_bytes())
+    with pytest.raises(FileNotFoundError) as raised:
+        load_hf_policy(str(weights_only))
+    assert str(raised.value) == (f"model path {str(weights_only)!r} holds a model but no tokenizer (none of "
+                                 f"tokenizer.json, tokenizer_config.json, tokenizer.model, vocab.json): save the "
+                                 f"tokenizer beside it (tokenizer.save_pretrained)")
+
+
+def test_lora_target_modules_matching_nothing_name_the_models_linear_layers(tiny):
+    from lmrl.common.errors import ConfigError
+
+    policy, _ = load_hf_policy(str(tiny["dir"]))
+    with pytest.raises(ConfigError) as raised:
+        add_lora(policy, r=4, target_modules=["nonexistent_proj"])
+    assert str(raised.value) == ("lora.target_modules=['nonexistent_proj'] matches no module of LlamaForCausalLM; its "
+                                 "linear layers are named q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj, "
+                                 "lm_head (or use all-linear)")
+
+
 def test_dtype_other_than_fp32_or_bf16_is_refused_naming_model_dtype(tiny):
     with pytest.raises(ValueError, match=r"model\.dtype.*fp16"):
         load_hf_policy(str(tiny["dir"]), dtype="fp16")

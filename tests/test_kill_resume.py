@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import re
 import signal
 import subprocess
 import sys
@@ -18,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from lmrl import checkpoint as ckpt
 from lmrl.config import load_config
 from lmrl.train.run_dir import RunLog
 
@@ -39,6 +41,9 @@ VOLATILE = ("perf/", "time/")
 #   save:N   while step_N is being written: every file but manifest.json and trainer_state.json is
 #            in checkpoints/.tmp-step_N-<pid>/
 #   saved:N  right after step_N is renamed into place, before older checkpoints are pruned
+# or to send SIGTERM, as a scheduler pre-empting the job does:
+#   term:N         to itself, right after metrics.jsonl gets step N's row
+#   term-parent:N  to its parent (torchrun's agent, which passes it on to every rank), likewise
 BOOT = r"""
 import os, runpy, signal, sys
 
@@ -54,6 +59,14 @@ if kind == "row":
         if step == int(n):
             die()
     sinks.JsonlSink.log = log_then_die
+elif kind in ("term", "term-parent"):
+    from lmrl.log import sinks
+    log = sinks.JsonlSink.log
+    def log_then_terminate(self, step, metrics, **context):
+        log(self, step, metrics, **context)
+        if step == int(n):
+            os.kill(os.getpid() if kind == "term" else os.getppid(), signal.SIGTERM)
+    sinks.JsonlSink.log = log_then_terminate
 elif kind == "save":
     from lmrl import checkpoint as ckpt
     from lmrl.checkpoint import store
@@ -269,6 +282,60 @@ def test_every_checkpoint_damaged_stops_the_resume_with_one_line(tmp_path):
 
 def _rng_size(ckpts: Path) -> str:
     return f"{json.loads((ckpts / 'step_2' / 'manifest.json').read_text())['files']['rng.pt']:,}"
+
+
+# --- SIGTERM (a scheduler's pre-emption, `timeout`, Kubernetes) handled as Ctrl-C ----------------
+
+def test_sigterm_finishes_the_step_saves_a_checkpoint_and_exits_143(tmp_path):
+    run_dir = tmp_path / "run"
+    code, out = finish(start(run_dir, resume=False, kill_at="term:9"))
+    assert code == 128 + signal.SIGTERM, out
+    assert "stop requested (SIGTERM): finishing this step, then saving a checkpoint" in out
+    assert out.strip().splitlines()[-1].endswith("interrupted: checkpoint saved at step 9; continue with --resume")
+    ckpts = run_dir / "checkpoints"
+    assert ckpt_names(ckpts) == ["best", "step_8", "step_9"] and ckpt.check_checkpoint(ckpts / "step_9") is None
+    assert ckpt.holds_optimizer(ckpts / "step_9")  # a step within RL: everything an exact resume reads
+
+
+@pytest.mark.slow
+def test_a_run_stopped_by_sigterm_resumes_exactly(tmp_path, reference):
+    run_dir = tmp_path / "run"
+    code, out = finish(start(run_dir, resume=False, kill_at="term:11"))
+    assert code == 128 + signal.SIGTERM, out
+    code, out = finish(start(run_dir, resume=True))
+    assert code == 0, out
+    assert_same_run(run_dir, reference)
+
+
+@pytest.mark.slow
+def test_sigterm_to_torchrun_stops_every_rank_after_the_same_step_with_a_checkpoint(tmp_path):
+    run_dir = tmp_path / "run"
+    env = dict(os.environ, PYTHONPATH=str(REPO), LMRL_TEST_KILL_AT="term-parent:7")
+    boot = tmp_path / "boot.py"
+    boot.write_text(BOOT)
+    ddp = ["sft.batch_size=32", "train.rollout_size=32", f"run.dir={run_dir}"]
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(boot), "train",
+           "adder", *ARGS, *ddp]
+    proc = subprocess.run(cmd, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert proc.returncode != 0  # torchrun itself ends as terminated
+    log = (run_dir / "train.log").read_text()
+    assert "stop requested (SIGTERM)" in log, proc.stderr[-3000:]
+    # the signal travels through torchrun's agent: the ranks stop after step 7 or a step later, together
+    saved = re.search(r"interrupted: checkpoint saved at step (\d+); continue with --resume", log)
+    assert saved and int(saved[1]) in (7, 8), log
+    # torchrun prints its own SignalException's traceback; no rank printed one
+    assert str(REPO / "lmrl") not in proc.stderr and "KeyboardInterrupt" not in proc.stderr, proc.stderr[-3000:]
+    ckpts, step = run_dir / "checkpoints", int(saved[1])
+    assert ckpt.latest_checkpoint(ckpts).name == f"step_{step}" and ckpt.check_checkpoint(ckpts / f"step_{step}") is None
+    env["LMRL_TEST_KILL_AT"] = ""
+    proc = subprocess.run(cmd + ["--resume"], env=env, cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert f"resumed from {ckpts / f'step_{step}'} (step {step})" in (run_dir / "train.log").read_text()
+    assert [r["step"] for r in rows(run_dir)] == list(range(1, LAST_STEP + 1))
+
+
+def ckpt_names(ckpts: Path) -> list[str]:
+    return sorted(p.name for p in ckpts.iterdir())
 
 
 # --- metrics.jsonl on resume (in process, fast) -----------------------------------------------

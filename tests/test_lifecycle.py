@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from lmrl import checkpoint as ckpt
-from lmrl.common.errors import TrainingError
+from lmrl.common.errors import ConfigError, TrainingError
 from lmrl.train.rl_trainer import RLTrainer
 
 
@@ -26,6 +26,12 @@ def scripted_evaluations(trainer, monkeypatch, values, key="eval/accuracy"):
     monkeypatch.setattr(trainer, "evaluate", evaluate)
 
 
+def names_unknown_until_evaluated(monkeypatch):
+    """Scripted evaluations report names the config cannot tell in advance: the trainer checks
+    train.best_metric against the first evaluation instead."""
+    monkeypatch.setattr(RLTrainer, "eval_metric_names", lambda self, config: None)
+
+
 def test_rl_plateau_schedule_uses_the_configured_factor_and_patience(tiny_config, monkeypatch):
     cfg = tiny_config("sft.steps=0", "train.steps=3", "train.eval_every=1", "optim.lr=1e-3",
                       "schedule.name=plateau", "schedule.plateau_factor=0.25", "schedule.plateau_patience=1",
@@ -39,6 +45,7 @@ def test_rl_plateau_schedule_uses_the_configured_factor_and_patience(tiny_config
 
 
 def test_rl_keeps_the_lowest_value_of_a_loss_like_best_metric(tiny_config, monkeypatch):
+    names_unknown_until_evaluated(monkeypatch)
     cfg = tiny_config("sft.steps=0", "train.steps=4", "train.eval_every=1", "train.best_metric=eval/loss")
     trainer = RLTrainer(cfg)
     scripted_evaluations(trainer, monkeypatch, [0.9, 0.7, 0.3, 0.8, 0.6], key="eval/loss")
@@ -66,6 +73,7 @@ def test_rl_stops_early_after_patience_evaluations_without_a_gain(tiny_config, m
 ])
 def test_rl_stops_once_the_best_metric_reaches_the_stopping_threshold(tiny_config, monkeypatch, metric, values,
                                                                        threshold):
+    names_unknown_until_evaluated(monkeypatch)
     cfg = tiny_config("sft.steps=0", "train.steps=4", "train.eval_every=1", f"train.best_metric={metric}",
                       f"train.stopping_threshold={threshold}")
     trainer = RLTrainer(cfg)
@@ -135,3 +143,81 @@ def test_a_learning_rate_that_blows_up_the_policy_stops_with_one_line_and_checkp
     ckpt_dir = cfg.run_dir / "checkpoints"
     assert not list(ckpt_dir.glob(".tmp-*"))
     assert all(ckpt.check_checkpoint(path) is None for path in ckpt.list_checkpoints(ckpt_dir))
+
+
+def test_a_best_metric_the_run_does_not_report_is_refused_before_the_model_loads(tiny_config, monkeypatch):
+    def no_model(*args, **kwargs):
+        raise AssertionError("the model was built")
+
+    monkeypatch.setattr("lmrl.train.rl_trainer.build_run", no_model)
+    cfg = tiny_config("train.best_metric=eval/acuracy")
+    with pytest.raises(ConfigError) as raised:
+        RLTrainer(cfg)
+    assert str(raised.value) == ("train.best_metric='eval/acuracy' is not an eval metric of this run: it reports "
+                                 "eval/accuracy, eval/length_mean, eval/reward; did you mean 'eval/accuracy'?")
+    assert not cfg.run_dir.exists()
+
+
+def test_the_eval_metrics_a_task_declares_are_what_its_evaluation_reports(tiny_config):
+    trainer = RLTrainer(tiny_config())
+    assert set(trainer.evaluate()) == trainer.eval_metric_names(trainer.config)
+
+
+def test_a_best_metric_missing_from_the_first_evaluation_stops_in_one_line_with_checkpoints_intact(
+        tiny_config, monkeypatch):
+    names_unknown_until_evaluated(monkeypatch)  # as for a task whose metrics only its evaluation says
+    cfg = tiny_config("train.best_metric=eval/bogus")  # warm-up 1-4 (checkpoints 2 and 4), evaluated at 4
+    with pytest.raises(ConfigError) as raised:
+        RLTrainer(cfg).train()
+    message = str(raised.value)
+    assert message == (f"train.best_metric='eval/bogus' is not an eval metric of this run: its evaluation after "
+                       f"step 4 reports eval/accuracy, eval/length_mean, eval/reward. The checkpoints in "
+                       f"{cfg.run_dir / 'checkpoints'} are as they were: set train.best_metric to one of these and "
+                       f"continue with --resume")
+    ckpt_dir = cfg.run_dir / "checkpoints"
+    assert [p.name for p in ckpt.list_checkpoints(ckpt_dir)] == ["step_2"]
+    assert ckpt.check_checkpoint(ckpt_dir / "step_2") is None and not list(ckpt_dir.glob(".tmp-*"))
+
+
+def test_resume_from_a_weights_only_or_damaged_checkpoint_is_one_line(tiny_config, tmp_path, capsys):
+    from lmrl.cli.commands import main
+    from tests.conftest import TINY
+
+    first = tiny_config("sft.steps=0", "train.steps=2", "train.eval_every=1", "train.ckpt_every=1", dir=tmp_path / "a")
+    RLTrainer(first).train()
+    capsys.readouterr()
+    ckpts = tmp_path / "a" / "checkpoints"
+    again = [*TINY, "sft.steps=0", "train.steps=2", f"run.dir={tmp_path / 'b'}"]
+    assert main(["train", "adder", *again, "--resume_from_checkpoint", str(ckpts / "best")]) == 1
+    assert capsys.readouterr().err == (
+        f"lmrl train: error: {ckpts / 'best'} is a weights-only checkpoint (the best evaluation's weights, without "
+        f"the optimizer, RNG and trainer state a run resumes from): resume from a step_N checkpoint such as "
+        f"{ckpts / 'step_2'}, or start a new run from these weights with model.init_from={ckpts / 'best'}\n")
+    (ckpts / "step_1" / "rng.pt").write_bytes(b"")  # damaged: the automatic resume would pass over it
+    assert main(["train", "adder", *again, "--resume_from_checkpoint", str(ckpts / "step_1")]) == 1
+    rng_size = json.loads((ckpts / "step_1" / "manifest.json").read_text())["files"]["rng.pt"]
+    assert capsys.readouterr().err == (f"lmrl train: error: cannot resume from {ckpts / 'step_1'}: rng.pt is empty: "
+                                       f"0 bytes, manifest.json lists {rng_size:,}\n")
+
+
+def test_a_run_of_no_steps_evaluates_the_initial_model_and_says_so(tiny_config):
+    # sft.steps=0 train.steps=0 crashed formatting its last line, after summary.json was written (audit D5)
+    cfg = tiny_config("sft.steps=0", "train.steps=0")
+    summary = RLTrainer(cfg).train()
+    assert summary["warmup_accuracy"] is None and summary["steps_done"] == 0
+    last = (cfg.run_dir / "train.log").read_text().strip().splitlines()[-1]
+    assert f"held-out accuracy: final {summary['final_accuracy']:.3f} | " in last
+
+
+def test_a_resume_puts_back_a_best_checkpoint_a_killed_save_had_moved_aside(tiny_config):
+    cfg = tiny_config("sft.steps=0", "train.steps=2", "train.eval_every=1")
+    RLTrainer(cfg).train()
+    ckpts = cfg.run_dir / "checkpoints"
+    best = json.loads((ckpts / "best" / ckpt.TRAINER_STATE_FILE).read_text())
+    (ckpts / "best").rename(ckpts / ".tmp-best-4242-old")  # killed between write_atomically's two renames
+    (ckpts / ".tmp-best-4242").mkdir()
+    RLTrainer(tiny_config("sft.steps=0", "train.steps=2", "train.eval_every=1", "run.resume=auto")).train()
+    assert json.loads((ckpts / "best" / ckpt.TRAINER_STATE_FILE).read_text()) == best
+    assert not list(ckpts.glob(".tmp-*"))
+    assert (f"put back {ckpts / 'best'}, which a save killed between its two renames had moved aside"
+            in (cfg.run_dir / "train.log").read_text())

@@ -293,3 +293,49 @@ def test_a_sharded_lora_policys_gathered_weights_are_saved_in_peft_layout(data, 
         assert torch.equal(again(ids, attention_mask=mask), ours)
     tensors = {"x": torch.zeros(1)}  # anything but a LoRA policy: the tensors as they are, for model.safetensors
     assert ckpt.gathered_weights(load_hf_policy(str(data / "model"))[0], tensors) is tensors
+
+
+# --- a LoRA reward model ---------------------------------------------------------------------------
+
+def test_a_lora_reward_models_checkpoints_are_peft_adapters_holding_its_score_head(data, tmp_path):
+    # they held the whole model, frozen base included, under peft's internal names (audit D9)
+    from safetensors.torch import save_model
+    from transformers import AutoModelForSequenceClassification
+
+    from lmrl.train.reward_trainer import RewardTrainer
+
+    def rm_config(run_dir, *overrides):
+        return _cfg(data, run_dir, "reward", "lora.r=4", "lora.alpha=8", "train.max_steps=2", "train.eval_every=2",
+                    "train.ckpt_every=1", "train.keep_checkpoints=0", *overrides)
+
+    trainer = RewardTrainer(rm_config(tmp_path / "rm"))
+    trainer.train()
+    ckpts = tmp_path / "rm" / "checkpoints"
+    for name in ("step_1", "step_2", "best"):
+        files = {p.name for p in (ckpts / name).iterdir()}
+        assert {ckpt.ADAPTER_FILE, ckpt.ADAPTER_CONFIG_FILE} <= files and ckpt.MODEL_FILE not in files
+    saved = load_file(ckpts / "step_2" / ckpt.ADAPTER_FILE)
+    assert "base_model.model.score.weight" in saved and all("lora_" in k or k.endswith("score.weight") for k in saved)
+
+    ckpt.load_checkpoint(ckpts / "step_2", model=trainer.model, restore_rng=False)
+    trainer.model.eval()
+    ids = torch.tensor([[1, 5, 9, 12, 7], [1, 6, 6, 3, 2]])
+    mask = torch.ones_like(ids)
+    base = AutoModelForSequenceClassification.from_pretrained(data / "model", num_labels=1, pad_token_id=0)
+    peft = PeftModel.from_pretrained(base, str(ckpts / "step_2")).eval()
+    with torch.no_grad():
+        assert torch.allclose(peft(input_ids=ids, attention_mask=mask).logits[:, 0], trainer.model(ids, mask),
+                              atol=1e-6)
+
+    resumed = RewardTrainer(rm_config(tmp_path / "again", "run.resume=auto", f"run.resume_from={ckpts / 'step_1'}"))
+    resumed.train()
+    volatile = ("perf/", "time/")
+    rows = [[{k: v for k, v in r.items() if not k.startswith(volatile)} for r in _metrics(d) if r["step"] == 2]
+            for d in (tmp_path / "rm", tmp_path / "again")]
+    assert rows[0] == rows[1]
+
+    # a checkpoint saved before this layout held the whole model in model.safetensors: it still loads
+    old = tmp_path / "old.safetensors"
+    save_model(trainer.model, str(old))
+    ckpt.load_weights(resumed.model, old)
+    assert all(torch.equal(a, b) for a, b in zip(resumed.model.state_dict().values(), trainer.model.state_dict().values()))

@@ -100,7 +100,7 @@ def test_ctrl_c_saves_a_checkpoint_and_resume_continues_exactly(tiny_config, tmp
     trainer = RLTrainer(cfg)
     trainer.reward_fn = partial_credit_reward(trainer.task, ctrl_c_at_call=3)  # during RL step 3
     result = trainer.train()
-    assert result == {"interrupted": True, "step": 7}  # the step in flight finishes, then it saves
+    assert result == {"interrupted": True, "step": 7, "signal": "SIGINT"}  # the step in flight finishes, then it saves
     assert ckpt.latest_checkpoint(cfg.run_dir / "checkpoints").name == "step_7"
     assert "interrupted: checkpoint saved at step 7" in (cfg.run_dir / "train.log").read_text()
 

@@ -4,13 +4,14 @@ starts as that reward model. Bad input: a reward model with another tokenizer.""
 from __future__ import annotations
 
 import json
+import logging
 
 import pytest
 import torch
 
 from lmrl.config import ConfigError, load_config
 from lmrl.common.data import write_jsonl
-from lmrl.models.reward_model import load_reward_model
+from lmrl.models.reward_model import build_reward_model, load_reward_model
 from lmrl.train.rl_trainer import RLTrainer
 from lmrl.train.reward_trainer import RewardTrainer
 from tests.test_hf import save_tiny_llama
@@ -92,3 +93,43 @@ def test_a_missing_reward_model_is_one_line_before_the_policy_loads(tmp_path, mo
         RLTrainer(cfg)
     assert str(raised.value) == (f"reward.model={missing} does not exist: train one with `lmrl train rm-smollm2`, "
                                  f"or set reward.model= to a reward model dir")
+
+
+def test_a_reward_model_for_a_task_with_its_own_verifier_is_refused_in_the_config():
+    # reward.model=... on the adder (or math) trained on the verifier's rewards without a word (audit D3)
+    with pytest.raises(ConfigError) as raised:
+        load_config("adder", ["reward.model=runs/rm-smollm2/reward_model"])
+    assert str(raised.value) == ("reward.model scores tasks without a verifier of their own (task.name=prompts); "
+                                 "task.name=addition is scored by its own verifier, which reward.funcs or reward.cls "
+                                 "replace")
+    with pytest.raises(ConfigError, match="^reward.model scores RL completions; run.trainer=dpo does not read it"):
+        load_config("dpo-smollm2", ["reward.model=runs/rm-smollm2/reward_model"])
+    assert load_config("ppo-rm-smollm2").reward.model == "runs/rm-smollm2/reward_model"
+
+
+def test_a_reward_model_dir_without_its_score_head_is_refused_not_scored_at_random(tmp_path):
+    save_tiny_llama(tmp_path / "rm")
+    config = json.loads((tmp_path / "rm" / "config.json").read_text())
+    config.update(architectures=["LlamaForSequenceClassification"], num_labels=1)  # a causal LM's weights under it
+    (tmp_path / "rm" / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ConfigError) as raised:
+        load_reward_model(tmp_path / "rm")
+    assert str(raised.value).startswith(f"reward model {tmp_path / 'rm'}: its weights lack score.weight (a causal LM's "
+                                        f"weights under a sequence-classification config?); transformers would "
+                                        f"initialize them at random")
+
+
+def test_a_reward_model_built_on_a_causal_lm_says_its_score_head_is_new(tmp_path):
+    save_tiny_llama(tmp_path / "model")
+    records = []
+    handler = logging.Handler()
+    handler.emit = records.append
+    logger = logging.getLogger("lmrl")  # a run's logging stops its records reaching the root logger (caplog's)
+    logger.addHandler(handler)
+    try:
+        build_reward_model(str(tmp_path / "model"))
+    finally:
+        logger.removeHandler(handler)
+    assert [r.getMessage() for r in records if r.levelno == logging.WARNING] == [
+        f"reward model: {tmp_path / 'model'} holds a causal LM (LlamaForCausalLM); its trunk gets a newly initialized "
+        f"score head (LlamaForSequenceClassification), which training learns"]

@@ -158,6 +158,9 @@ TRANSFORMERS_TWINS = [
     (dict(name="linear", min_lr_ratio=0.0), "linear", {}),
     (dict(name="cosine", min_lr_ratio=0.0), "cosine", {}),
     (dict(name="cosine", min_lr_ratio=0.1), "cosine_with_min_lr", {"min_lr_rate": 0.1}),
+    *[(dict(name="wsd", min_lr_ratio=ratio, decay_steps=10, decay_shape=shape), "warmup_stable_decay",
+       {"num_decay_steps": 10, "min_lr_ratio": ratio, "decay_type": shape})
+      for shape in ("cosine", "linear", "1-sqrt") for ratio in (0.0, 0.1)],
 ]
 
 
@@ -177,7 +180,7 @@ def test_step_schedules_are_transformers_schedules_step_by_step(ours, theirs, ex
 
 def test_every_schedule_name_builds_a_scheduler():
     for name in SCHEDULES:
-        sched = make_scheduler(make_opt(), total_steps=10, name=name)
+        sched = make_scheduler(make_opt(), total_steps=10, name=name, decay_steps=3)
         assert isinstance(sched, PlateauScheduler if name == "plateau" else StepScheduler)
 
 
@@ -316,3 +319,28 @@ def test_plateau_refuses_state_from_another_schedule():
     cosine_state = make_scheduler(opt, **SCHED).state_dict()
     with pytest.raises(ValueError, match="plateau"):
         make_scheduler(make_opt(), **PLATEAU).load_state_dict(cosine_state)
+
+
+def test_wsd_holds_the_peak_between_warmup_and_its_last_decay_steps():
+    kw = dict(base_lr=1.0, total_steps=20, name="wsd", warmup_steps=4, min_lr_ratio=0.1, decay_steps=8,
+              decay_shape="linear")
+    assert lr_at(0, **kw) == pytest.approx(0.1)  # the warm-up starts at the floor
+    assert lr_at(2, **kw) == pytest.approx(0.55)
+    assert [lr_at(s, **kw) for s in range(4, 13)] == [1.0] * 9  # stable: steps 4 .. T − D = 12
+    assert lr_at(16, **kw) == pytest.approx(0.55)  # halfway through the decay
+    assert lr_at(20, **kw) == pytest.approx(0.1) == lr_at(25, **kw)
+
+
+def test_wsd_1_sqrt_decay_matches_hand_computed_value():
+    kw = dict(base_lr=2.0, total_steps=10, name="wsd", min_lr_ratio=0.0, decay_steps=4, decay_shape="1-sqrt")
+    assert lr_at(7, **kw) == pytest.approx(2.0 * (1 - 0.25 ** 0.5))  # p = (7 − 10 + 4) / 4
+
+
+@pytest.mark.parametrize("kw, match", [
+    (dict(decay_steps=0), "decay_steps must be >= 1, got 0"),
+    (dict(decay_steps=8, warmup_steps=5), r"warmup_steps \(5\) and decay_steps \(8\) add up to more than the run's 10"),
+    (dict(decay_steps=3, decay_shape="exp"), "decay_shape must be one of cosine, linear, 1-sqrt, got 'exp'"),
+])
+def test_bad_wsd_settings_are_refused_when_the_scheduler_is_made(kw, match):
+    with pytest.raises(ValueError, match=match):
+        make_scheduler(make_opt(), total_steps=10, name="wsd", **kw)

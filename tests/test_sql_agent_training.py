@@ -20,14 +20,15 @@ from tests.test_hf import save_tiny_llama
 @pytest.fixture(scope="module")
 def tiny_dir(tmp_path_factory):
     root = tmp_path_factory.mktemp("sql-agent")
-    save_tiny_llama(root / "model", max_positions=1024)
+    save_tiny_llama(root / "model", max_positions=2048)
     return root / "model"
 
 
 def _config(model_dir, run_dir, *overrides):
+    # env.max_context leaves room for the opening: system prompt, worked example and task, ~1,200 tiny tokens
     return load_config("sql-agent-smollm2", [
         f"model.path={model_dir}", f"run.dir={run_dir}", "lora.r=4", "lora.target_modules=[all-linear]",
-        "task.max_new_tokens=8", "sql.max_rounds=2", "env.max_context=900", "sql.train_tasks=20",
+        "task.max_new_tokens=8", "sql.max_rounds=2", "env.max_context=1600", "sql.train_tasks=20",
         "sql.heldout_per_skill=1", "sql.skills=[count, max, insert]", "train.steps=2", "train.rollout_size=4",
         "train.eval_every=2", "train.ckpt_every=1", "eval.size=3", "eval.batch_size=3", "run.progress=false",
         "run.tensorboard=false", "run.threads=1", "optim.lr=1e-2", "train.temperature=1.0", *overrides])

@@ -6,16 +6,19 @@ policy writes the calls (a tiny random model would never write one); the trainer
 from __future__ import annotations
 
 import json
+import re
+import sqlite3
 
 import pytest
 import torch
 
 pytest.importorskip("transformers")
 
+from lmrl.cli import main  # noqa: E402
 from lmrl.config import load_config  # noqa: E402
 from lmrl.models.hf import load_hf_policy  # noqa: E402
 from lmrl.tasks.prompt_task import PromptTask  # noqa: E402
-from lmrl.tasks.rewards import RewardFunctions, TrainerState  # noqa: E402
+from lmrl.tasks.rewards import RewardFunctions, TrainerState, score_rollout  # noqa: E402
 from lmrl.tasks.tool_task import ToolPromptTask, environment_reward  # noqa: E402
 from lmrl.trl import GRPOConfig, GRPOTrainer  # noqa: E402
 from lmrl.train.rl_trainer import RLTrainer  # noqa: E402
@@ -221,3 +224,130 @@ def test_env_tools_and_python_tools_answer_the_prompts_together(tiny_dir, tmp_pa
                         [0.0] * len(completions), tools=[add])
     assert [s["function"]["name"] for s in trainer.task.schemas] == ["multiply", "add"]
     assert trainer.task.turn_tokens == 6 and trainer.task.max_new_tokens == 12  # one budget per turn, not compounded
+
+
+# -- threads and failures: each episode's instance on one thread; a broken one ends its own episode -----------
+class UserDB:
+    """An environment_factory class that opens its database in __init__, as TRL's examples do (a sqlite3
+    connection works only in the thread that opened it)."""
+
+    def __init__(self):
+        self.db = sqlite3.connect(":memory:")
+        self.db.execute("CREATE TABLE users(name)")
+
+    def reset(self, **row):
+        self.db.executemany("INSERT INTO users VALUES (?)", [("a",), ("b",), ("c",)])
+
+    def count(self, table: str) -> int:
+        """Counts a table's rows.
+
+        Args:
+            table: The table's name.
+        """
+        return self.db.execute(f"SELECT count(*) FROM {table}").fetchone()[0]
+
+    def get_reward(self) -> float:
+        return float(self.count("users") == 3)
+
+
+USERS = sqlite3.connect(":memory:")  # made at import, in the trainer's thread, as a module's TRL tool would be
+USERS.execute("CREATE TABLE users(name)")
+USERS.executemany("INSERT INTO users VALUES (?)", [("a",), ("b",)])
+
+
+def count_users(table: str) -> int:
+    """Counts a table's rows in the shared database.
+
+    Args:
+        table: The table's name.
+    """
+    return USERS.execute(f"SELECT count(*) FROM {table}").fetchone()[0]
+
+
+def _count(name):
+    return f'<tool_call>{{"name": "{name}", "arguments": {{"table": "users"}}}}</tool_call>'
+
+
+def test_an_environment_factory_instance_is_made_called_and_read_on_one_thread(policy, tmp_path):
+    train, test = _prompts(tmp_path, [{"prompt": "How many users?"}])
+    task = ToolPromptTask(PromptTask(train, test, policy.tokenizer, scorer=None, max_new_tokens=40),
+                          environment_factory=UserDB, max_turns=2)
+    ro = task.rollout(Scripted(policy, [_count("count"), "3"]), torch.tensor([0, 0]))
+    assert not ro.failed.any(), [i.get("env_error") for i in ro.infos]
+    assert [m["content"] for m in ro.transcripts[0] if m["role"] == "tool"] == ["3"]
+    assert ro.final_rewards == [1.0, 1.0]  # get_reward() read on the instance's own thread, as the episode ended
+    rewards, _ = RewardFunctions([environment_reward("UserDB")]).score(task, torch.tensor([0, 0]), ro, TrainerState())
+    assert rewards.tolist() == [1.0, 1.0]
+
+
+def test_with_no_step_time_limit_tools_run_in_the_callers_thread_as_trl_runs_them(policy, tmp_path):
+    train, test = _prompts(tmp_path, [{"prompt": "How many users?"}])
+    task = ToolPromptTask(PromptTask(train, test, policy.tokenizer, scorer=None, max_new_tokens=40),
+                          tools=[count_users], max_turns=2, step_timeout_s=None)
+    ro = task.rollout(Scripted(policy, [_count("count_users"), "2"]), torch.tensor([0]))
+    assert [m["content"] for m in ro.transcripts[0] if m["role"] == "tool"] == ["2"]
+
+
+def _picky(how: str):
+    """Counter misbehaving in the way `how` says on the rows whose target is 2."""
+    bad = {"reset_raises": {"reset": lambda self, **row: 1 / 0 if row["target"] == 2 else Counter.reset(self, **row)},
+           "reward_nan": {"get_reward": lambda self: float("nan") if self.target == 2 else 1.0},
+           "reward_str": {"get_reward": lambda self: "1.0" if self.target == 2 else 1.0},
+           "reward_none": {"get_reward": lambda self: None if self.target == 2 else 1.0},
+           "reward_raises": {"get_reward": lambda self: 1 / 0 if self.target == 2 else 1.0}}[how]
+    return type("Picky", (Counter,), bad)
+
+
+BROKEN_ENVIRONMENTS = [
+    ("reset_raises", r"environment ToolEnv\(Picky\): reset\(\) raised ZeroDivisionError: division by zero"),
+    ("reward_nan", r"environment Picky: get_reward\(\) returned reward nan; a reward is a finite number"),
+    ("reward_str", r"environment Picky: get_reward\(\) returned reward '1.0' \(str\); a reward is a finite number"),
+    ("reward_none", r"environment ToolEnv\(Picky\): get_reward\(\) returned None; it returns the episode's reward"),
+    ("reward_raises", r"environment ToolEnv\(Picky\): get_reward\(\) raised ZeroDivisionError: division by zero"),
+]
+
+
+@pytest.mark.parametrize("how, message", BROKEN_ENVIRONMENTS, ids=[h for h, _ in BROKEN_ENVIRONMENTS])
+def test_an_environment_factory_instance_that_breaks_fails_its_own_episode_only(policy, tmp_path, how, message):
+    train, test = _prompts(tmp_path, [{"prompt": "Bump the counter to 1.", "target": 1},
+                                      {"prompt": "Bump the counter to 2.", "target": 2}])
+    task = ToolPromptTask(PromptTask(train, test, policy.tokenizer, scorer=None, max_new_tokens=40),
+                          environment_factory=_picky(how), max_turns=2)
+    ids = torch.tensor([0, 1])
+    ro = task.rollout(Scripted(policy, ['<tool_call>{"name": "bump", "arguments": {"by": 1}}</tool_call>', "done"]),
+                      ids)
+    assert ro.failed.tolist() == [False, True] and re.search(message, ro.infos[1]["env_error"])
+    reward = RewardFunctions([environment_reward("Picky")])
+    task.score_with(reward)
+    rewards, _, extras = score_rollout(task, ids, ro, reward)  # no RewardError: the broken episode is left out
+    assert rewards[0].item() == 1.0 and rewards[1].isnan() and extras["env/errors"].tolist() == [0.0, 1.0]
+
+
+def test_an_environment_factory_that_raises_after_the_probe_fails_that_episode(policy, tmp_path):
+    class Flaky(Counter):
+        made = 0
+
+        def __init__(self):
+            Flaky.made += 1
+            if Flaky.made == 2:  # the probe is the first; the first episode's is the second
+                raise RuntimeError("no free sandbox")
+
+    train, test = _prompts(tmp_path, [{"prompt": "Bump the counter to 1.", "target": 1}])
+    task = ToolPromptTask(PromptTask(train, test, policy.tokenizer, scorer=None, max_new_tokens=40),
+                          environment_factory=Flaky, max_turns=2, workers=1)
+    ro = task.rollout(Scripted(policy, ['<tool_call>{"name": "bump", "arguments": {"by": 1}}</tool_call>', "done"]),
+                      torch.tensor([0, 0]))
+    assert ro.failed.tolist() == [True, False]
+    assert ro.infos[0]["env_error"] == "environment ToolEnv(Flaky): its factory raised RuntimeError: no free sandbox"
+    assert ro.environments[0] is None and isinstance(ro.environments[1], Flaky) and ro.final_rewards == [None, 1.0]
+
+
+def test_a_tool_without_a_docstring_is_one_error_line_from_the_cli(tiny_dir, tmp_path, capsys):
+    train, test = _prompts(tmp_path, [{"prompt": "What is 2 * 3?"}])
+    code = main(["train", "adder", "model.type=hf", f"model.path={tiny_dir}", f"run.dir={tmp_path / 'run'}",
+                 "task.name=prompts", f"task.train_file={train}", f"task.test_file={test}", "sft.steps=0",
+                 "env.tools=[tests.test_tools:undocumented]", "reward.funcs=[tests.trl_rewards:reward_len]",
+                 "run.progress=false", "run.tensorboard=false", "--no-wandb"])
+    err = capsys.readouterr().err
+    assert code == 2 and "Traceback" not in err
+    assert err.strip().splitlines()[-1].startswith("lmrl train: error: tool 'undocumented' has no docstring")

@@ -165,13 +165,31 @@ def test_repeated_nan_losses_stop_the_run_with_the_last_checkpoint_intact(tiny_c
         return loss * float("nan") if calls["n"] > 2 else loss
 
     monkeypatch.setattr(reinforce_algo, "reinforce_loss", nan_after_two)
-    with pytest.raises(TrainingError, match="3 non-finite losses in a row at step 9"):
+    with pytest.raises(TrainingError) as raised:
         RLTrainer(cfg).train()
     latest = ckpt.latest_checkpoint(cfg.run_dir / "checkpoints")
     assert latest.name == "step_6"  # warm-up 4 + 2 good RL steps
+    assert str(raised.value) == (f"3 non-finite losses in a row at step 9; stopped. The last step checkpoint, saved "
+                                 f"before these skipped updates, is {latest}: lower the learning rate and continue "
+                                 f"from it with --resume")
     model = RLTrainer(tiny_config("run.resume=auto", dir=cfg.run_dir)).model
     state = ckpt.load_checkpoint(latest, model=model, restore_rng=False)
     assert state["step"] == 6 and all(torch.isfinite(p).all() for p in model.parameters())
+
+
+def test_non_finite_losses_before_any_step_checkpoint_say_there_is_none(tiny_config, monkeypatch):
+    # the message pointed at a checkpoints dir that held only best/ (audit D8)
+    cfg = tiny_config("sft.steps=0", "train.max_nonfinite=2")
+    real_loss = reinforce_algo.reinforce_loss
+    monkeypatch.setattr(reinforce_algo, "reinforce_loss", lambda *a, **k: real_loss(*a, **k) * float("nan"))
+    with pytest.raises(TrainingError) as raised:
+        RLTrainer(cfg).train()
+    ckpts = cfg.run_dir / "checkpoints"
+    assert ckpt.latest_checkpoint(ckpts) is None and (ckpts / "best").is_dir()  # the start's evaluation, step 0
+    assert str(raised.value) == (f"2 non-finite losses in a row at step 2; stopped. No step checkpoint was saved before "
+                                 f"them ({ckpts} holds none, so --resume would start from step 0): lower the learning "
+                                 f"rate and train again; {ckpts / 'best'} holds step 0's weights only (its best "
+                                 f"evaluation), which model.init_from={ckpts / 'best'} starts a new run from")
 
 
 def test_a_reward_function_that_raises_names_itself_and_the_sample(tiny_config):

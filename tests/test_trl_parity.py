@@ -6,7 +6,9 @@ to; values agree to 1e-6. Where lmrl deliberately differs, a test pins the diffe
 
     GRPOTrainer._generate_and_score_completions  advantages (scale_rewards group / batch / none)
     GRPOTrainer._compute_loss                    per-token clipped loss, loss_type grpo / bnpo / dr_grpo /
-                                                 dapo, asymmetric clipping, k3 KL in the loss
+                                                 dapo, asymmetric clipping, k3 KL in the loss; importance
+                                                 sampling level, delta, top_entropy_quantile and
+                                                 off_policy_mask_threshold, with the clip_ratio/* metrics
     DPOTrainer._compute_loss                     sigmoid, ipo, hinge, robust (label smoothing); entropy,
                                                  logits/chosen|rejected, mean_token_accuracy, num_tokens
     SFTTrainer.compute_loss                      loss, entropy, mean_token_accuracy, num_tokens
@@ -54,6 +56,9 @@ class Accelerator:
     gather_for_metrics = gather
 
     def reduce(self, t, reduction="sum"):
+        return t
+
+    def pad_across_processes(self, t, dim=0, pad_index=0):
         return t
 
 
@@ -118,16 +123,20 @@ LOSS_TYPES = {"grpo": "sequence", "bnpo": "token", "dapo": "token", "dr_grpo": "
 
 
 def trl_grpo_loss(loss_type: str, logps, old, ref, advantages, mask, beta: float, eps_low: float,
-                  eps_high: float, max_len: int):
-    """TRL's GRPO loss on these log-probs (the forward pass stubbed), and its metrics."""
+                  eps_high: float, max_len: int, entropies=None, level: str = "token", delta=None,
+                  quantile: float = 1.0, off_policy=None, bias_kl: bool = False):
+    """TRL's GRPO loss on these log-probs (and entropies: the forward pass stubbed), and its metrics."""
+    entropies = torch.zeros_like(logps) if entropies is None else entropies
     stub = SimpleNamespace(
-        _get_per_token_logps_and_entropies=lambda *a, **k: (logps, torch.zeros_like(logps), None),
-        aux_loss_enabled=False, top_entropy_quantile=1.0, off_policy_mask_threshold=None,
-        importance_sampling_level="token", beta=beta,
-        args=SimpleNamespace(use_bias_correction_kl=False, delta=None, steps_per_generation=1),
+        _get_per_token_logps_and_entropies=lambda *a, **k: (logps, entropies, None),
+        aux_loss_enabled=False, top_entropy_quantile=quantile, off_policy_mask_threshold=off_policy,
+        importance_sampling_level=level, beta=beta,
+        args=SimpleNamespace(use_bias_correction_kl=bias_kl, delta=delta, steps_per_generation=1),
         loss_type=loss_type, epsilon_low=eps_low, epsilon_high=eps_high, use_vllm=False,
         model=SimpleNamespace(training=True), current_gradient_accumulation_steps=1, max_completion_length=max_len,
-        accelerator=Accelerator(), _entropy_bonus_enabled=False, _metrics=metrics())
+        accelerator=Accelerator(), _entropy_bonus_enabled=False, _metrics=metrics(),
+        get_off_policy_mask=GRPOTrainer.get_off_policy_mask)
+    stub.get_high_entropy_mask = lambda *a: GRPOTrainer.get_high_entropy_mask(stub, *a)
     b, t = mask.shape
     inputs = {"prompt_ids": torch.ones(b, 2, dtype=torch.long), "prompt_mask": torch.ones(b, 2, dtype=torch.long),
               "completion_ids": torch.ones(b, t, dtype=torch.long), "completion_mask": mask,
@@ -138,14 +147,15 @@ def trl_grpo_loss(loss_type: str, logps, old, ref, advantages, mask, beta: float
 
 
 def lmrl_grpo_loss(level: str, logps, old, ref, advantages, mask, beta: float, eps_low: float, eps_high: float,
-                   max_len: int):
-    """lmrl's GRPO loss (the algorithm's `loss`: clipped surrogate + β·KL, aggregated by `level`)."""
+                   max_len: int, entropies=None, **options):
+    """lmrl's GRPO loss (the algorithm's `loss`: clipped surrogate + β·KL, aggregated by `level`; `options`
+    are other `algo` keys)."""
     cfg = AlgoConfig(name="grpo", group_size=2, loss_level=level, clip_range_left=eps_low,
-                     clip_range_right=eps_high, kl_coef=beta, kl_estimator="k3")
+                     clip_range_right=eps_high, kl_coef=beta, kl_estimator="k3", **options)
     algo = build_algorithm(cfg, max_new_tokens=max_len)
     batch = PreparedBatch(torch.zeros(len(mask), 1, dtype=torch.long), mask, advantages, old_logprobs=old,
                           ref_logprobs=ref if beta else None)
-    return algo.loss(batch, logps, torch.zeros_like(logps), None)
+    return algo.loss(batch, logps, torch.zeros_like(logps) if entropies is None else entropies, None)
 
 
 @pytest.mark.parametrize("beta", [0.0, 0.04])
@@ -174,6 +184,123 @@ def test_grpo_loss_and_gradient_are_trls(loss_type, beta):
     assert stats["clip_frac"] == pytest.approx(trl_metrics["clip_ratio/region_mean"][0], abs=1e-6)
     if beta and LOSS_TYPES[loss_type] == "token":  # TRL logs the KL as a mean over tokens
         assert stats["kl"] == pytest.approx(trl_metrics["kl"][0], abs=1e-6)
+
+
+@pytest.mark.parametrize("level", ["token", "sequence"])
+@pytest.mark.parametrize("loss_type", list(LOSS_TYPES))
+def test_grpo_ratio_weighted_kl_is_trls_bias_corrected_kl(loss_type, level):
+    gen = torch.Generator().manual_seed(len(loss_type) + len(level))
+    b, t = 8, 12
+    mask = completion_mask(b, t, gen)
+    old = -torch.rand(b, t, generator=gen) * 3
+    logps_init = old + 0.3 * torch.randn(b, t, generator=gen)
+    ref = old + 0.2 * torch.randn(b, t, generator=gen)
+    advantages = torch.randn(b, generator=gen)
+    setting = dict(beta=0.5, eps_low=0.2, eps_high=0.28, max_len=t)
+    grads = {}
+    for bias_kl in (True, False):
+        theirs_logps = logps_init.clone().requires_grad_(True)
+        theirs, trl_metrics = trl_grpo_loss(loss_type, theirs_logps, old, ref, advantages, mask, level=level,
+                                            bias_kl=bias_kl, **setting)
+        theirs.backward()
+        ours_logps = logps_init.clone().requires_grad_(True)
+        ours, stats = lmrl_grpo_loss(LOSS_TYPES[loss_type], ours_logps, old, ref, advantages, mask, ratio_level=level,
+                                     kl_ratio_weighted=bias_kl, **setting)
+        ours.backward()
+        torch.testing.assert_close(ours.detach(), theirs.detach(), **TOL)
+        torch.testing.assert_close(ours_logps.grad, theirs_logps.grad, **TOL)
+        if LOSS_TYPES[loss_type] == "token":
+            assert stats["kl"] == pytest.approx(trl_metrics["kl"][0], abs=1e-6)
+        grads[bias_kl] = ours_logps.grad
+    assert (grads[True] - grads[False]).abs().max() > 1e-3  # the weighting changes the gradient
+
+
+def test_grpo_ratio_weighted_kl_changes_the_on_policy_gradient_by_kl_times_the_score():
+    # at ratio 1: d/dlogp (k3·ρ) = dk3/dlogp + k3, so each token's gradient grows by β·k3 (token level, /tokens)
+    gen = torch.Generator().manual_seed(3)
+    mask = torch.ones(2, 3)
+    logps = -torch.rand(2, 3, generator=gen)
+    ref = logps + 0.5 * torch.randn(2, 3, generator=gen)
+    grads = []
+    for weighted in (False, True):
+        x = logps.clone().requires_grad_(True)
+        loss, _ = lmrl_grpo_loss("token", x, logps, ref, torch.zeros(2), mask, beta=1.0, eps_low=0.2, eps_high=0.2,
+                                 max_len=3, kl_ratio_weighted=weighted)
+        loss.backward()
+        grads.append(x.grad)
+    k3 = torch.exp(ref - logps) - (ref - logps) - 1
+    torch.testing.assert_close(grads[1] - grads[0], k3 / 6, **TOL)
+
+
+# TRL's GRPOConfig fields -> lmrl's algo keys
+GRPO_OPTIONS = {"level": "ratio_level", "delta": "clip_ratio_max", "quantile": "top_entropy_quantile",
+                "off_policy": "off_policy_mask_threshold"}
+CLIP_METRICS = ("clip_ratio/low_mean", "clip_ratio/high_mean", "clip_ratio/region_mean", "clip_ratio/low_min",
+                "clip_ratio/high_max")
+
+
+def grpo_options_case(seed: int, b: int = 8, t: int = 12):
+    """Log-probs that moved from the old ones (ratios ~0.4 to ~2.5, some completions drifted far), a
+    last row without a valid token, entropies with large values on padding (which must never count)."""
+    gen = torch.Generator().manual_seed(seed)
+    mask = completion_mask(b, t, gen)
+    mask[-1] = 0
+    old = -torch.rand(b, t, generator=gen) * 3
+    logps = old + 0.5 * torch.randn(b, t, generator=gen) - 0.2 * torch.rand(b, 1, generator=gen)
+    ref = old + 0.2 * torch.randn(b, t, generator=gen)
+    entropies = torch.where(mask.bool(), torch.rand(b, t, generator=gen) * 2, torch.full((b, t), 9.0))
+    return logps, old, ref, torch.randn(b, generator=gen), mask, entropies
+
+
+@pytest.mark.parametrize("options", [
+    dict(level="sequence"), dict(delta=1.5), dict(quantile=0.2), dict(quantile=0.5), dict(quantile=0.0),
+    dict(off_policy=0.05),
+    dict(level="sequence", delta=1.3, quantile=0.3, off_policy=0.05),
+])
+@pytest.mark.parametrize("beta", [0.0, 0.04])
+@pytest.mark.parametrize("loss_type", list(LOSS_TYPES))
+def test_grpo_options_loss_gradient_and_clip_metrics_are_trls(loss_type, beta, options):
+    logps_init, old, ref, advantages, mask, entropies = grpo_options_case(len(loss_type) + len(options))
+    setting = dict(beta=beta, eps_low=0.2, eps_high=0.28, max_len=mask.size(1), entropies=entropies)
+
+    theirs_logps = logps_init.clone().requires_grad_(True)
+    theirs, trl_metrics = trl_grpo_loss(loss_type, theirs_logps, old, ref, advantages, mask, **setting, **options)
+    theirs.backward()
+    ours_logps = logps_init.clone().requires_grad_(True)
+    ours, stats = lmrl_grpo_loss(LOSS_TYPES[loss_type], ours_logps, old, ref, advantages, mask, **setting,
+                                 **{GRPO_OPTIONS[k]: v for k, v in options.items()})
+    ours.backward()
+
+    torch.testing.assert_close(ours.detach(), theirs.detach(), **TOL)
+    torch.testing.assert_close(ours_logps.grad, theirs_logps.grad, **TOL)
+    for key in CLIP_METRICS:
+        assert stats[key] == pytest.approx(trl_metrics[key][0], abs=1e-6), key
+    assert stats["clip_frac"] == pytest.approx(trl_metrics["clip_ratio/region_mean"][0], abs=1e-6)
+    assert stats["token_entropy"] == pytest.approx(trl_metrics["entropy"][0], abs=1e-6)
+    if beta:
+        assert stats["token_kl"] == pytest.approx(trl_metrics["kl"][0], abs=1e-6)
+    plain_logps = logps_init.clone().requires_grad_(True)  # the case reaches what the options change
+    lmrl_grpo_loss(LOSS_TYPES[loss_type], plain_logps, old, ref, advantages, mask, **setting)[0].backward()
+    assert (plain_logps.grad - ours_logps.grad).abs().max() > 1e-4
+
+
+@pytest.mark.parametrize("loss_type", list(LOSS_TYPES))
+def test_gspo_token_with_sequence_advantages_is_trls_gspo(loss_type):
+    """GSPO-token (ratio_level=sequence_token) takes each token's gradient times the completion's ratio;
+    with one advantage per completion its loss and gradient are GSPO's (the GSPO paper, section 4.3),
+    which TRL 1.16 computes (its own GRPOTrainer has no sequence_token)."""
+    logps_init, old, ref, advantages, mask, _ = grpo_options_case(3)
+    setting = dict(beta=0.0, eps_low=0.2, eps_high=0.28, max_len=mask.size(1))
+    theirs_logps = logps_init.clone().requires_grad_(True)
+    theirs, _ = trl_grpo_loss(loss_type, theirs_logps, old, ref, advantages, mask, **setting, level="sequence",
+                              delta=1.5)
+    theirs.backward()
+    ours_logps = logps_init.clone().requires_grad_(True)
+    ours, _ = lmrl_grpo_loss(LOSS_TYPES[loss_type], ours_logps, old, ref, advantages, mask, **setting,
+                             ratio_level="sequence_token", clip_ratio_max=1.5)
+    ours.backward()
+    torch.testing.assert_close(ours.detach(), theirs.detach(), **TOL)
+    torch.testing.assert_close(ours_logps.grad, theirs_logps.grad, **TOL)
 
 
 def test_k3_kl_is_trls_per_token_kl():

@@ -170,13 +170,41 @@ def test_a_grpo_script_with_log_completions_writes_the_completions_and_their_ext
     (dict(lr_scheduler_type="polynomial"), "lr_scheduler_type='polynomial' is not one of"),
     (dict(loss_type="cispo"), r"loss_type='cispo'\): lmrl's losses are grpo, dapo, bnpo, dr_grpo"),
     (dict(repetition_penalty=1.1), r"repetition_penalty=1.1\): lmrl samples with temperature"),
-    (dict(importance_sampling_level="sequence"), "GSPO's sequence level is not in lmrl"),
+    (dict(cast_lm_head_to_fp32=True), r"cast_lm_head_to_fp32=True\): the head runs in the model's dtype"),
+    (dict(importance_sampling_level="sentence"), r"importance_sampling_level='sentence'\): lmrl's levels are token, "
+                                                 "sequence, sequence_token"),
+    (dict(delta=1.1), r"GRPOConfig\(delta=1.1\): must be > 1 \+ epsilon_high = 1.2"),
+    (dict(epsilon_high=0.28, delta=1.25), r"GRPOConfig\(delta=1.25\): must be > 1 \+ epsilon_high = 1.28"),
+    (dict(top_entropy_quantile=1.5), r"algo.top_entropy_quantile must be in \[0, 1\], got 1.5"),
     (dict(optim="sgd"), "lmrl trains with AdamW"),
     (dict(report_to=["mlflow"]), "lmrl reports to tensorboard and wandb"),
 ])
 def test_grpo_arguments_lmrl_cannot_honour_are_refused_with_the_name(model_dir, tmp_path, kwargs, message):
     with pytest.raises((ConfigError, ValueError), match=message):
         GRPOConfig(output_dir=str(tmp_path), **kwargs).to_config(model_path=str(model_dir), train_rows=8)
+
+
+def test_gspo_intellect2_and_high_entropy_fields_set_the_algo_keys(tmp_path):
+    args = GRPOConfig(output_dir=str(tmp_path), num_generations=4, importance_sampling_level="sequence", delta=4.0,
+                      top_entropy_quantile=0.2, off_policy_mask_threshold=0.5)
+    algo = args.to_config(model_path="m", train_rows=8).algo
+    assert (algo.ratio_level, algo.clip_ratio_max, algo.top_entropy_quantile, algo.off_policy_mask_threshold) == (
+        "sequence", 4.0, 0.2, 0.5)
+    assert args.ignored == []
+    algo = GRPOConfig(output_dir=str(tmp_path), importance_sampling_level="sequence_token").to_config(
+        model_path="m", train_rows=8).algo  # GSPO-token, TRL's trl.experimental.gspo_token
+    assert (algo.ratio_level, algo.clip_ratio_max, algo.top_entropy_quantile, algo.off_policy_mask_threshold) == (
+        "sequence_token", None, 1.0, None)
+
+
+def test_a_trl_grpo_script_trains_with_gspo_a_ratio_cap_and_high_entropy_tokens(model_dir, tmp_path):
+    args = GRPOConfig(output_dir=str(tmp_path), learning_rate=1e-2, num_generations=4, max_completion_length=6,
+                      per_device_train_batch_size=8, max_steps=4, num_iterations=2, bf16=False, report_to="none",
+                      importance_sampling_level="sequence", delta=2.0, top_entropy_quantile=0.2,
+                      off_policy_mask_threshold=0.5)
+    GRPOTrainer(model=str(model_dir), reward_funcs=reward_len, args=args, train_dataset=PROMPTS).train()
+    steps = [r for r in read_metrics(tmp_path) if "clip_ratio/region_mean" in r]
+    assert len(steps) == 2 and all(v == v for r in steps for v in r.values() if isinstance(v, float))
 
 
 def test_a_misspelt_argument_fails_where_the_config_is_made_as_in_trl(tmp_path):
@@ -193,11 +221,39 @@ def test_arguments_that_change_nothing_are_accepted_and_listed(model_dir, tmp_pa
 
 def test_trls_derived_generation_sizes_are_what_lmrl_does(tmp_path):
     args = GRPOConfig(output_dir=str(tmp_path), per_device_train_batch_size=8, gradient_accumulation_steps=2,
-                      generation_batch_size=16, num_generations=4)  # one generation per optimizer step, as lmrl
-    assert args.to_config(model_path="m", train_rows=8).train.rollout_size == 16
-    with pytest.raises(ConfigError, match="steps_per_generation=4"):
-        GRPOConfig(output_dir=str(tmp_path), gradient_accumulation_steps=2, steps_per_generation=4,
+                      generation_batch_size=16, num_generations=4)  # one generation per optimizer step
+    cfg = args.to_config(model_path="m", train_rows=8)
+    assert (cfg.train.rollout_size, cfg.algo.minibatch_size, cfg.train.ga_steps) == (16, 0, 2)
+    with pytest.raises(ConfigError, match="steps_per_generation=3, gradient_accumulation_steps=2"):
+        GRPOConfig(output_dir=str(tmp_path), gradient_accumulation_steps=2, steps_per_generation=3,
                    num_generations=4).to_config(model_path="m", train_rows=8)
+
+
+@pytest.mark.parametrize("kwargs, steps, rollout, minibatch, epochs", [
+    (dict(), 100, 8, 0, 1),
+    (dict(num_iterations=2), 50, 8, 0, 2),  # TRL: 2 optimizer steps per generation
+    (dict(steps_per_generation=4, gradient_accumulation_steps=2), 50, 32, 16, 1),
+    (dict(generation_batch_size=64, num_iterations=2), 7, 64, 8, 2),  # 8 x 2 = 16 per generation: ceil(100/16)
+])
+def test_trl_optimizer_steps_become_generations(kwargs, steps, rollout, minibatch, epochs, tmp_path):
+    args = GRPOConfig(output_dir=str(tmp_path), per_device_train_batch_size=8, num_generations=4, max_steps=100,
+                      warmup_steps=20, logging_steps=8, save_steps=40, eval_strategy="steps", eval_steps=30, **kwargs)
+    cfg = args.to_config(model_path="m", train_rows=64)
+    assert (cfg.train.steps, cfg.train.rollout_size, cfg.algo.minibatch_size, cfg.algo.ppo_epochs) == (
+        steps, rollout, minibatch, epochs)
+    per = 100 // steps if steps != 7 else 16
+    assert cfg.schedule.warmup_steps == -(-20 // per)
+    assert (cfg.train.log_every, cfg.train.ckpt_every, cfg.train.eval_every) == (
+        max(1, round(8 / per)), max(1, round(40 / per)), max(1, round(30 / per)))
+    assert any("one lmrl RL step is one generation" in n for n in args.notes) == (per > 1)
+
+
+def test_trl_epochs_with_num_iterations_sample_each_prompt_group_once_per_epoch(tmp_path):
+    # TRL: 64 prompts x 4 completions / 32 per step = 8 generations per epoch, each trained twice
+    args = GRPOConfig(output_dir=str(tmp_path), per_device_train_batch_size=32, num_generations=4, num_train_epochs=2,
+                      num_iterations=2)
+    cfg = args.to_config(model_path="m", train_rows=64)
+    assert (cfg.train.steps, cfg.algo.ppo_epochs) == (16, 2)
 
 
 def test_bnpo_says_where_it_differs_from_trl(tmp_path):

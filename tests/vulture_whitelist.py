@@ -36,6 +36,14 @@ _.is_world_process_zero
 _.push_to_hub
 _.best_global_step
 _.best_model_checkpoint
+_.wait_for_everyone
+_.remove_callback
+_.is_local_process_zero
+_.save_metrics
+_.save_state
+_.create_model_card
+_.get_train_dataloader
+_.predict
 
 # Parameters a signature must have: __exit__, signal handlers, sqlite3's authorizer, transformers.Trainer's.
 exc
@@ -44,6 +52,7 @@ signum
 trigger
 ignore_keys
 ignore_keys_for_eval
+test_dataset
 start_time
 blocking
 

@@ -35,7 +35,7 @@ import torch
 import torch.nn as nn
 
 from .advantages import masked_mean
-from .losses import aggregate, kl_estimate
+from .losses import aggregate, high_entropy_mask, importance_ratio, kl_estimate, off_policy_mask
 from ..generation.token_logprobs import token_logprobs
 
 
@@ -116,6 +116,10 @@ def metric_name(stat: str) -> str:
     return TRL_STATS.get(stat) or (stat if "/" in stat else f"train/{stat}")
 
 
+# The `algo` keys that shape the clipped surrogate (`Algorithm.surrogate_options`), refused by an
+# algorithm without one.
+SURROGATE_KEYS = ("ratio_level", "clip_ratio_max", "top_entropy_quantile", "off_policy_mask_threshold")
+
 # name -> Algorithm subclass: what `algo.name` may be (the config check reads this dict).
 ALGORITHMS: dict[str, type[Algorithm]] = {}
 
@@ -140,13 +144,18 @@ class Algorithm:
     # True: `policy_loss` weights each token by its advantage, so a completion whose advantages are
     # all 0 adds exactly nothing to it (and the update may leave it out, see `rows_in_pass`)
     advantage_weighted = False
+    # True: `policy_loss` is the clipped surrogate, with the options of `surrogate_options`
+    clips_ratio = False
 
     @classmethod
     def check_config(cls, cfg) -> list[str]:
         """What is wrong with the `algo` section `cfg` for this algorithm, one line per problem."""
         if cls.uses_values and cfg.value_model == "none":
             return [f"algo.name={cfg.name} needs a value model: set algo.value_model to head or separate"]
-        return []
+        defaults = {f.name: f.default for f in fields(cfg)}
+        return [] if cls.clips_ratio else [
+            f"algo.{key}={getattr(cfg, key)} shapes the clipped ratio of grpo, rloo and ppo; algo.name={cfg.name} "
+            f"has none (leave it at {defaults[key]})" for key in SURROGATE_KEYS if getattr(cfg, key) != defaults[key]]
 
     def __init__(self, cfg, *, temperature: float = 1.0, ga_steps: int = 1, max_new_tokens: int = 1):
         self.cfg = cfg
@@ -205,18 +214,41 @@ class Algorithm:
     def loss_constant(self) -> float:
         return self.cfg.loss_constant or float(self.max_new_tokens)
 
+    def surrogate_options(self, batch: PreparedBatch, logprobs, old_logprobs, entropy) -> dict:
+        """The clipped surrogate's `algo` options (`losses.clipped_surrogate_loss`): the ratio's level,
+        its cap, and the constants that leave tokens out of the policy term: those below the top
+        `top_entropy_quantile` by entropy in this micro-batch, and the negative-advantage completions
+        the policy has drifted from by more than `off_policy_mask_threshold`."""
+        weights = None
+        if self.cfg.top_entropy_quantile < 1:
+            weights = high_entropy_mask(entropy, batch.mask, self.cfg.top_entropy_quantile).to(logprobs.dtype)
+        if self.cfg.off_policy_mask_threshold is not None:
+            keep = off_policy_mask(batch.advantages, logprobs, old_logprobs, batch.mask,
+                                   self.cfg.off_policy_mask_threshold)
+            weights = keep if weights is None else weights * keep
+        return {"ratio_level": self.cfg.ratio_level, "ratio_max": self.cfg.clip_ratio_max, "token_weights": weights}
+
     def loss(self, batch: PreparedBatch, logprobs, entropy, values) -> tuple[torch.Tensor, dict]:
         """The policy loss plus the regularisers every algorithm shares: β·KL(π‖π_ref) in the loss
-        (unless it went into the reward) and −c_ent·entropy."""
+        (unless it went into the reward; each token's weighted by the ratio π/π_old with
+        `kl_ratio_weighted`) and −c_ent·entropy (over the tokens the policy term trains:
+        the high-entropy ones with `top_entropy_quantile`, as TRL's bonus)."""
         loss, stats = self.policy_loss(batch, logprobs, entropy, values)
         stats["policy_loss"] = stats.get("policy_loss", loss.item())
         mean_entropy = self.aggregate(entropy, batch.mask)
         if self.cfg.ent_coef:
-            loss = loss - self.cfg.ent_coef * mean_entropy
+            q = self.cfg.top_entropy_quantile
+            bonus = mean_entropy if q >= 1 else self.aggregate(
+                entropy, batch.mask * high_entropy_mask(entropy, batch.mask, q).to(batch.mask.dtype))
+            loss = loss - self.cfg.ent_coef * bonus
         stats["entropy"] = mean_entropy.item()
         stats["token_entropy"] = masked_mean(entropy.detach(), batch.mask).item()
         if batch.ref_logprobs is not None:
             per_token_kl = kl_estimate(logprobs, batch.ref_logprobs, self.cfg.kl_estimator)
+            if self.cfg.kl_ratio_weighted and not self.cfg.kl_in_reward:
+                old = logprobs.detach() if batch.old_logprobs is None else batch.old_logprobs
+                log_ratio = torch.where(batch.mask.bool(), logprobs - old, torch.zeros_like(logprobs))
+                per_token_kl = per_token_kl * importance_ratio(log_ratio, batch.mask, self.cfg.ratio_level)
             kl = self.aggregate(per_token_kl, batch.mask)
             if not self.cfg.kl_in_reward:
                 loss = loss + self.kl_coef * kl
@@ -235,9 +267,11 @@ class Algorithm:
         """(B,) True for the completions the update must run: an advantage other than 0 on a valid
         token. None when every completion must run: `algo.skip_zero_advantage` is off, the loss
         has a term that does not vanish with the advantage (KL in the loss, an entropy bonus, a
-        value loss), or several processes must run the same passes."""
+        value loss), several processes must run the same passes, or the tokens trained are picked
+        among a micro-batch's (`top_entropy_quantile`)."""
         exact = (self.cfg.skip_zero_advantage and self.advantage_weighted and not self.uses_values
-                 and not self.cfg.ent_coef and (batch.ref_logprobs is None or self.cfg.kl_in_reward))
+                 and not self.cfg.ent_coef and (batch.ref_logprobs is None or self.cfg.kl_in_reward)
+                 and self.cfg.top_entropy_quantile >= 1)
         if not exact or learner.distributed:
             return None
         advantages = batch.advantages if batch.advantages.dim() == 2 else batch.advantages[:, None]

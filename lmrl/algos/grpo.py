@@ -9,7 +9,9 @@ moving average are needed, and a hard prompt's rare success counts as fully as a
 Both optimise the clipped surrogate with asymmetric clipping, aggregated per `loss_level`, for
 `ppo_epochs` passes in `minibatch_size` chunks; old log-probs are computed once per rollout, and
 only when the policy moves before the batch is used up (otherwise the ratio is exactly 1 and the
-step is the plain policy gradient).
+step is the plain policy gradient). The ratio is per token or per completion (`ratio_level`: GSPO),
+optionally capped (`clip_ratio_max`: INTELLECT-2), and the policy term may leave out low-entropy
+tokens (`top_entropy_quantile`) and drifted negative-advantage completions (`off_policy_mask_threshold`).
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from .losses import clipped_surrogate_loss
 @register_algorithm("grpo")
 class GRPO(Algorithm):
     advantage_weighted = True
+    clips_ratio = True
 
     @classmethod
     def check_config(cls, cfg) -> list[str]:
@@ -61,7 +64,8 @@ class GRPO(Algorithm):
     def policy_loss(self, batch, logprobs, entropy, values):
         old = batch.old_logprobs if batch.old_logprobs is not None else logprobs.detach()
         return clipped_surrogate_loss(logprobs, old, batch.advantages, batch.mask, self.cfg.clip_range_left,
-                                      self.cfg.clip_range_right, self.cfg.loss_level, self.loss_constant)
+                                      self.cfg.clip_range_right, self.cfg.loss_level, self.loss_constant,
+                                      **self.surrogate_options(batch, logprobs, old, entropy))
 
 
 @register_algorithm("rloo")

@@ -52,14 +52,88 @@ def aggregate(per_token: torch.Tensor, mask: torch.Tensor | None = None, level: 
     raise ValueError(f"loss level must be one of {', '.join(LOSS_LEVELS)}, got {level!r}")
 
 
+# What one importance ratio covers: a token, or a whole completion (GSPO; GSPO-token: the
+# completion's ratio with each token's gradient).
+RATIO_LEVELS = ("token", "sequence", "sequence_token")
+
+
+def importance_ratio(log_ratio: torch.Tensor, mask: torch.Tensor | None = None,
+                     level: str = "token") -> torch.Tensor:
+    """The importance ratio of new to old policy from the per-token log-ratios (B, T)
+    log ρ_it = log π(y_it) − log π_old(y_it) (gradients through log π; 0 on padding, as
+    `clipped_surrogate_loss` sets it), `mask` (B, T) marking the valid tokens (None: all):
+
+        token:           ρ_it = exp(log ρ_it)                                  (B, T)
+        sequence:        s_i = exp((1/|y_i|) Σ_t m_it·log ρ_it)                (B, 1)
+                         GSPO (Zheng et al. 2025): the length-normalised ratio of the
+                         completion's probabilities
+        sequence_token:  ρ_it = sg[s_i] · π(y_it) / sg[π(y_it)]                (B, T)
+                         GSPO-token: s_i in value at every token, gradient s_i·∇log π(y_it)
+
+    A row without a valid token has s = 1. These are TRL's `importance_sampling_level` values (the
+    third as trl.experimental.gspo_token computes it; tests/test_trl_parity.py)."""
+    if level == "token":
+        return log_ratio.exp()
+    if level not in RATIO_LEVELS:
+        raise ValueError(f"ratio level must be one of {', '.join(RATIO_LEVELS)}, got {level!r}")
+    valid = torch.ones_like(log_ratio) if mask is None else mask.to(log_ratio.dtype)
+    sequence = (log_ratio * valid).sum(1, keepdim=True) / valid.sum(1, keepdim=True).clamp(min=1)  # (B, 1)
+    if level == "sequence":
+        return sequence.exp()
+    own = log_ratio - log_ratio.detach()  # 0 in value, the token's own gradient
+    return (own + sequence.detach()).exp()
+
+
+def high_entropy_mask(entropy: torch.Tensor, mask: torch.Tensor | None, quantile: float) -> torch.Tensor:
+    """(B, T) bool: the valid tokens whose entropy is in the batch's top `quantile` ("Beyond the
+    80/20 rule", Wang et al. 2025; TRL's `top_entropy_quantile`, `get_high_entropy_mask`):
+
+        τ = the (1 − quantile)-quantile of {H_it : m_it = 1}   (torch.quantile: linear interpolation)
+        keep_it = m_it · [H_it ≥ τ]
+
+    over the valid tokens of the tensors given (padding never counts, nor is kept); quantile 1 keeps
+    every valid token, 0 those at the maximum; no valid token: none kept. A constant (no gradient)."""
+    entropy = entropy.detach()
+    valid = torch.ones_like(entropy, dtype=torch.bool) if mask is None else mask.bool()
+    values = entropy[valid].float()
+    if values.numel() == 0:
+        return torch.zeros_like(valid)
+    return (entropy >= torch.quantile(values, 1 - quantile)) & valid
+
+
+def off_policy_mask(advantages: torch.Tensor, logprobs: torch.Tensor, old_logprobs: torch.Tensor,
+                    mask: torch.Tensor | None, threshold: float) -> torch.Tensor:
+    """DeepSeek-V3.2's off-policy sequence mask (TRL's `off_policy_mask_threshold`): a completion
+    with a negative advantage that the policy has moved far from is left out of the policy loss.
+
+        D_i = (1/|y_i|) Σ_t m_it·(log π_old(y_it) − log π(y_it))   (a KL(π_old ‖ π) estimate)
+        keep_i = [A_i ≥ 0] ∨ [D_i ≤ threshold]
+
+    advantages (B,) or (B, T) (then kept per token, by that token's sign); returns a float (B, 1)
+    or (B, T) constant. A NaN log-prob is no evidence (0), as in TRL; padding is never read."""
+    if advantages.dim() == 1:
+        advantages = advantages.unsqueeze(1)
+    gap = (old_logprobs.detach() - logprobs.detach()).nan_to_num(nan=0.0)
+    valid = torch.ones_like(gap, dtype=torch.bool) if mask is None else mask.bool()
+    gap = torch.where(valid, gap, torch.zeros_like(gap))
+    drift = gap.sum(1, keepdim=True) / valid.sum(1, keepdim=True).clamp(min=1)  # (B, 1)
+    return ((advantages.detach() >= 0) | (drift <= threshold)).to(logprobs.dtype)
+
+
 def clipped_surrogate_loss(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.Tensor,
                            mask: torch.Tensor | None = None, clip_left: float = 0.2, clip_right: float = 0.2,
-                           level: str = "token", constant: float | None = None) -> tuple[torch.Tensor, dict]:
+                           level: str = "token", constant: float | None = None, ratio_level: str = "token",
+                           ratio_max: float | None = None,
+                           token_weights: torch.Tensor | None = None) -> tuple[torch.Tensor, dict]:
     """PPO's clipped surrogate with asymmetric clipping (DAPO's clip-higher):
 
-        ρ_t = exp(log π(y_t) − log π_old(y_t))
-        L = aggregate_t −min(ρ_t·A_t, clip(ρ_t, 1 − clip_left, 1 + clip_right)·A_t)
+        ρ_t = exp(log π(y_t) − log π_old(y_t))            (per `ratio_level`: `importance_ratio`)
+        L = aggregate_t −w_t·min(min(ρ_t, δ)·A_t, clip(ρ_t, 1 − clip_left, 1 + clip_right)·A_t)
 
+    δ = `ratio_max` (INTELLECT-2's two-sided clipping, TRL's `delta`; None = no cap) bounds the
+    unclipped term, so a token with A < 0 whose ratio exploded adds at most −δ·A; w = `token_weights`
+    (B, T) or (B, 1), constants that leave tokens out (`high_entropy_mask`, `off_policy_mask`;
+    None = all in), applied before aggregation, whose normaliser still counts every valid token.
     advantages (B,) (shared by a sequence's tokens) or (B, T); old log-probs and advantages are
     constants. Padding is set to ρ = 1 before anything else, so a masked token contributes nothing,
     not even a nan from an extreme log-prob there. Stats: clip_frac (valid tokens where the clip
@@ -67,25 +141,39 @@ def clipped_surrogate_loss(logprobs: torch.Tensor, old_logprobs: torch.Tensor, a
     (ρ − 1) − log ρ, mean over valid tokens), ratio_mean, and TRL GRPOTrainer's clip_ratio/*:
     low_mean, high_mean and region_mean (valid tokens clipped at the lower end, the upper end,
     either: region_mean = clip_frac), low_min and high_max (the smallest row share of tokens
-    clipped low, the largest clipped high; rows without a valid token left out, 0 if none has one)."""
+    clipped low, the largest clipped high; rows without a valid token left out, 0 if none has one).
+    With one ratio per sequence (ratio_level=sequence, advantages (B,)) these count sequences, every
+    row included, as TRL's do; the ratio they test is the capped one, as TRL's."""
     old_logprobs, advantages = old_logprobs.detach(), advantages.detach()
     if advantages.dim() == 1:
         advantages = advantages.unsqueeze(1)
     log_ratio = logprobs - old_logprobs
     if mask is not None:
         log_ratio = torch.where(mask.bool(), log_ratio, torch.zeros_like(log_ratio))
-    ratio = log_ratio.exp()
-    unclipped = ratio * advantages
+    ratio = importance_ratio(log_ratio, mask, ratio_level)  # (B, T), or (B, 1) at sequence level
     clipped = ratio.clamp(1 - clip_left, 1 + clip_right) * advantages
-    loss = aggregate(-torch.min(unclipped, clipped), mask, level, constant)
+    if ratio_max is not None:
+        ratio = ratio.clamp(max=ratio_max)
+    unclipped = ratio * advantages
+    per_token = -torch.min(unclipped, clipped)
+    if token_weights is not None:
+        per_token = per_token * token_weights
+    loss = aggregate(per_token.expand_as(logprobs), mask, level, constant)
     with torch.no_grad():
         low = ((ratio < 1 - clip_left) & (advantages < 0)).float()
         high = ((ratio > 1 + clip_right) & (advantages > 0)).float()
-        valid = torch.ones_like(ratio) if mask is None else mask.float()
-        row_low, row_high = (low * valid).sum(1) / valid.sum(1), (high * valid).sum(1) / valid.sum(1)  # NaN: no token
-        numbers = torch.stack([masked_mean(torch.max(low, high), mask), masked_mean((ratio - 1) - log_ratio, mask),
-                               masked_mean(ratio, mask), masked_mean(low, mask), masked_mean(high, mask),
-                               _nan_extreme(row_low, torch.min), _nan_extreme(row_high, torch.max)]).tolist()
+        ratio = ratio.expand_as(low)
+        if ratio_level == "sequence" and low.size(1) == 1:  # one value per sequence: every row counts once
+            numbers = torch.stack([torch.max(low, high).mean(), masked_mean((log_ratio.exp() - 1) - log_ratio, mask),
+                                   ratio.mean(), low.mean(), high.mean(), low.min(), high.max()]).tolist()
+        else:
+            valid = torch.ones_like(ratio) if mask is None else mask.float()
+            # NaN for a row without a valid token
+            row_low, row_high = (low * valid).sum(1) / valid.sum(1), (high * valid).sum(1) / valid.sum(1)
+            numbers = torch.stack([masked_mean(torch.max(low, high), mask),
+                                   masked_mean((log_ratio.exp() - 1) - log_ratio, mask),
+                                   masked_mean(ratio, mask), masked_mean(low, mask), masked_mean(high, mask),
+                                   _nan_extreme(row_low, torch.min), _nan_extreme(row_high, torch.max)]).tolist()
         stats = dict(zip(("clip_frac", "approx_kl", "ratio_mean", "clip_ratio/low_mean", "clip_ratio/high_mean",
                           "clip_ratio/low_min", "clip_ratio/high_max"), numbers))
         stats["clip_ratio/region_mean"] = stats["clip_frac"]

@@ -7,7 +7,8 @@ over those and the rollout-time values gives advantages (whitened over the batch
 
     L = L_clip(ratio, A) + vf_coef · L_V(V, V_old, R) − ent_coef · H
 
-with the clipped surrogate (asymmetric clip range) and the clipped value loss.
+with the clipped surrogate (asymmetric clip range, and GRPO's ratio options: `ratio_level`,
+`clip_ratio_max`, `top_entropy_quantile`, `off_policy_mask_threshold`) and the clipped value loss.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from .losses import clipped_surrogate_loss, explained_variance, value_loss
 @register_algorithm("ppo")
 class PPO(Algorithm):
     uses_values = True
+    clips_ratio = True
 
     def prepare(self, learner, rollout, rewards: torch.Tensor) -> tuple[PreparedBatch, dict]:
         n, mask = rollout.completions.size(1), rollout.mask
@@ -48,7 +50,8 @@ class PPO(Algorithm):
     def policy_loss(self, batch, logprobs, entropy, values):
         pg, stats = clipped_surrogate_loss(logprobs, batch.old_logprobs, batch.advantages, batch.mask,
                                            self.cfg.clip_range_left, self.cfg.clip_range_right,
-                                           self.cfg.loss_level, self.loss_constant)
+                                           self.cfg.loss_level, self.loss_constant,
+                                           **self.surrogate_options(batch, logprobs, batch.old_logprobs, entropy))
         vf, vstats = value_loss(values, batch.old_values, batch.returns, batch.mask,
                                 self.cfg.value_clip or None, self.cfg.loss_level, self.loss_constant)
         return pg + self.cfg.vf_coef * vf, {"policy_loss": pg.item(), "value_loss": vf.item(), **stats, **vstats}

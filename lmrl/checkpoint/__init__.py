@@ -4,12 +4,13 @@ Layout of one checkpoint, `<run_dir>/checkpoints/step_<N>/`:
 
     model.safetensors    model.state_dict(), tied tensors stored once (safetensors save_model)
     adapter_model.safetensors, adapter_config.json
-                         in place of model.safetensors for a policy with a LoRA adapter: its
-                         adapter only, in PEFT's own layout (the names and config PeftModel's
-                         save_pretrained writes), so `PeftModel.from_pretrained(base, step_dir)`
-                         loads it; the frozen base is the model.path it was loaded from. Checkpoints
-                         saved before this layout hold the adapter in model.safetensors, under the
-                         policy's parameter names; they still load
+                         in place of model.safetensors for a policy or reward model with a LoRA
+                         adapter: its adapter only (a reward model's with its score head), in PEFT's
+                         own layout (the names and config PeftModel's save_pretrained writes), so
+                         `PeftModel.from_pretrained(base, step_dir)` loads it; the frozen base is
+                         the model.path it was loaded from. Checkpoints saved before this layout
+                         hold a policy's adapter (a reward model's whole model) in
+                         model.safetensors; they still load
     <name>.safetensors   further modules the trainer needs back (PPO's `value`, the KL `reference`,
                          the weight average `ema` of `train.ema_decay`)
     optimizer.pt         optimizer.state_dict()            (only if an optimizer was given)
@@ -31,7 +32,8 @@ One process (rank 0) writes to a checkpoints dir at a time (the run dir's lock, 
 
 from .atomic import write_atomically
 from .directory import (check_checkpoint, find_resume_checkpoint, holds_optimizer, is_latest, latest_checkpoint,
-                        list_checkpoints, prune, remove_stale_temps, resume_checkpoint)
+                        list_checkpoints, named_resume_checkpoint, prune, remove_stale_temps, restore_swapped_out,
+                        resume_checkpoint)
 from .formats import (AdapterWeights, adapter_weights, capture_rng_state, gathered_weights, load_initial_weights,
                       load_optimizer_state, load_weights, restore_rng_state, save_model_weights, save_weights_file,
                       weights_file, weights_to_save, whole_training_state, whole_weights)
@@ -44,7 +46,9 @@ __all__ = [
     "SCHEDULER_FILE", "TRAINER_STATE_FILE", "AdapterWeights", "CheckpointError", "adapter_weights",
     "capture_rng_state", "check_checkpoint", "find_resume_checkpoint", "gathered_weights", "holds_optimizer",
     "is_latest", "latest_checkpoint", "list_checkpoints", "load_checkpoint", "load_initial_weights",
-    "load_optimizer_state", "load_weights", "prune", "remove_stale_temps", "restore_rng_state", "resume_checkpoint",
+    "named_resume_checkpoint",
+    "load_optimizer_state", "load_weights", "prune", "remove_stale_temps", "restore_rng_state", "restore_swapped_out",
+    "resume_checkpoint",
     "save_checkpoint", "save_model_weights", "save_weights", "save_weights_file", "step_dir", "step_of",
     "weights_file", "weights_to_save", "whole_training_state", "whole_weights", "write_atomically",
 ]

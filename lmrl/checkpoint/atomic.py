@@ -1,6 +1,8 @@
 """Writing a checkpoint so that a killed run leaves either the old one or the new one, never half of
 one: every file is fsynced as it is written, the whole dir is written as `.tmp-<name>-<pid>/` beside
-its final name and then renamed into place. A full disk (ENOSPC or a quota, inside torch's or
+its final name and then renamed into place (an old one it replaces is first renamed aside to
+`.tmp-<name>-<pid>-old/`, which the next start puts back if the kill came between the two renames:
+`directory.restore_swapped_out`). A full disk (ENOSPC or a quota, inside torch's or
 safetensors' writer) removes the temporary dir and raises `TrainingError` in one line naming the
 checkpoint and the previous one, intact."""
 
@@ -55,8 +57,8 @@ def write_atomically(final: Path, write_files: Callable[[Path], None]) -> Path:
         write_files(tmp)
         fsync(tmp)
         if final.exists():
-            # rename() cannot replace a non-empty dir: move the old one aside first. A crash
-            # between the two renames loses this step, and resume falls back to the one before.
+            # rename() cannot replace a non-empty dir: move the old one aside first. After a crash
+            # between the two renames the next start puts the old one back (`restore_swapped_out`).
             old = parent / f"{TMP_PREFIX}{final.name}-{os.getpid()}-old"
             shutil.rmtree(old, ignore_errors=True)
             os.rename(final, old)

@@ -1,5 +1,6 @@
 """A checkpoints dir as a whole: listing its `step_<N>` dirs, the latest one, checking a checkpoint,
-resuming past damaged ones, pruning old checkpoints and removing killed saves' leftovers.
+resuming past damaged ones, pruning old checkpoints and cleaning up after killed saves (a checkpoint
+swapped out put back, temporary dirs removed).
 
 A file can still be damaged after its save (a full disk, a copy cut short, a hand edit).
 `check_checkpoint` reads every file of a checkpoint without touching a model and says which one
@@ -18,7 +19,8 @@ import torch
 from safetensors import safe_open
 
 from .layout import (ADAPTER_CONFIG_FILE, ADAPTER_FILE, DAMAGED_PREFIX, MANIFEST_FILE, MODEL_FILE, OPTIMIZER_FILE,
-                     TMP_PREFIX, TRAINER_STATE_FILE, CheckpointError, one_line, step_dir, step_of)
+                     RNG_FILE, SWAPPED_OUT, TMP_PREFIX, TRAINER_STATE_FILE, CheckpointError, one_line, step_dir,
+                     step_of)
 
 
 # --- listing ---------------------------------------------------------------------------------
@@ -204,13 +206,54 @@ def resume_checkpoint(ckpt_dir: Path, *, set_aside: bool = True) -> tuple[Path |
     return found, lines
 
 
+def named_resume_checkpoint(path: Path) -> Path:
+    """`path` when it is a checkpoint a run can resume from (`run.resume_from`, `--resume_from_checkpoint`):
+    one that `check_checkpoint` passes and that holds a run's state (RNG, trainer state), not a
+    weights-only one such as `best/`. Otherwise CheckpointError in one line; there is no fallback,
+    since the user named this one."""
+    path = Path(path)
+    if not path.is_dir():
+        raise CheckpointError(f"cannot resume from {path}: no such checkpoint dir")
+    reason = check_checkpoint(path)
+    if reason is not None:
+        raise CheckpointError(f"cannot resume from {path}: {reason}")
+    if not (path / RNG_FILE).is_file():
+        step_dirs = list_checkpoints(path.parent)
+        example = f" such as {step_dirs[-1]}" if step_dirs else ""
+        raise CheckpointError(f"{path} is a weights-only checkpoint (the best evaluation's weights, without the "
+                              f"optimizer, RNG and trainer state a run resumes from): resume from a step_N "
+                              f"checkpoint{example}, or start a new run from these weights with "
+                              f"model.init_from={path}")
+    return path
+
+
 # --- housekeeping ----------------------------------------------------------------------------
 
-def remove_stale_temps(ckpt_dir: Path) -> None:
-    """Remove the `.tmp-*` dirs that killed saves left in `ckpt_dir`."""
+def restore_swapped_out(ckpt_dir: Path) -> list[Path]:
+    """Put back each checkpoint that a save replacing it was killed in the middle of swapping out:
+    `write_atomically` renames `X` to `.tmp-X-<pid>-old` before renaming the new `X` in, so an old
+    copy whose `X` is missing is the last complete `X` (the newest such copy, if several). Returns
+    the dirs restored."""
+    restored = []
+    if not Path(ckpt_dir).is_dir():
+        return restored
+    olds = sorted(Path(ckpt_dir).glob(f"{TMP_PREFIX}*-old"), key=lambda p: p.stat().st_mtime, reverse=True)
+    for old in olds:
+        m = SWAPPED_OUT.fullmatch(old.name)
+        if m and old.is_dir() and not (old.parent / m.group(1)).exists():
+            os.rename(old, old.parent / m.group(1))
+            restored.append(old.parent / m.group(1))
+    return restored
+
+
+def remove_stale_temps(ckpt_dir: Path) -> list[Path]:
+    """Remove the `.tmp-*` dirs that killed saves left in `ckpt_dir`, after putting back any checkpoint
+    a killed save had swapped out (`restore_swapped_out`, whose result it returns)."""
+    restored = restore_swapped_out(ckpt_dir)
     if ckpt_dir.is_dir():
         for stale in ckpt_dir.glob(f"{TMP_PREFIX}*"):
             shutil.rmtree(stale, ignore_errors=True)
+    return restored
 
 
 def prune(ckpt_dir: Path, keep: int, newest: Path) -> None:

@@ -1,5 +1,5 @@
 """What each file of a checkpoint holds, written and read: the model's weights as safetensors (each
-tied weight once; a LoRA policy's adapter only, in PEFT's own layout: adapter_model.safetensors +
+tied weight once; a LoRA policy's or reward model's adapter only, in PEFT's own layout: adapter_model.safetensors +
 adapter_config.json, so `PeftModel.from_pretrained(base, step_dir)` loads it), the RNG states (python,
 numpy, torch, CUDA, named generators) as tensors and plain values, and optimizer / scheduler state
 read with `torch.load(weights_only=True)`: no pickled code runs on load.
@@ -102,8 +102,15 @@ def load_optimizer_state(optimizer, saved: dict) -> None:
 # --- model weights ---------------------------------------------------------------------------
 
 def _adapter_only(model: torch.nn.Module) -> bool:
-    """A LoRA policy: only its adapter trains, so only the adapter is saved."""
-    return has_lora_adapter(model)
+    """A LoRA policy, or a LoRA reward model (whose score head trains too: peft's `modules_to_save`,
+    which its adapter files hold): only the adapter trains, so only the adapter is saved."""
+    return has_lora_adapter(model) or _lora_reward_model(model)
+
+
+def _lora_reward_model(model: torch.nn.Module) -> bool:
+    """A `RewardModel` whose sequence classifier carries a peft adapter (checked without importing peft)."""
+    return any(c.__name__ == "RewardModel" for c in type(model).__mro__) and \
+        hasattr(getattr(model, "model", None), "peft_config")
 
 
 def _sharded(model: torch.nn.Module) -> bool:
@@ -295,6 +302,9 @@ def _load_weights(model: torch.nn.Module, file: Path, map_location) -> None:
             else:
                 model.load_state_dict(state, strict=False)
             return
+        if not missing and not sharded and _lora_reward_model(model):
+            # the whole model, frozen base and all: how LoRA reward models were saved before PEFT's layout
+            missing, unexpected = load_model(model, file, strict=False, device=str(map_location))
     else:
         missing, unexpected = load_model(model, file, strict=False, device=str(map_location))
     if missing or unexpected:

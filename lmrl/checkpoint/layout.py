@@ -19,6 +19,7 @@ BEST_DIR = "best"  # the weights-only checkpoint of the best evaluation, beside 
 
 STEP_DIR = re.compile(r"step_(\d+)")
 TMP_PREFIX = ".tmp-"
+SWAPPED_OUT = re.compile(r"\.tmp-(.+)-\d+-old")  # a checkpoint moved aside while its replacement is renamed in
 DAMAGED_PREFIX = "damaged-"
 
 

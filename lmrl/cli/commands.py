@@ -26,6 +26,8 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
+import math
+import signal
 import sys
 from pathlib import Path
 
@@ -250,7 +252,10 @@ def _train(args) -> int:
             summary = build_trainer(cfg).train()
     finally:
         shutdown()  # leaves the torchrun process group, if there is one
-    return 130 if summary.get("interrupted") else 0
+    if not summary.get("interrupted"):
+        return 0
+    # a shell's code for a process ended by the signal: 130 for Ctrl-C (SIGINT), 143 for SIGTERM
+    return 128 + signal.Signals[summary.get("signal") or "SIGINT"].value
 
 
 def _config(args) -> int:
@@ -280,6 +285,8 @@ def _eval(args) -> int:
         if not (Path(args.source) / "config.yaml").exists():
             raise FileNotFoundError(f"{args.source} is not a run dir (no config.yaml); to evaluate a model, name a "
                                     f"JSONL test file: lmrl eval MODEL FILE")
+        if args.size is not None and args.size < 1:
+            raise ConfigError(f"--size must be at least 1, got {args.size}")
         from ..train.inspect import load_run
 
         run = load_run(args.source, args.checkpoint)
@@ -297,8 +304,11 @@ def _eval(args) -> int:
 
 
 def _generate(args) -> int:
+    from ..config import ConfigError
     from ..train.inspect import load_run
 
+    if not (math.isfinite(args.temperature) and args.temperature >= 0):  # before the model loads
+        raise ConfigError(f"--temperature must be a finite number >= 0 (0: greedy), got {args.temperature}")
     run = load_run(args.run_dir, args.checkpoint)
     for prompt, completion, answer in run.generate(args.prompts, temperature=args.temperature):
         print(f"{prompt}{completion}    (answer {answer})")

@@ -22,6 +22,8 @@ Joining the cluster and placing actors is `ray_cluster`'s.
 from __future__ import annotations
 
 import os
+import signal
+import threading
 
 from ..train.trainers import build_trainer
 from ..parallel.ray_cluster import actor_device, check_resources, connect, placement, require_ray
@@ -45,17 +47,18 @@ class _Learner:
         self.trainer.placement = f"learner: {placement(ray, cfg.run.device)}"
         return self.trainer.train()
 
-    def stop(self) -> None:
-        """The driver's Ctrl-C, as the trainer's own: finish this step, save a checkpoint, return."""
+    def stop(self, signal_name: str = "SIGINT") -> None:
+        """The driver's Ctrl-C or SIGTERM, as the trainer's own: finish this step, save a checkpoint, return."""
         if self.trainer is not None:
-            self.trainer.request_stop()
+            self.trainer.request_stop(signal_name)
 
 
 def train_with_ray(cfg) -> dict:
     """The CLI's run for `distributed.backend=ray`: the learner in a Ray actor with
     `distributed.learner_gpus` / `learner_cpus`, its rollout workers beside it. Returns the run's
     summary; the learner's exception, if any, is raised here as it was raised there. A first
-    Ctrl-C stops the run after the current step with a checkpoint; a second kills the learner."""
+    Ctrl-C or SIGTERM stops the run after the current step with a checkpoint; a second Ctrl-C kills
+    the learner (a second SIGTERM changes nothing)."""
     ray = require_ray()
     d, r = cfg.distributed, cfg.rollout
     started = connect(d, cpus_needed=d.learner_cpus + r.workers * r.worker_cpus)
@@ -65,11 +68,24 @@ def train_with_ray(cfg) -> dict:
         actor = ray.remote(num_cpus=d.learner_cpus, num_gpus=d.learner_gpus, max_concurrency=2)(_Learner)
         learner = actor.remote(os.getcwd())
         run = learner.train.remote(cfg)
+        terminated = []
+
+        def on_sigterm(signum, frame):  # as Ctrl-C, once
+            if not terminated:
+                terminated.append(True)
+                raise KeyboardInterrupt
+
+        previous = signal.signal(signal.SIGTERM, on_sigterm) \
+            if threading.current_thread() is threading.main_thread() else None
         try:
-            return ray.get(run)
-        except KeyboardInterrupt:
-            learner.stop.remote()
-            return ray.get(run)
+            try:
+                return ray.get(run)
+            except KeyboardInterrupt:
+                learner.stop.remote("SIGTERM" if terminated else "SIGINT")
+                return ray.get(run)
+        finally:
+            if previous is not None:
+                signal.signal(signal.SIGTERM, previous)
     except ray.exceptions.RayTaskError as e:
         cause = getattr(e, "cause", None)  # the learner's own exception, e.g. a TrainingError
         if not isinstance(cause, Exception):

@@ -1,5 +1,5 @@
-"""Learning-rate schedules: linear warm-up, then constant, linear or cosine decay (one pure function of
-the step), or reduce-on-plateau (driven by evaluation results).
+"""Learning-rate schedules: linear warm-up, then constant, linear or cosine decay, or warm-up-stable-decay
+(one pure function of the step), or reduce-on-plateau (driven by evaluation results).
 
     lr = lr_at(step, base_lr=3e-4, total_steps=1000, name="cosine", warmup_steps=50)
     scheduler = make_scheduler(optimizer, total_steps=1000, name="plateau", warmup_steps=50)
@@ -27,24 +27,36 @@ def _cosine(base_lr: float, min_lr: float, progress: float) -> float:
     return min_lr + (base_lr - min_lr) * 0.5 * (1.0 + math.cos(math.pi * progress))
 
 
-# The schedules whose lr is a function of the step alone: name -> lr after warm-up, from the peak
-# lr, the floor and the decay's progress p in [0, 1]. `schedule.name` takes its choices from here.
-STEP_SCHEDULES = {"constant": _constant, "linear": _linear, "cosine": _cosine}
+def _one_minus_sqrt(base_lr: float, min_lr: float, progress: float) -> float:
+    return min_lr + (base_lr - min_lr) * (1.0 - math.sqrt(progress))
+
+
+# lr after warm-up, from the peak lr, the floor and the decay's progress p in [0, 1]: the schedule's own
+# shape, or (wsd) the shape its last steps decay by. `schedule.name` takes its choices from SCHEDULES.
+AFTER_WARMUP = {"constant": _constant, "linear": _linear, "cosine": _cosine}
+DECAY_SHAPES = {"cosine": _cosine, "linear": _linear, "1-sqrt": _one_minus_sqrt}
+STEP_SCHEDULES = (*AFTER_WARMUP, "wsd")  # the lr is a function of the step alone
 SCHEDULES = (*STEP_SCHEDULES, "plateau")
 PLATEAU_MODES = ("max", "min")
 
 
-def _check(name: str, warmup_steps: int, min_lr_ratio: float) -> None:
+def _check(name: str, warmup_steps: int, min_lr_ratio: float, decay_steps: int = 0,
+           decay_shape: str = "cosine") -> None:
     if name not in SCHEDULES:
         raise ValueError(f"unknown learning-rate schedule {name!r}; choose one of {', '.join(SCHEDULES)}")
     if warmup_steps < 0:
         raise ValueError(f"warmup_steps must be >= 0, got {warmup_steps}")
     if not 0.0 <= min_lr_ratio <= 1.0:
         raise ValueError(f"min_lr_ratio must be in [0, 1], got {min_lr_ratio}")
+    if name == "wsd" and decay_steps < 1:
+        raise ValueError(f"the wsd schedule decays over its last decay_steps steps: decay_steps must be >= 1, "
+                         f"got {decay_steps}")
+    if decay_shape not in DECAY_SHAPES:
+        raise ValueError(f"decay_shape must be one of {', '.join(DECAY_SHAPES)}, got {decay_shape!r}")
 
 
 def lr_at(step: int, *, base_lr: float, total_steps: int, name: str = "constant", warmup_steps: int = 0,
-          min_lr_ratio: float = 0.1) -> float:
+          min_lr_ratio: float = 0.1, decay_steps: int = 0, decay_shape: str = "cosine") -> float:
     """The learning rate for 0-based optimizer step `step` (W = warmup_steps, T = total_steps):
 
         warm-up   s < W:  lr = base_lr · s / W
@@ -59,17 +71,35 @@ def lr_at(step: int, *, base_lr: float, total_steps: int, name: str = "constant"
     constant_with_warmup, "cosine" its cosine_with_min_lr (min_lr_rate = min_lr_ratio), and with
     min_lr_ratio = 0 "linear" and "cosine" are its linear and cosine. Two deliberate differences:
     min_lr_ratio defaults to 0.1 (transformers decays to 0), and past T the lr stays at lr_min where
-    transformers' cosine climbs back up. "plateau" has no closed form (it depends on evaluation
+    transformers' cosine climbs back up.
+
+        wsd  (warm-up, stable, decay; D = decay_steps)
+                  s < W:      lr = lr_min + (base_lr − lr_min) · s / W
+              W ≤ s < T − D:  lr = base_lr
+                  s ≥ T − D:  decay_shape's lr at p = min(1, (s − T + D) / D): cosine or linear as
+                              above, or 1-sqrt: lr_min + (base_lr − lr_min) · (1 − √p)
+
+    is transformers' warmup_stable_decay with its linear warm-up, step for step (whose warm-up starts
+    at the floor); W + D must not exceed T. "plateau" has no closed form (it depends on evaluation
     results): use `make_scheduler`."""
-    _check(name, warmup_steps, min_lr_ratio)
+    _check(name, warmup_steps, min_lr_ratio, decay_steps, decay_shape)
     if name not in STEP_SCHEDULES:
         raise ValueError(f"the {name!r} schedule depends on evaluation results, not only the step: "
                          "use make_scheduler(...) and call .observe(metric) after each evaluation")
+    min_lr = base_lr * min_lr_ratio
+    if name == "wsd":
+        if warmup_steps + decay_steps > total_steps:
+            raise ValueError(f"the wsd schedule's warmup_steps ({warmup_steps}) and decay_steps ({decay_steps}) "
+                             f"add up to more than the run's {total_steps} steps")
+        if step < warmup_steps:
+            return min_lr + (base_lr - min_lr) * step / warmup_steps
+        progress = min(1.0, max(0.0, (step - total_steps + decay_steps) / decay_steps))
+        return DECAY_SHAPES[decay_shape](base_lr, min_lr, progress)
     if step < warmup_steps:
         return base_lr * step / warmup_steps
-    decay_steps = total_steps - warmup_steps
-    progress = 1.0 if decay_steps <= 0 else min(1.0, (step - warmup_steps) / decay_steps)
-    return STEP_SCHEDULES[name](base_lr, base_lr * min_lr_ratio, progress)
+    span = total_steps - warmup_steps
+    progress = 1.0 if span <= 0 else min(1.0, (step - warmup_steps) / span)
+    return AFTER_WARMUP[name](base_lr, min_lr, progress)
 
 
 class StepScheduler(torch.optim.lr_scheduler.LambdaLR):
@@ -165,27 +195,30 @@ class PlateauScheduler:
 
 
 def make_scheduler(optimizer: torch.optim.Optimizer, *, total_steps: int, name: str = "constant",
-                   warmup_steps: int = 0, min_lr_ratio: float = 0.1, plateau_mode: str = "max",
+                   warmup_steps: int = 0, min_lr_ratio: float = 0.1, decay_steps: int = 0,
+                   decay_shape: str = "cosine", plateau_mode: str = "max",
                    plateau_factor: float = 0.5, plateau_patience: int = 2,
                    plateau_threshold: float = 1e-3) -> StepScheduler | PlateauScheduler:
     """The scheduler for `name`. Call `scheduler.step()` once after each `optimizer.step()` and
     `scheduler.observe(metric)` after each evaluation (ignored unless name="plateau"); both kinds
     have `get_last_lr()`, `state_dict()` and `load_state_dict()`.
 
-    constant, linear, cosine: a LambdaLR that sets each param group's lr to
+    constant, linear, cosine, wsd: a LambdaLR that sets each param group's lr to
     `lr_at(k, base_lr=group's lr, ...)` after k `step()` calls: the schedule transformers' get_scheduler
     builds (also a LambdaLR), written here because transformers is an optional dependency and has no
     linear decay to a floor. The multiplier is a plain function
     (not a callable object), so `state_dict()` holds only the step count and resumes exactly;
     restore the optimizer's state too, which carries the current lr.
     plateau: a `PlateauScheduler` with the `plateau_*` settings (`total_steps` is not used)."""
-    _check(name, warmup_steps, min_lr_ratio)  # fail here, not at the first step, on a bad name or ratio
+    _check(name, warmup_steps, min_lr_ratio, decay_steps, decay_shape)  # fail here, not at the first step
+    if name == "wsd":  # and on a decay that does not fit the run
+        lr_at(0, base_lr=1.0, total_steps=total_steps, name=name, warmup_steps=warmup_steps, decay_steps=decay_steps)
     if name == "plateau":
         return PlateauScheduler(optimizer, warmup_steps=warmup_steps, min_lr_ratio=min_lr_ratio, mode=plateau_mode,
                                 factor=plateau_factor, patience=plateau_patience, threshold=plateau_threshold)
 
     def multiplier(step: int) -> float:  # lr_at is linear in base_lr, so base_lr=1 gives the factor
         return lr_at(step, base_lr=1.0, total_steps=total_steps, name=name, warmup_steps=warmup_steps,
-                     min_lr_ratio=min_lr_ratio)
+                     min_lr_ratio=min_lr_ratio, decay_steps=decay_steps, decay_shape=decay_shape)
 
     return StepScheduler(optimizer, multiplier)

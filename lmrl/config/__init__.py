@@ -17,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import os
+import re
 import tempfile
 import types
 import typing
@@ -67,6 +68,11 @@ TRL_ALIASES: dict[str, Alias] = {
     "scale_rewards": Alias("algo.scale_rewards", "GRPOConfig",
                            values={"group": "group", "batch": "batch", "none": "none", True: "group", False: "none"}),
     "mask_truncated_completions": Alias("algo.mask_truncated_completions", "GRPOConfig"),
+    "importance_sampling_level": Alias("algo.ratio_level", "GRPOConfig"),
+    "delta": Alias("algo.clip_ratio_max", "GRPOConfig"),
+    "top_entropy_quantile": Alias("algo.top_entropy_quantile", "GRPOConfig"),
+    "off_policy_mask_threshold": Alias("algo.off_policy_mask_threshold", "GRPOConfig"),
+    "use_bias_correction_kl": Alias("algo.kl_ratio_weighted", "GRPOConfig"),
     "reward_weights": Alias("reward.weights", "GRPOConfig"),
     "disable_dropout": Alias("train.disable_dropout", "GRPOConfig"),
     "log_completions": Alias("train.log_completions", "GRPOConfig"),
@@ -191,8 +197,27 @@ class _UniqueKeyLoader(yaml.SafeLoader):
         return super().construct_mapping(node, deep=deep)
 
 
-def _read_yaml(path: Path, seen: tuple = ()) -> list[tuple[dict, str]]:
-    """The layers of a YAML config, base presets first, each with its file name for errors."""
+def _key_lines(text: str) -> dict[str, int]:
+    """The line of each top-level name and each `section.key` in a YAML config's text (already read
+    without error), for errors that name where a key was set."""
+    root = yaml.compose(text, Loader=yaml.SafeLoader)
+    lines: dict[str, int] = {}
+    if not isinstance(root, yaml.MappingNode):
+        return lines
+    for key, value in root.value:
+        if not isinstance(key, yaml.ScalarNode):
+            continue
+        lines[key.value] = key.start_mark.line + 1
+        if isinstance(value, yaml.MappingNode):
+            for inner, _ in value.value:
+                if isinstance(inner, yaml.ScalarNode):
+                    lines[f"{key.value}.{inner.value}"] = inner.start_mark.line + 1
+    return lines
+
+
+def _read_yaml(path: Path, seen: tuple = ()) -> list[tuple[dict, str, dict[str, int]]]:
+    """The layers of a YAML config, base presets first, each with its file name and its keys' lines
+    for errors."""
     if path.resolve() in seen:
         raise ConfigError(f"{path}: 'base' presets form a cycle")
     try:
@@ -219,27 +244,35 @@ def _read_yaml(path: Path, seen: tuple = ()) -> list[tuple[dict, str]]:
         raise ConfigError(f"{path}: not valid YAML: nested too deeply to read") from None
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: expected a mapping of sections, got {type(data).__name__}")
+    lines = _key_lines(text)
     layers = []
     if "base" in data:
-        layers = _read_yaml(_preset_path(data.pop("base")), seen + (path.resolve(),))
-    return layers + [(data, str(path))]
+        try:
+            base = _preset_path(data.pop("base"))
+        except ConfigError as e:
+            raise ConfigError(f"{path}:{lines.get('base', '?')}: base: {e}") from None
+        layers = _read_yaml(base, seen + (path.resolve(),))
+    return layers + [(data, str(path), lines)]
 
 
 def load_config(source: str | Path | None = None, overrides: Sequence[str] = ()) -> Config:
     """A validated Config from a preset name / alias / YAML path (None = defaults) plus overrides."""
     cfg = Config()
     set_in: dict[str, int] = {}  # dotted key -> the last layer (base presets first, overrides last) setting it
+    origin: dict[str, str | None] = {}  # dotted key -> the file:line that set it last (None: an override)
     notes: list[str] = []  # one per TRL name translated
     layers = _read_yaml(_preset_path(source)) if source is not None else []
-    for i, (data, where) in enumerate(layers):
-        set_in.update(dict.fromkeys(_apply_items(cfg, _items_of(data, where), notes), i))
+    for i, (data, where, lines) in enumerate(layers):
+        for key, line_where in _apply_items(cfg, _items_of(data, where, lines), notes):
+            set_in[key], origin[key] = i, line_where
     items = []
     for item in overrides:
         key, sep, raw = item.partition("=")
         if not sep or not key:
             raise ConfigError(f"override {item!r} must look like section.key=value")
         items.append((key.strip(), _override_value(raw), f"override {item}"))
-    set_in.update(dict.fromkeys(_apply_items(cfg, items, notes), len(layers)))
+    for key, _ in _apply_items(cfg, items, notes):
+        set_in[key], origin[key] = len(layers), None  # typed on the command line, in sight of its error
     # An offline config built on an RL preset (base: sql-agent-smollm2, run.trainer: sft) inherits its
     # train.steps, RL updates that mean nothing to an offline trainer (and an RL config on an offline
     # base its train.max_steps): back to the default, so that validation refuses only the other kind's
@@ -247,9 +280,27 @@ def load_config(source: str | Path | None = None, overrides: Sequence[str] = ())
     other = "steps" if cfg.run.trainer != "rl" else "max_steps"
     if set_in.get(f"train.{other}", -1) < set_in.get("run.trainer", -1):
         setattr(cfg.train, other, getattr(TrainConfig, other))
-    validate(cfg)
+        origin.pop(f"train.{other}", None)
+    try:
+        validate(cfg)
+    except ConfigError as e:
+        raise ConfigError(_with_source(str(e), origin)) from None
     cfg.aliases = tuple(notes)
     return cfg
+
+
+def _with_source(problem: str, origin: dict[str, str | None]) -> str:
+    """A validation `problem` with the file and line that set each key it names, where a file did. A
+    problem whose first key was set on the command line (in sight already), or that says where its
+    value came from, is left as it is."""
+    keys = list(dict.fromkeys(re.findall(r"\b[a-z_][a-z0-9_]*\.[a-z_][a-z0-9_]*\b", problem)))
+    named = [k for k in keys if k in origin]  # the keys it names that a file or the command line set
+    if "(from " in problem or not named or origin[named[0]] is None:
+        return problem
+    files = [(k, origin[k]) for k in named if origin[k] is not None]
+    if len(files) == 1 and files[0][0] == keys[0]:
+        return f"{problem} (from {files[0][1]})"
+    return f"{problem} ({', '.join(f'{k} from {where}' for k, where in files)})"
 
 
 def debug_overrides(cfg: Config) -> list[str]:
@@ -347,22 +398,27 @@ def save_config(cfg: Config, path: str | Path) -> None:
     os.replace(tmp, path)
 
 
-def _items_of(data: dict, where: str) -> list[tuple[str, Any, str]]:
-    """A YAML mapping of sections as (dotted key, value, where) items; a top-level entry that is not a
-    mapping or is a TRL name (`num_generations: 8`, `chat_template_kwargs: {enable_thinking: false}`)
-    stays bare, for `_set` to translate or refuse."""
+def _items_of(data: dict, where: str, lines: dict[str, int] | None = None) -> list[tuple[str, Any, str]]:
+    """A YAML mapping of sections as (dotted key, value, where) items, `where` with the key's line
+    when `lines` has it; a top-level entry that is not a mapping or is a TRL name (`num_generations: 8`,
+    `chat_template_kwargs: {enable_thinking: false}`) stays bare, for `_set` to translate or refuse."""
+    lines = lines or {}
+
+    def at(key: str) -> str:
+        return f"{where}:{lines[key]}" if key in lines else where
+
     items = []
     for section, values in data.items():
         if isinstance(values, dict) and section not in _ALIAS_SPELLINGS:
-            items += [(f"{section}.{key}", value, where) for key, value in values.items()]
+            items += [(f"{section}.{key}", value, at(f"{section}.{key}")) for key, value in values.items()]
         else:
-            items.append((str(section), values, where))
+            items.append((str(section), values, at(str(section))))
     return items
 
 
-def _apply_items(cfg: Config, items: list[tuple[str, Any, str]], notes: list[str]) -> list[str]:
+def _apply_items(cfg: Config, items: list[tuple[str, Any, str]], notes: list[str]) -> list[tuple[str, str]]:
     """Sets the items of one source (a YAML file, or the command line's overrides), TRL's names
-    translated (a note each in `notes`); returns the lmrl keys set."""
+    translated (a note each in `notes`); returns each lmrl key set with where it was set."""
     names_here = {_ALIAS_SPELLINGS.get(key, key) for key, _, _ in items}
     done = []
     for key, value, where in items:
@@ -370,12 +426,12 @@ def _apply_items(cfg: Config, items: list[tuple[str, Any, str]], notes: list[str
             targets, translated = _translate(key, value, where, names_here)
             for target in targets:
                 _set(cfg, target, translated, f"{where}, as TRL's {_ALIAS_SPELLINGS[key]}")
-                done.append(target)
+                done.append((target, where))
             values = ", ".join(f"{t}={_get(cfg, t)}" for t in targets)  # as set: '1e-3' reads as 0.001
             notes.append(f"{key} is TRL's name for {' and '.join(targets)}: set {values}")
         else:
             _set(cfg, key, value, where)
-            done.append(key)
+            done.append((key, where))
     return done
 
 

@@ -17,7 +17,7 @@ from typing import ClassVar
 
 from ..algos import ALGORITHMS
 from ..algos.advantages import GROUP_MODES, SCALE_REWARDS
-from ..algos.losses import KL_ESTIMATORS, LOSS_LEVELS
+from ..algos.losses import KL_ESTIMATORS, LOSS_LEVELS, RATIO_LEVELS
 from ..algos.preference_losses import DPO_LOSS_TYPES, SMOOTHED_DPO_LOSSES
 from ..common.chat import template_kwargs_problem
 from ..common.errors import ConfigError  # noqa: F401  (re-exported: `from lmrl.config import ConfigError`)
@@ -25,10 +25,12 @@ from ..models.heads import VALUE_MODELS
 from ..common.options import Section, _bounds_text, option as _f, suggest  # noqa: F401  (re-exported)
 from ..engines.registry import ENGINES
 from ..engines.vllm_engine import unsupported_reason as vllm_unsupported_reason
-from ..common.schedules import SCHEDULES
+from ..common.schedules import DECAY_SHAPES, SCHEDULES
 from ..envs.registry import ENVS
+from ..parallel.ddp import DEVICES, device_problem
 from ..tasks import GENERATORS, TASKS, generators_for, task_spec
 from ..tasks.arithmetic import REWARDS as ARITHMETIC_REWARDS, seq_len as arithmetic_seq_len  # noqa: F401  (re-exported)
+from ..tasks.text_batches import PACKING_STRATEGIES, TRUNCATION_MODES
 
 PRESET_DIR = Path(__file__).parent / "presets"
 PRESET_ALIASES = {"AdderRLConfig": "adder", "MultiplierRLConfig": "multiplier"}
@@ -46,8 +48,9 @@ class RunConfig(Section):
     trainer: str = _f("rl", "what this config trains: " + " | ".join(f"{k} ({v})" for k, v in TRAINERS.items())
                             + " (all but rl: offline trainers over data.train_file)", choices=TRAINERS)
     dir: str | None = _f(None, "run directory (default runs/<name>)")
-    seed: int = _f(1337, "seed for weights, prompts and sampling")
-    device: str = _f("auto", "auto | cpu | cuda | cuda:N")
+    seed: int = _f(1337, "seed for weights, prompts and sampling (below 2**32, as numpy's and transformers' seeds)",
+                   ge=0, lt=2**32)
+    device: str = _f("auto", DEVICES)
     resume: str = _f("never", "never | auto (continue from the latest checkpoint in the run dir)",
                      choices=("never", "auto"))
     wandb: bool = _f(False, "log to Weights & Biases (needs the wandb extra)")
@@ -61,6 +64,10 @@ class RunConfig(Section):
                                   "in the weights' own precision ('' = off)", choices=("", "bf16"))
     resume_from: str | None = _f(None, "with run.resume=auto: resume from exactly this checkpoint dir "
                                        "(e.g. runs/x/checkpoints/step_200) instead of the run dir's newest")
+
+    def check(self) -> list[str]:
+        problem = device_problem(self.device)
+        return [problem] if problem else []
 
 
 @dataclass
@@ -101,7 +108,7 @@ class TaskConfig(Section):
                                "prompts are scored by reward.model, reward.cls or reward functions) | env (episodes "
                                "of the environment env.id) | a task registered with lmrl.tasks.register_task",
                    choices=TASKS)
-    ndigit: int = _f(3, "digits per operand", ge=1)
+    ndigit: int = _f(3, "digits per operand (problem ids count 10**(2*ndigit) problems in 64 bits)", ge=1, le=9)
     use_format: bool = _f(True, "prompt as 123+456= (False: bare digits 123456)")
     reverse_answer: bool = _f(True, "write the answer least-significant digit first")
     reward: str = _f("exact", "exact (1/0 per answer) | digits (fraction of digits right, per answer) | "
@@ -155,8 +162,9 @@ class EnvConfig(Section):
     max_context: int = _f(2048, "tokens a conversation may reach; an episode that would outgrow it is cut short",
                           ge=1)
     step_timeout_s: float = _f(30.0, "seconds one reset or step may take before its episode ends as an error "
-                                     "(0 = no limit)", ge=0)
-    workers: int = _f(8, "environments stepped at once (threads)", ge=1)
+                                     "(0 = no limit: every call in the trainer's thread, one after another)", ge=0)
+    workers: int = _f(8, "environments stepped at once (threads; each environment's calls on one thread of its "
+                         "own)", ge=1)
     train_episodes: int = _f(100_000, "training episodes: seeds 0..N-1 (the environment's reset(seed))", ge=1,
                              lt=1_000_000_000)
     heldout_episodes: int = _f(64, "held-out episodes, on seeds no training episode uses", ge=1)
@@ -173,9 +181,13 @@ class LoraConfig(Section):
     dropout: float = _f(0.0, "LoRA dropout", ge=0, lt=1)
     target_modules: list = _f(["all-linear"], "modules that get an adapter: [all-linear] or names such as "
                                               "[q_proj, k_proj, v_proj, o_proj]")
+    peft: dict = _f({}, "further peft.LoraConfig arguments, as peft takes them (use_rslora, use_dora, modules_to_save, "
+                        "bias, init_lora_weights, rank_pattern, alpha_pattern, layers_to_transform, ...; what a TRL "
+                        "peft_config sets beyond r, alpha, dropout and target_modules)")
 
     def check(self) -> list[str]:
-        return [] if self.target_modules else ["lora.target_modules must name at least one module (or all-linear)"]
+        return [] if self.target_modules or (self.peft or {}).get("target_parameters") else \
+            ["lora.target_modules must name at least one module (or all-linear)"]
 
 
 @dataclass
@@ -225,10 +237,27 @@ class SFTConfig(Section):
     min_lr_ratio: float = _f(0.1, "floor of the warm-up's cosine as a fraction of sft.lr", ge=0, le=1)
     weight_decay: float = _f(0.01, "warm-up AdamW weight decay", ge=0)
     warmup_steps: int = _f(0, "linear LR warm-up steps of the warm-up stage", ge=0)
+    # run.trainer=sft's loss (RL's warm-up keeps the plain cross-entropy on its answer tokens)
+    loss_type: str = _f("nll", "run.trainer=sft: nll (cross-entropy) | dft (Dynamic Fine-Tuning: each token's "
+                               "cross-entropy weighted by its detached probability, TRL's loss_type=dft)",
+                        choices=("nll", "dft"))
+    completion_only_loss: bool = _f(True, "run.trainer=sft: a prompt/completion row's loss on its completion only "
+                                          "(false: on the prompt too, TRL's completion_only_loss=False)")
+    assistant_only_loss: bool = _f(True, "run.trainer=sft: a conversation's loss on its assistant turns only (false: "
+                                         "on every token the chat template renders, TRL's default)")
+    label_smoothing: float = _f(0.0, "run.trainer=sft, loss_type=nll: label smoothing epsilon, as transformers' "
+                                     "LabelSmoother (TRL's label_smoothing_factor)", ge=0, lt=1)
+    neftune_noise_alpha: float = _f(0.0, "run.trainer=sft: NEFTune, uniform noise of scale alpha / sqrt(T * d) on "
+                                         "the input embeddings while training, as transformers adds it (0 = off)",
+                                    ge=0)
 
     def check(self) -> list[str]:
-        return [] if self.steps == 0 or self.examples > 0 else [
-            "sft.steps > 0 needs sft.examples > 0 (the label budget)"]
+        return [msg for ok, msg in [
+            (self.steps == 0 or self.examples > 0, "sft.steps > 0 needs sft.examples > 0 (the label budget)"),
+            (self.label_smoothing == 0 or self.loss_type == "nll",
+             f"sft.label_smoothing={self.label_smoothing} smooths the nll loss; sft.loss_type={self.loss_type} takes "
+             f"none (TRL ignores label_smoothing_factor with dft)"),
+        ] if not ok]
 
 
 @dataclass
@@ -250,6 +279,26 @@ class DataConfig(Section):
     epochs: float = _f(1.0, "passes over train_file when train.max_steps is 0", gt=0)
     chat: bool = _f(True, "hf: put a plain-text prompt in the tokenizer's chat template as a user message")
     eval_size: int = _f(0, "held-out rows evaluated (0 = all of eval_file)", ge=0)
+    # how SFT rows become sequences (run.trainer=sft)
+    text_field: str = _f("text", "sft: the column a language-modelling row's text is read from (TRL's "
+                                 "dataset_text_field)")
+    truncation_mode: str = _f("keep_start", "sft: how a row longer than max_length is cut: keep_start (a conversation "
+                                            "or text keeps its start; a prompt/completion row loses its prompt's start "
+                                            "first, then its completion's end) | keep_end (every row keeps its last "
+                                            "max_length tokens)", choices=TRUNCATION_MODES)
+    packing: bool = _f(False, "sft: pack rows into sequences of up to max_length tokens, each row's positions "
+                              "restarting at 0 so no row attends to another (hf models)")
+    packing_strategy: str = _f("bfd", "sft, with data.packing: bfd (best-fit decreasing; a row is cut as "
+                                      "truncation_mode says) | bfd_split (an over-long row is split into pieces packed "
+                                      "on their own) | wrapped (the rows' tokens end to end, cut every max_length, "
+                                      "attention crossing rows, as TRL's)", choices=PACKING_STRATEGIES)
+    padding_free: bool = _f(False, "sft: each micro-batch as one row of all its rows' tokens, positions restarting "
+                                   "per row: no pad tokens (hf models; packed rows are laid out so anyway where the "
+                                   "attention is not sdpa or eager, e.g. flash attention)")
+
+    def check(self) -> list[str]:
+        return [] if self.packing or self.packing_strategy == "bfd" else [
+            f"data.packing_strategy={self.packing_strategy} says how to pack: set data.packing=true too"]
 
 
 @dataclass
@@ -281,6 +330,12 @@ class AlgoConfig(Section):
     normalize_advantages: bool = _f(False, "whiten advantages over the batch (mean 0, std 1)")
     clip_range_left: float = _f(0.2, "ratio clipped below at 1 - clip_range_left", ge=0, lt=1)
     clip_range_right: float = _f(0.2, "ratio clipped above at 1 + clip_range_right (DAPO's clip-higher: 0.28)", ge=0)
+    ratio_level: str = _f("token", "what one clipped ratio covers, as TRL's importance_sampling_level: token | "
+                                   "sequence (GSPO: exp of the mean token log-ratio, one per completion) | "
+                                   "sequence_token (GSPO-token: the completion's ratio with each token's gradient)",
+                          choices=RATIO_LEVELS)
+    clip_ratio_max: float | None = _f(None, "INTELLECT-2's two-sided clipping (TRL's delta): the unclipped term's "
+                                            "ratio is capped at this, > 1 + clip_range_right (null = no cap)")
     loss_level: str = _f("token", "loss aggregation: token (mean over all valid tokens) | sequence (mean per "
                                   "sequence, then over sequences) | constant (sum / (B * loss_constant), Dr. GRPO)",
                          choices=LOSS_LEVELS)
@@ -290,6 +345,9 @@ class AlgoConfig(Section):
     kl_coef: float = _f(0.0, "beta: weight of KL(policy || reference); > 0 loads a frozen reference", ge=0)
     kl_estimator: str = _f("k3", "KL estimator: k1 | k2 | k3", choices=KL_ESTIMATORS)
     kl_in_reward: bool = _f(False, "subtract beta*KL from the reward (PPO/RLHF style) instead of adding it to the loss")
+    kl_ratio_weighted: bool = _f(False, "weight the loss's per-token KL by the importance ratio (at algo.ratio_level) so "
+                                        "its gradient is the unbiased reverse-KL one (DeepSeek-V3.2; TRL's "
+                                        "use_bias_correction_kl)")
     kl_target: float = _f(0.0, "adaptive KL: per-completion KL the coefficient steers towards (0 = fixed beta)", ge=0)
     kl_horizon: int = _f(10000, "adaptive KL: horizon (in completions) of the coefficient's adjustment", ge=1)
     ent_coef: float = _f(0.0, "entropy bonus weight")
@@ -305,12 +363,26 @@ class AlgoConfig(Section):
     mask_truncated_completions: bool = _f(False, "leave completions cut off at the length limit (no end of sequence; "
                                                  "an agent episode: the turn or context limit) out of the loss (DAPO); "
                                                  "they still count in their group's reward statistics")
+    top_entropy_quantile: float = _f(1.0, "train on the completion tokens whose entropy is in this top fraction of "
+                                          "the micro-batch's (Beyond the 80/20 rule: 0.2; TRL's top_entropy_quantile; "
+                                          "1 = every token)", ge=0, le=1)
+    off_policy_mask_threshold: float | None = _f(None, "leave out of the policy loss the completions with a negative "
+                                                       "advantage whose mean log pi_old - log pi over their tokens "
+                                                       "exceeds this (DeepSeek-V3.2; TRL's off_policy_mask_threshold; "
+                                                       "null = off)", gt=0)
 
     def check(self) -> list[str]:
-        """The algorithm's own requirements (`Algorithm.check_config`), then the adaptive KL's."""
+        """The algorithm's own requirements (`Algorithm.check_config`), then the KL's and the ratio cap's."""
         own = ALGORITHMS[self.name].check_config(self)
-        return own + ([] if self.kl_target == 0 or self.kl_coef > 0 else [
-            "algo.kl_target > 0 (adaptive KL) needs an initial algo.kl_coef > 0"])
+        cap, ceiling = self.clip_ratio_max, 1 + self.clip_range_right
+        return own + [msg for ok, msg in [
+            (self.kl_target == 0 or self.kl_coef > 0,
+             "algo.kl_target > 0 (adaptive KL) needs an initial algo.kl_coef > 0"),
+            (cap is None or cap > ceiling, f"algo.clip_ratio_max={cap} must be > 1 + algo.clip_range_right = "
+                                           f"{ceiling:g}: it caps the ratio above the clip (TRL's delta)"),
+            (not (self.kl_ratio_weighted and self.kl_in_reward),
+             "algo.kl_ratio_weighted weights the KL in the loss; algo.kl_in_reward puts it in the reward: set one"),
+        ] if not ok]
 
 
 @dataclass
@@ -329,12 +401,19 @@ class OptimConfig(Section):
 @dataclass
 class ScheduleConfig(Section):
     name: str = _f("constant", "LR schedule: constant | linear | cosine (warm-up, decay to the floor) | "
+                               "wsd (warm-up, the peak held, decay over the last schedule.decay_steps) | "
                                "plateau (drop on a stalled eval metric, see train.best_metric)", choices=SCHEDULES)
     warmup_steps: int = _f(0, "linear LR warm-up steps", ge=0)
-    min_lr_ratio: float = _f(0.1, "floor of cosine, linear and plateau as a fraction of the peak LR", ge=0, le=1)
+    min_lr_ratio: float = _f(0.1, "floor of cosine, linear, wsd and plateau as a fraction of the peak LR", ge=0, le=1)
+    decay_steps: int = _f(0, "wsd: the steps of its final decay to the floor (>= 1 with schedule.name=wsd)", ge=0)
+    decay_shape: str = _f("cosine", "wsd: the final decay's shape: cosine | linear | 1-sqrt", choices=DECAY_SHAPES)
     plateau_factor: float = _f(0.5, "plateau: the LR is multiplied by this when the eval metric stops improving",
                                gt=0, lt=1)
     plateau_patience: int = _f(2, "plateau: evaluations without improvement before the LR drops", ge=1)
+
+    def check(self) -> list[str]:
+        return [] if self.name != "wsd" or self.decay_steps >= 1 else [
+            "schedule.name=wsd decays over its last schedule.decay_steps steps: set schedule.decay_steps >= 1"]
 
 
 @dataclass
@@ -482,6 +561,8 @@ def cross_section_problems(cfg: Config) -> list[str]:
               (not cfg.run.resume_from or cfg.run.resume == "auto",
                f"run.resume_from={cfg.run.resume_from} resumes a run: set run.resume=auto too "
                f"(--resume_from_checkpoint PATH sets both)")]
+    sft_only = _sft_only_problem(cfg)
+    common.append((sft_only is None, sft_only))
     if cfg.run.trainer != "rl":
         rules = common + _offline_rules(cfg)
     else:
@@ -490,6 +571,10 @@ def cross_section_problems(cfg: Config) -> list[str]:
                                                        f"optimizer steps; run.trainer=rl counts RL updates in train.steps"))
         split = batch_split_problem(cfg)
         rules = _task_rules(cfg) + common + [(split is None, split)] + _scale_rules(cfg)
+    sched, steps = cfg.schedule, cfg.train.steps if cfg.run.trainer == "rl" else cfg.train.max_steps
+    rules.append((sched.name != "wsd" or not steps or sched.warmup_steps + sched.decay_steps <= steps,
+                  f"schedule.warmup_steps={sched.warmup_steps} and schedule.decay_steps={sched.decay_steps} add up to "
+                  f"more than the run's {steps} steps"))
     rules.append((cfg.distributed.strategy != "fsdp" or cfg.train.ema_decay == 0,
                   f"train.ema_decay={cfg.train.ema_decay} averages whole weights, which FSDP holds in shards: set "
                   f"train.ema_decay=0 or distributed.strategy=ddp"))
@@ -507,6 +592,10 @@ def _task_rules(cfg: Config) -> list[tuple[bool, str]]:
                                              f"task.name={t.name} has not (set sft.steps=0)"),
         (not cfg.env.tools or spec.tools, f"env.tools answer a prompt task's prompts (task.name=prompts); "
                                           f"task.name={t.name} does not take them"),
+        (not cfg.reward.model or spec.needs_reward,
+         f"reward.model scores tasks without a verifier of their own (task.name="
+         f"{' | '.join(n for n, s in TASKS.items() if s.needs_reward)}); task.name={t.name} is scored by its own "
+         f"verifier, which reward.funcs or reward.cls replace"),
     ]
 
 
@@ -539,8 +628,33 @@ def _offline_rules(cfg: Config) -> list[tuple[bool, str]]:
                                                 "and model.path"),
         (not cfg.train.log_completions, f"train.log_completions logs the completions RL samples; run.trainer={trainer} "
                                         f"samples none (set train.log_completions=false)"),
+        (not cfg.reward.model, f"reward.model scores RL completions; run.trainer={trainer} does not read it (its model "
+                               f"is model.path)"),
         (split is None, split),
+        (m.type == "hf" or not (d.padding_free or (d.packing and d.packing_strategy != "wrapped")),
+         f"data.{'padding_free' if d.padding_free else 'packing'}=true restarts positions inside a row, which the "
+         f"built-in GPT does not take (it counts positions from each row's start): use data.packing_strategy=wrapped "
+         f"or an hf model"),
     ] + [(False, problem) for problem in (generator.problems(cfg) if generator is not None else [])]
+
+
+# the keys only run.trainer=sft reads
+SFT_ONLY_KEYS = ("sft.loss_type", "sft.completion_only_loss", "sft.assistant_only_loss", "sft.label_smoothing",
+                 "sft.neftune_noise_alpha", "data.text_field", "data.truncation_mode", "data.packing",
+                 "data.padding_free")
+
+
+def _sft_only_problem(cfg: Config) -> str | None:
+    """The line naming a key only SFT reads, set away from its default for another run.trainer; or None."""
+    if cfg.run.trainer == "sft":
+        return None
+    for key in SFT_ONLY_KEYS:
+        section, name = key.split(".")
+        value = getattr(getattr(cfg, section), name)
+        if value != getattr(type(getattr(cfg, section))(), name):
+            return (f"{key}={value} is for run.trainer=sft; run.trainer={cfg.run.trainer} does not read it"
+                    + (" (RL's warm-up trains with the plain cross-entropy)" if section == "sft" else ""))
+    return None
 
 
 def _scale_rules(cfg: Config) -> list[tuple[bool, str]]:

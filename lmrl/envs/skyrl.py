@@ -77,7 +77,9 @@ def factory(env_id: str, *, data_file: str | os.PathLike | None = None, rows: li
     skyrl_gym = _import_skyrl_gym()
     known = sorted(skyrl_gym.registry)
     if env_id not in known:
-        raise ValueError(f"{name}: no skyrl-gym environment of that id; known: {', '.join(known)}")
+        raise ValueError(f"{name}: no skyrl-gym environment of that id; known: {', '.join(known)} (one your own "
+                         f"module registers with skyrl_gym.register exists once it is imported: name a factory of it "
+                         f"as env.id=package.module:make instead)")
     if (data_file is None) == (rows is None):
         raise ValueError(f"{name}: give the problems as data_file= (JSONL or parquet) or rows=, one of the two")
     if max_turns is not None and (isinstance(max_turns, bool) or not isinstance(max_turns, int) or max_turns < 1):

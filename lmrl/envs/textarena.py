@@ -24,8 +24,9 @@ message saying why) or, after that, loses; `info["invalid_move"]` says which tur
 turn's info has the game's `reason`.
 
 TextArena seeds Python's global `random` with the seed and draws from it during play (mines, new tiles,
-shuffles); each environment here keeps a generator state of its own and swaps it in around each call, so an
-episode depends only on its seed however episodes interleave, and the caller's `random` is left as it was.
+shuffles); each environment here keeps a generator state of its own and swaps it in around each call, under
+one lock for the process (threads play games side by side: `env.workers`), so an episode depends only on its
+seed however episodes interleave, and the caller's `random` is left as it was.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from __future__ import annotations
 import functools
 import math
 import random
+import threading
 from contextlib import contextmanager
 from typing import Callable
 
@@ -109,6 +111,10 @@ def factory(env_id: str, **kwargs) -> Callable[[], "TextArenaEnv"]:
     return functools.partial(TextArenaEnv, env_id, kwargs)
 
 
+# Held while a game runs with its own state of the process-global `random` (`TextArenaEnv._episode_random`).
+_RANDOM_LOCK = threading.Lock()
+
+
 class TextArenaEnv:
     """One TextArena single-player game behind lmrl's environment protocol (see the module docstring)."""
 
@@ -127,15 +133,17 @@ class TextArenaEnv:
 
     @contextmanager
     def _episode_random(self):
-        """Runs the block with this episode's `random` state in place of the caller's, then swaps back."""
-        outer = random.getstate()
-        if self._random_state is not None:
-            random.setstate(self._random_state)
-        try:
-            yield
-        finally:
-            self._random_state = random.getstate()
-            random.setstate(outer)
+        """Runs the block with this episode's `random` state in place of the caller's, then swaps back;
+        one game's block at a time in the process, so no other game draws from this state meanwhile."""
+        with _RANDOM_LOCK:
+            outer = random.getstate()
+            if self._random_state is not None:
+                random.setstate(self._random_state)
+            try:
+                yield
+            finally:
+                self._random_state = random.getstate()
+                random.setstate(outer)
 
     def reset(self, seed: int | None = None):
         """A fresh game for one player, reset with `seed` (a random one when None): (opening text, info)."""

@@ -8,13 +8,16 @@ of them printed to the run log; with Weights & Biases on, the step's rows as its
 
 A row is a dict the trainer makes (`lmrl.train.rl_trainer.completion_rows`): `step`, `prompt`,
 `completion`, `reward` and, where the run has them, `rewards` ({reward function: reward}),
-`advantage`, `extra` ({log_extra column: value}) and `messages` (a multi-turn episode's conversation).
-A value JSON has no type for is written as its `tolist()` (tensors, numpy values) or else its `str`."""
+`advantage`, `extra` ({log_extra column: value}) and for a multi-turn episode `messages` (its
+conversation), `turns`, `truncated` and `env_error` (its environment's failure, None when it ran).
+A value JSON has no type for is written as its `tolist()` (tensors, numpy values) or else its `str`;
+a NaN or infinite number as null, so every line is standard JSON."""
 
 from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 from pathlib import Path
 from typing import Any, Sequence
@@ -38,7 +41,7 @@ class CompletionsLog:
 
     def log(self, step: int, rows: Sequence[dict], *, title: str = "") -> None:
         """Writes and prints step `step`'s `rows`; `title` heads the printed ones (default: the step)."""
-        self._file.writelines(json.dumps(row, default=_plain) + "\n" for row in rows)
+        self._file.writelines(json.dumps(_finite(row), default=_plain) + "\n" for row in rows)
         self._file.flush()
         if self.to_print and rows:
             self.logger.info(format_completions(title or f"Step {step}", rows, self.to_print))
@@ -51,7 +54,18 @@ class CompletionsLog:
 
 def _plain(value: Any) -> Any:
     """A value JSON has no type for: a tensor's or numpy value's `tolist()`, else its str."""
-    return value.tolist() if hasattr(value, "tolist") else str(value)
+    return _finite(value.tolist()) if hasattr(value, "tolist") else str(value)
+
+
+def _finite(value: Any) -> Any:
+    """`value` with each NaN or infinite float inside it (dicts, lists, tuples) as None: JSON has no NaN."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite(v) for v in value]
+    return value
 
 
 def table_row(row: dict) -> dict:

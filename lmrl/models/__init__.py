@@ -13,11 +13,9 @@ def build_model(cfg, vocab_size: int | None = None, *, lora=None):
         policy, _ = load_hf_policy(cfg.path, gguf_file=cfg.gguf_file, dtype=cfg.dtype,
                                    gradient_checkpointing=cfg.gradient_checkpointing)
         if lora is not None and lora.r > 0:
-            from .lora import add_lora
+            from .lora import add_lora, lora_config
 
-            targets = lora.target_modules
-            add_lora(policy, r=lora.r, alpha=lora.alpha, dropout=lora.dropout,
-                     target_modules="all-linear" if list(targets) == ["all-linear"] else list(targets))
+            add_lora(policy, config=lora_config(lora))
         return policy
     if cfg.type != "gpt":
         raise ValueError(f"model.type={cfg.type!r} is not supported (available: gpt, hf)")

@@ -195,8 +195,10 @@ class HFPolicy(nn.Module):
 
         A custom layout (`pair_rows`: a pair's two replies after its prompt in one row) passes a 4-D
         `attention_mask` (B, 1, T, T), True where a query may attend a key, its `position_ids` (B, T),
-        and `logits_to_keep` as a (B, T) bool mask: the logits of those positions, (K, V) row by row."""
-        if attention_mask is not None and attention_mask.dim() == 4:
+        and `logits_to_keep` as a (B, T) bool mask: the logits of those positions, (K, V) row by row.
+        Packed rows (`packed_batch`) pass no attention mask, their `position_ids` (restarting at each
+        row: transformers' masking reads the rows from them) and such a bool mask."""
+        if torch.is_tensor(logits_to_keep) or (attention_mask is not None and attention_mask.dim() == 4):
             return self._forward_custom(ids, attention_mask, position_ids, logits_to_keep)
         if attention_mask is not None:  # the same positions `generate` gives a left-padded row
             position_ids = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
@@ -221,11 +223,13 @@ class HFPolicy(nn.Module):
                                    adapted_share=1.0 if hasattr(self.model, "peft_config") else 0.0)
 
     def _forward_custom(self, ids, allowed, position_ids, keep):
-        """Logits (K, V) at the positions `keep` (B, T) marks, with the 4-D mask `allowed`."""
+        """Logits (K, V) at the positions `keep` (B, T) marks, with the 4-D mask `allowed` (None: the mask
+        transformers makes of `position_ids`)."""
         if position_ids is None or not (torch.is_tensor(keep) and keep.dtype == torch.bool and keep.dim() == 2):
-            raise ValueError("a 4-D attention mask needs position_ids and logits_to_keep as a (B, T) bool mask")
-        run = dict(input_ids=ids, attention_mask=custom_attention_mask(self.hf_model, allowed),
-                   position_ids=position_ids, use_cache=False)
+            raise ValueError("a 4-D attention mask or packed rows need position_ids and logits_to_keep as a (B, T) "
+                             "bool mask")
+        mask = None if allowed is None else custom_attention_mask(self.hf_model, allowed)
+        run = dict(input_ids=ids, attention_mask=mask, position_ids=position_ids, use_cache=False)
         if _keeps_masked_positions(type(self.hf_model)):
             return self.model(**run, logits_to_keep=keep).logits
         columns = keep.any(0).nonzero().squeeze(1)  # every row's logits at the columns any row keeps

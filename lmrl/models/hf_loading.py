@@ -55,7 +55,15 @@ def resolve_model_path(path: str, gguf_file: str | None = None) -> tuple[Path, s
         raise FileNotFoundError(f"model path {str(path)!r} is not a directory nor a .gguf file")
     if gguf_file is not None and not (p / gguf_file).is_file():
         raise FileNotFoundError(f"GGUF file {gguf_file!r} not found in {str(p)!r}")
+    if gguf_file is None and not (p / "config.json").is_file():
+        ggufs = sorted(f.name for f in p.glob("*.gguf"))
+        hint = f"; for its {ggufs[0]}, name the file (model.gguf_file={ggufs[0]}, or the .gguf path)" if ggufs else \
+            f" (it holds {', '.join(sorted(f.name for f in p.iterdir())[:5]) or 'nothing'})"
+        raise FileNotFoundError(f"model path {str(path)!r} holds no Hugging Face model: no config.json{hint}")
     return p, gguf_file
+
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
 
 
 def _packaged_gguf(name: str) -> tuple[Path, str]:
@@ -89,6 +97,9 @@ def load_hf_model(path: str, *, gguf_file: str | None = None, dtype: str = "fp32
         if gguf_config is not None:
             # Dense weights: packed GGUF blocks (kept when a matmul kernel is installed) cannot train.
             kwargs["quantization_config"] = gguf_config(dequantize=True)
+    if gguf_file is None and not any((directory / name).is_file() for name in TOKENIZER_FILES):
+        raise FileNotFoundError(f"model path {str(path)!r} holds a model but no tokenizer (none of "
+                                f"{', '.join(TOKENIZER_FILES)}): save the tokenizer beside it (tokenizer.save_pretrained)")
     try:
         tokenizer = AutoTokenizer.from_pretrained(directory, **tokenizer_kwargs)
         model = AutoModelForCausalLM.from_pretrained(directory, **kwargs, **{_DTYPE_KWARG: DTYPES[dtype]})

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import torch
 
+from ..common.errors import ConfigError
 from .hf import HFPolicy
 from .hf_loading import loadable_base
 
@@ -28,18 +29,45 @@ def has_adapter(policy: HFPolicy) -> bool:
     return isinstance(policy.model, PeftModel)
 
 
+def lora_config(section, task_type: str = "CAUSAL_LM") -> LoraConfig:
+    """peft's LoraConfig for a `lora` config section: r, alpha, dropout, target_modules, and `section.peft`'s
+    further LoraConfig arguments as given."""
+    targets = list(section.target_modules)
+    return LoraConfig(r=section.r, lora_alpha=section.alpha, lora_dropout=section.dropout,
+                      target_modules="all-linear" if targets == ["all-linear"] else targets, task_type=task_type,
+                      **dict(getattr(section, "peft", None) or {}))
+
+
 def add_lora(policy: HFPolicy, r: int = 16, alpha: float = 32, dropout: float = 0.0,
-             target_modules: str | list[str] = "all-linear") -> HFPolicy:
+             target_modules: str | list[str] = "all-linear", config: LoraConfig | None = None) -> HFPolicy:
     """Wraps `policy.model` with a LoRA adapter (W + (alpha / r) B A on each target linear layer)
     and freezes everything else. peft starts B at 0, so the policy's outputs are unchanged.
-    `target_modules`: "all-linear" (every linear layer but the output head) or module names."""
+    `target_modules`: "all-linear" (every linear layer but the output head) or module names; `config`, a
+    whole peft LoraConfig, replaces r, alpha, dropout and target_modules."""
     if has_adapter(policy):
         raise ValueError("the policy already has a LoRA adapter")
-    config = LoraConfig(r=r, lora_alpha=alpha, lora_dropout=dropout, target_modules=target_modules,
-                        task_type="CAUSAL_LM")
+    if config is None:
+        config = LoraConfig(r=r, lora_alpha=alpha, lora_dropout=dropout, target_modules=target_modules,
+                            task_type="CAUSAL_LM")
     loadable_base(policy.model, policy.tokenizer)  # a GGUF's folder is no base from_pretrained can load
-    policy.model = get_peft_model(policy.model, config)
+    policy.model = with_adapter(policy.model, config)
     return policy
+
+
+def with_adapter(model: torch.nn.Module, config: LoraConfig) -> PeftModel:
+    """peft's `get_peft_model(model, config)`; target modules that match none of `model`'s are a
+    ConfigError naming them and some of the linear layers there are."""
+    try:
+        return get_peft_model(model, config)
+    except ValueError as e:  # peft's NoMatchingPeftModuleError (a ValueError since peft 0.14), or its older message
+        if "not found in the base model" not in str(e) and type(e).__name__ != "NoMatchingPeftModuleError":
+            raise
+        linear = dict.fromkeys(name.rsplit(".", 1)[-1] for name, module in model.named_modules()
+                               if isinstance(module, torch.nn.Linear))
+        targets = sorted(config.target_modules) if isinstance(config.target_modules, (set, list)) \
+            else config.target_modules
+        raise ConfigError(f"lora.target_modules={targets} matches no module of {type(model).__name__}; its linear "
+                          f"layers are named {', '.join(list(linear)[:8])} (or use all-linear)") from None
 
 
 @contextlib.contextmanager

@@ -17,10 +17,15 @@ from __future__ import annotations
 
 import copy
 import json
+import logging
 from pathlib import Path
 
 import torch
 from torch import nn
+
+from ..common.errors import ConfigError
+
+logger = logging.getLogger("lmrl")
 
 
 class RewardModel(nn.Module):
@@ -109,14 +114,15 @@ def build_reward_model(path: str, *, gguf_file: str | None = None, dtype: str = 
         seq = AutoModelForSequenceClassification.from_config(config, dtype=causal.dtype)
         trunk = getattr(causal, causal.base_model_prefix)
         getattr(seq, seq.base_model_prefix).load_state_dict(trunk.state_dict())
+        # what transformers says when a classifier loads from a causal LM, said once in lmrl's log
+        logger.warning(f"reward model: {path} holds a causal LM ({', '.join(causal.config.architectures or [])}); its "
+                       f"trunk gets a newly initialized score head ({type(seq).__name__}), which training learns")
         del policy, causal, trunk
         rm = RewardModel(seq, tokenizer)
     if lora is not None and lora.r > 0:
-        from peft import LoraConfig, get_peft_model
+        from .lora import lora_config, with_adapter
 
-        targets = "all-linear" if list(lora.target_modules) == ["all-linear"] else list(lora.target_modules)
-        rm.model = get_peft_model(rm.model, LoraConfig(r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
-                                                       target_modules=targets, task_type="SEQ_CLS"))
+        rm.model = with_adapter(rm.model, lora_config(lora, task_type="SEQ_CLS"))
     return rm.to(device), tokenizer
 
 
@@ -130,7 +136,14 @@ def load_reward_model(path: str | Path, device="cpu") -> tuple[RewardModel, obje
         raise FileNotFoundError(f"reward model {path}: no sequence-classification model there (expected config.json "
                                 f"naming a *ForSequenceClassification architecture, as the reward trainer writes)")
     tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
-    model = AutoModelForSequenceClassification.from_pretrained(path, local_files_only=True)
+    model, loading = AutoModelForSequenceClassification.from_pretrained(path, local_files_only=True,
+                                                                        output_loading_info=True)
+    missing = sorted(loading.get("missing_keys") or [])
+    if missing:  # transformers initializes them at random: a reward model whose scores mean nothing
+        raise ConfigError(f"reward model {path}: its weights lack {', '.join(missing[:3])}"
+                          f"{f' and {len(missing) - 3} more' if len(missing) > 3 else ''} (a causal LM's weights under "
+                          f"a sequence-classification config?); transformers would initialize them at random. Train a "
+                          f"reward model from the causal LM with `lmrl train rm-smollm2 model.path=...`")
     if model.config.num_labels != 1:
         raise ValueError(f"reward model {path} has {model.config.num_labels} labels; a reward model has one")
     if tokenizer.pad_token_id is None:

@@ -8,10 +8,13 @@ path of a multi-GPU run (one NCCL rank) rather than the plain one."""
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
+
+from ..common.errors import ConfigError
 
 
 @dataclass(frozen=True)
@@ -31,15 +34,36 @@ class DistInfo:
         return self.grouped or self.world_size > 1
 
 
+DEVICES = "auto | cpu | cuda | cuda:N"  # what run.device takes
+
+
+def device_problem(preference: str, key: str = "run.device") -> str | None:
+    """The line saying `preference` is not one of `DEVICES`, or None."""
+    if re.fullmatch(r"auto|cpu|cuda(:\d+)?", preference):
+        return None
+    return f"{key}={preference!r} is not one of {DEVICES}"
+
+
 def resolve_device(preference: str, info: DistInfo) -> torch.device:
-    """'auto' → this rank's GPU when CUDA is present, else CPU; 'cuda' → cuda:<local_rank>."""
+    """'auto' → this rank's GPU when CUDA is present, else CPU; 'cuda' → cuda:<local_rank>; 'cuda:N'
+    → that GPU. A name outside `DEVICES`, or a GPU that is not there, is a ConfigError naming it."""
+    problem = device_problem(preference)
+    if problem:
+        raise ConfigError(problem)
     if preference == "auto":
         preference = "cuda" if torch.cuda.is_available() else "cpu"
-    if preference == "cuda":
-        if not torch.cuda.is_available():
-            raise RuntimeError("run.device=cuda but no CUDA device is visible; use run.device=cpu or auto")
-        return torch.device("cuda", info.local_rank)
-    return torch.device(preference)
+    if not preference.startswith("cuda"):
+        return torch.device(preference)
+    if not torch.cuda.is_available():
+        raise ConfigError(f"run.device={preference} but no CUDA device is visible; use run.device=cpu or auto")
+    device = torch.device("cuda", info.local_rank) if preference == "cuda" else torch.device(preference)
+    count = torch.cuda.device_count()
+    if device.index >= count:
+        named = f"gives rank {info.rank} cuda:{device.index} (its LOCAL_RANK)" if preference == "cuda" else "names a GPU"
+        visible = "cuda:0" + (f" to cuda:{count - 1}" if count > 1 else "")
+        raise ConfigError(f"run.device={preference} {named}, but this process sees {count} CUDA "
+                          f"device{'s' if count > 1 else ''} ({visible})")
+    return device
 
 
 def init_distributed(preference: str = "auto") -> tuple[DistInfo, torch.device]:

@@ -30,7 +30,7 @@ def _arithmetic_task(config, **_):
 
 for _name, _help in (("addition", "n-digit addition, e.g. 123+456=975 (answer reversed)"),
                      ("multiplication", "n-digit multiplication, optionally with a scratchpad")):
-    register_task(_name, help=_help, model="gpt", labeled=True, check=_arithmetic_check)(_arithmetic_task)
+    register_task(_name, help=_help, model="gpt", labeled=True, check=_arithmetic_check, metrics=())(_arithmetic_task)
 
 
 # -- text tasks: a Hugging Face model on JSONL prompts ------------------------------------------------------
@@ -40,7 +40,7 @@ def _need_tokenizer(name: str, tokenizer) -> None:
 
 
 @register_task("math", help="JSONL problems with a ground_truth, checked with math-verify", chat=True,
-               reads_files=True, vllm=True)
+               reads_files=True, vllm=True, metrics=("format_rate",))
 def _math_task(config, *, tokenizer, **_):
     from .math_reward import MathReward
     from .math_task import MathTask
@@ -135,12 +135,15 @@ def _env_debug(config) -> list[str]:
                            "skyrl:<id>, textarena:<id>)", chat=True, multi_turn=True, section="env",
                check=_env_check, debug=_env_debug)
 def _env_task(config, *, tokenizer, env_factory=None, **_):
-    from ..envs.registry import env_factory as resolve, env_spec
+    from ..envs.registry import env_factory as resolve, env_spec, importable_name
     from .env_task import EnvTask
 
     e, t = config.env, config.task
     if tokenizer is None:
         raise ConfigError("task.name=env needs a Hugging Face policy's tokenizer (model.type=hf)")
+    if env_factory is not None and not e.id and not e.kwargs:
+        # recorded in the run's config.yaml when it can be imported there, so `lmrl eval RUN_DIR` plays it too
+        e.id = importable_name(env_factory) or ""
     if env_factory is None and e.id and ":" not in e.id and env_spec(e.id).task is not None:
         return env_spec(e.id).task(config, tokenizer=tokenizer)  # an environment that builds its own task
     make = env_factory if env_factory is not None else resolve(e.id, config, e.kwargs)

@@ -11,7 +11,9 @@ never trained on. An episode's reward is its return (the environment's rewards s
 succeeded when its last info says `success` (True/False), else when its return is above 0.
 An environment may report numbers in `info["metrics"]` (e.g. `{"invalid_moves": 2}`): each is
 logged as `rollout/<name>`, averaged over the batch's episodes. `env/errors` is the fraction of
-episodes whose environment broke (see `lmrl.generation.agent.run_episodes`)."""
+episodes whose environment broke (see `lmrl.generation.agent.run_episodes`); such an episode is left
+out of the rewards, success and metrics (NaN, `leave_out_failed`). Each episode's environment is
+made on the thread that runs all its calls; a factory that raises or hangs fails that episode only."""
 
 from __future__ import annotations
 
@@ -20,8 +22,8 @@ from typing import Callable
 
 import torch
 
-from ..envs.protocol import HELDOUT_SEED
-from ..generation.agent import AgentRollout, run_episodes
+from ..envs.protocol import HELDOUT_SEED, is_bool
+from ..generation.agent import AgentRollout, Stepper, leave_out_failed, run_episodes
 
 
 class EnvTask:
@@ -52,13 +54,12 @@ class EnvTask:
 
     def rollout(self, policy, ids: torch.Tensor, *, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0,
                 greedy: bool = False, generator: torch.Generator | None = None) -> AgentRollout:
-        envs = [self.make_env() for _ in range(len(ids))]
-        ro = run_episodes(policy, envs, seeds=[self.seed(i) for i in ids.tolist()], preamble=self.preamble,
-                          tools=self.tools, max_turns=self.max_turns, max_new_tokens=self.turn_tokens,
-                          max_context=self.max_context, temperature=temperature, top_k=top_k, top_p=top_p,
-                          greedy=greedy, generator=generator, step_timeout_s=self.step_timeout_s,
-                          workers=self.workers)
-        return ro
+        with Stepper(self.workers, self.step_timeout_s) as stepper:
+            envs = stepper.make([self.make_env] * len(ids), self.name)
+            return run_episodes(policy, envs, seeds=[self.seed(i) for i in ids.tolist()], preamble=self.preamble,
+                                tools=self.tools, max_turns=self.max_turns, max_new_tokens=self.turn_tokens,
+                                max_context=self.max_context, temperature=temperature, top_k=top_k, top_p=top_p,
+                                greedy=greedy, generator=generator, stepper=stepper)
 
     def texts(self, ids: torch.Tensor, rollout: AgentRollout) -> tuple[list[str], list[str]]:
         """(each episode's first observation, the episode after it: turns and observations, role-tagged)."""
@@ -74,18 +75,29 @@ class EnvTask:
         return {"seed": [self.seed(i) for i in ids.tolist()]}
 
     def score_rollout(self, ids: torch.Tensor, rollout: AgentRollout) -> tuple[torch.Tensor, torch.Tensor, dict]:
-        """(returns (B,), success flags (B,), {turns, env/errors, and the environments' info["metrics"]})."""
+        """(returns (B,), success flags (B,), {turns, env/errors, and the environments' info["metrics"]}),
+        NaN for an episode whose environment failed (but its turns and env/errors)."""
         infos = rollout.infos
-        success = torch.tensor([float(bool(i["success"])) if isinstance(i.get("success"), (bool, int, float))
-                                else float(r > 0) for i, r in zip(infos, rollout.rewards.tolist())])
+        success = torch.tensor([float(episode_success(i, r)) for i, r in zip(infos, rollout.rewards.tolist())])
         failed = rollout.failed if rollout.failed is not None else torch.zeros(len(infos), dtype=torch.bool)
         extras = {"turns": torch.tensor([float(i.get("turns", 0)) for i in infos]), "env/errors": failed.float()}
-        names = sorted({k for i in infos for k, v in (i.get("metrics") or {}).items() if _is_number(v)})
-        for name in names:
-            extras[name] = torch.tensor([float(i["metrics"][name]) if _is_number((i.get("metrics") or {}).get(name))
-                                         else math.nan for i in infos])
-        return rollout.rewards.clone(), success, extras
+        metrics = [i.get("metrics") if isinstance(i.get("metrics"), dict) else {} for i in infos]
+        for name in sorted({k for m in metrics for k, v in m.items() if _is_number(v)}):
+            extras[name] = torch.tensor([float(m[name]) if _is_number(m.get(name)) else math.nan for m in metrics])
+        return leave_out_failed(rollout, rollout.rewards.clone(), success, extras)
+
+
+def episode_success(info: dict, episode_return: float) -> bool:
+    """Whether an episode succeeded: its last info's `success` when it says (a bool), else a return above 0."""
+    said = info.get("success")
+    return bool(said) if is_bool(said) else episode_return > 0
 
 
 def _is_number(v) -> bool:
-    return isinstance(v, (int, float)) and math.isfinite(float(v))
+    """A finite int or float (a bool counts as 0 or 1) that a float holds."""
+    if not isinstance(v, (int, float)):
+        return False
+    try:
+        return math.isfinite(float(v))
+    except OverflowError:  # an int past float's range
+        return False

@@ -74,6 +74,8 @@ class SFTRow:
     text: str | None = None
     chat_template_kwargs: dict = field(default_factory=dict)  # the row's own chat template arguments
     source: str = field(default="", compare=False, repr=False)
+    # a conversational prompt/completion row: how many of `messages` are its prompt (0: a conversation)
+    prompt_turns: int = field(default=0, compare=False, repr=False)
 
 
 class _Bad(Exception):
@@ -102,15 +104,16 @@ def read_preference(source: Source, *, dialogue: str = "auto") -> list[Preferenc
     return [_located(where, _preference_row, row, dialogue) for where, row in iter_rows(source)]
 
 
-def read_sft(source: Source) -> list[SFTRow]:
+def read_sft(source: Source, *, text_field: str = "text") -> list[SFTRow]:
     """SFT rows from a JSONL file (.jsonl or .jsonl.gz) or from rows (a `datasets.Dataset`, a list of
     dicts): {"prompt", "response" | "completion"} as strings, or as prompt messages and completion
     assistant messages (the loss on the completion only); {"messages": [...]}; {"conversations": [...]}
     whose turns are {"role", "content"} or ShareGPT's {"from", "value"} (human → user, gpt →
-    assistant, system); {"text"} (the loss on every token). A turn may say `"training": false` (as in
-    axolotl): an assistant turn that is context, not loss (a worked example). A conversation needs an
-    assistant turn to train on; a prompt, response, text or assistant turn must not be empty."""
-    return [_located(where, _sft_row, row) for where, row in iter_rows(source)]
+    assistant, system); {"text"}, or the column `text_field` names (TRL's dataset_text_field: the loss
+    on every token). A turn may say `"training": false` (as in axolotl): an assistant turn that is
+    context, not loss (a worked example). A conversation needs an assistant turn to train on; a prompt,
+    response, text or assistant turn must not be empty."""
+    return [_located(where, _sft_row, row, text_field) for where, row in iter_rows(source)]
 
 
 def preference_row(row: Mapping, *, dialogue: str = "auto") -> PreferenceRow:
@@ -332,22 +335,23 @@ def _comparable(value) -> object:
 
 # ------------------------------------------------------------------------------------------- SFT rows
 
-_SFT_FORMS = "'prompt' + 'response' | 'prompt' + 'completion' | 'messages' | 'conversations' | 'text'"
+_SFT_FORMS = "'prompt' + 'response' | 'prompt' + 'completion' | 'messages' | 'conversations'"
 
 
-def _sft_row(row: dict) -> SFTRow:
-    present = [k for k in ("prompt", "messages", "conversations", "text") if k in row]
+def _sft_row(row: dict, text_field: str = "text") -> SFTRow:
+    present = [k for k in dict.fromkeys(("prompt", "messages", "conversations", text_field)) if k in row]
     if not present or (present == ["prompt"] and "response" not in row and "completion" not in row):
-        raise _Bad(f"needs one of {_SFT_FORMS} {_keys(row)}")
+        named = "" if text_field == "text" else " (data.text_field)"
+        raise _Bad(f"needs one of {_SFT_FORMS} | {text_field!r}{named} {_keys(row)}")
     if len(present) > 1:
         raise _Bad(f"the row has {' and '.join(map(repr, present))}; keep one format")
     key = present[0]
-    if key == "text":
-        if not isinstance(row["text"], str):
-            raise _Bad(f"'text' must be a string, got {_describe(row['text'])}")
-        if not row["text"].strip():
-            raise _Bad("'text' is empty")
-        return SFTRow([], chat=False, text=row["text"])
+    if key == text_field:
+        if not isinstance(row[key], str):
+            raise _Bad(f"{key!r} must be a string, got {_describe(row[key])}")
+        if not row[key].strip():
+            raise _Bad(f"{key!r} is empty")
+        return SFTRow([], chat=False, text=row[key])
     if key == "prompt":
         if "response" in row and "completion" in row:
             raise _Bad("the row has both 'response' and 'completion'; keep one")
@@ -364,13 +368,14 @@ def _sft_row(row: dict) -> SFTRow:
         context = [{**m, "training": False} if m["role"] == "assistant" else m for m in prompt]
         messages = context + answer
         key = answer_key
+        prompt_turns = len(context)
     else:
-        messages = _conversation(row[key], key)
+        messages, prompt_turns = _conversation(row[key], key), 0
     if not any(m["role"] == "assistant" for m in messages):
         raise _Bad(f"{key!r} has no assistant turn, so there is nothing to learn")
     if not any(m["role"] == "assistant" and m.get("training", True) for m in messages):
         raise _Bad(f"every assistant turn of {key!r} is \"training\": false, so there is nothing to learn")
-    return SFTRow(messages, chat=True, chat_template_kwargs=_template_kwargs(row))
+    return SFTRow(messages, chat=True, chat_template_kwargs=_template_kwargs(row), prompt_turns=prompt_turns)
 
 
 def _conversation(turns, key: str) -> list[dict]:

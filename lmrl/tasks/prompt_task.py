@@ -51,13 +51,14 @@ class PromptTask(MathTask):
         self.reward = RewardFunctions.of(reward_fn)
 
     def score_rollout(self, ids: torch.Tensor, rollout) -> tuple[torch.Tensor, torch.Tensor, dict]:
-        """Rewards (B,) from the scorer, checked like any reward function's; no exact match (zeros)."""
+        """Rewards (B,) from the scorer, checked like any reward function's; no exact match (zeros); extras:
+        with reward functions, each one's rewards as "rewards/<name>/mean" (evaluation's eval/rewards/...)."""
         if self.reward is None:
             raise RuntimeError("PromptTask has no reward: give it a scorer, or reward functions with score_with")
         if isinstance(self.reward, RewardFunctions):
-            rewards, _ = self.reward.score(self, ids, rollout, TrainerState(0, 0))
-        else:
-            rewards = call_reward_fn(self.reward, *self.texts(ids, rollout), {})
+            rewards, per_function = self.reward.score(self, ids, rollout, TrainerState(0, 0))
+            return rewards, torch.zeros(len(ids)), per_function
+        rewards = call_reward_fn(self.reward, *self.texts(ids, rollout), {})
         return rewards, torch.zeros(len(ids)), {}
 
 

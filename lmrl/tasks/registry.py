@@ -19,7 +19,9 @@ Traits (what the other layers ask):
 - `vllm`: `rollout.engine=vllm` can sample it (single-turn text prompts);
 - `needs_reward`: it has no verifier of its own (reward.model, reward.cls or reward functions score it);
 - `tools`: its prompts can be answered with `env.tools` (TRL's `tools=`) over several turns;
-- `section`: the config section holding its options (listed in `lmrl config`).
+- `section`: the config section holding its options (listed in `lmrl config`);
+- `metrics`: the extra metrics its `score_rollout` reports (evaluated as `eval/<name>`), when they are
+  fixed (None: known once it runs), so `train.best_metric` is checked before a model loads.
 `check(config) -> [problem, ...]` adds rules between its options and other sections; `debug(config)
 -> [override, ...]` shrinks it for `lmrl train --debug` beyond the generic shrinking.
 
@@ -53,6 +55,7 @@ class TaskSpec:
     section: str = "task"
     check: Callable | None = None
     debug: Callable | None = None
+    metrics: tuple[str, ...] | None = None
 
     def problems(self, config) -> list[str]:
         return list(self.check(config)) if self.check is not None else []
@@ -67,7 +70,7 @@ TASKS: dict[str, TaskSpec] = {}
 def register_task(name: str, *, help: str = "", model: str = "hf", chat: bool = False, multi_turn: bool = False,
                   labeled: bool = False, reads_files: bool = False, vllm: bool = False, needs_reward: bool = False,
                   tools: bool = False, section: str = "task", check: Callable | None = None,
-                  debug: Callable | None = None):
+                  debug: Callable | None = None, metrics: tuple[str, ...] | None = None):
     """Function decorator: `task.name: <name>` builds its task with the decorated builder."""
     if model not in MODELS:
         raise ValueError(f"register_task({name!r}): model={model!r} is not one of {', '.join(MODELS)}")
@@ -78,7 +81,7 @@ def register_task(name: str, *, help: str = "", model: str = "hf", chat: bool = 
             raise ValueError(f"task {name!r} is already registered (by {known.build.__module__}."
                              f"{known.build.__qualname__})")
         TASKS[name] = TaskSpec(name, build, help, model, chat, multi_turn, labeled, reads_files, vllm, needs_reward,
-                               tools, section, check, debug)
+                               tools, section, check, debug, None if metrics is None else tuple(metrics))
         return build
 
     return register

@@ -18,8 +18,10 @@ metrics under `name` and `log_extra(column, values)` a column to the batch's (`R
 `async def` function is awaited, side by side with the other async ones. It returns one number
 (int, float, a numpy or torch scalar) or None per completion; None means "not applicable" and is
 left out of the weighted sum Σ_j w_j r_j (computed in float64, refused beyond float32's range), and
-a completion that no function scores is an error. A bool, a string or a dict is refused with the
-function, the index and the type. A function gets `reward.funcs_timeout_s` per batch: past it its
+a completion that no function scores is an error (but a multi-turn episode whose environment failed:
+it is left out, see `lmrl.generation.agent.leave_out_failed`). A tool task's episodes also pass
+`environments=` (TRL's) and `environment_rewards=` (each one's `get_reward()`, as read when it
+ended). A bool, a string or a dict is refused with the function, the index and the type. A function gets `reward.funcs_timeout_s` per batch: past it its
 rewards count as None for that batch (`RewardFunctions`).
 
 lmrl's positional style, `f(prompts, completions, **columns)` called positionally with texts, is
@@ -30,7 +32,6 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import importlib
 import inspect
 import logging
 import math
@@ -44,6 +45,7 @@ import numpy as np
 import torch
 
 from ..common.chat import hold_template_kwargs
+from ..envs.registry import import_module
 from ..envs.tools import run_coroutines
 from ..models.reward_model import load_reward_model
 from .protocol import Conversational
@@ -55,7 +57,8 @@ logger = logging.getLogger("lmrl")
 RewardFn = Callable[..., Sequence[float | None]]
 
 # The keywords a reward function gets from the trainer; a task column of the same name is not passed.
-RESERVED = ("prompts", "completions", "completion_ids", "trainer_state", "environments", "log_metric", "log_extra")
+RESERVED = ("prompts", "completions", "completion_ids", "trainer_state", "environments", "environment_rewards",
+            "log_metric", "log_extra")
 # Rewards are weighted and summed in float64, then trained on in float32, where anything larger is inf.
 FLOAT32_MAX = float(torch.finfo(torch.float32).max)
 # Seconds one reward function may take on one batch (`reward.funcs_timeout_s`): a bound against a
@@ -209,6 +212,7 @@ class RewardFunctions:
                                 log_metric=log.log_metric, log_extra=log.log_extra)
                 if getattr(rollout, "environments", None) is not None:  # a tool task's episodes, as TRL passes them
                     keywords["environments"] = rollout.environments
+                    keywords["environment_rewards"] = getattr(rollout, "final_rewards", None) or None
             calls.append(functools.partial(func, **keywords))
         asynchronous = [j for j, f in enumerate(self.funcs) if is_async_callable(f)]
         outcomes = {j: self._call(j, calls[j]) for j in range(len(calls)) if j not in asynchronous}
@@ -229,6 +233,9 @@ class RewardFunctions:
         log.timed_out.extend(timed_out)
         table = torch.tensor(per_function, dtype=torch.float64).T  # (B, F), NaN where a function returned None
         unscored = torch.isnan(table).all(dim=1)
+        failed = getattr(rollout, "failed", None)
+        if failed is not None:  # an episode whose environment failed is left out of the rewards anyway
+            unscored &= ~failed.cpu()
         if unscored.any() and not timed_out:
             i = int(unscored.nonzero()[0])
             raise RewardError(f"every reward function ({', '.join(self.names)}) returned None for prompt {p_txt[i]!r}, "
@@ -443,7 +450,8 @@ def function_rewards(extras: dict) -> dict[str, torch.Tensor]:
 
 def fill_unscored(rewards: torch.Tensor, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(rewards (B,) with each NaN, a completion no reward function scored because one ran out of
-    time, replaced by the mean reward of its prompt's scored completions (0.0 where none was), and
+    time or an episode whose environment failed, replaced by the mean reward of its prompt's scored
+    completions (0.0 where none was), and
     (B,) bool: which they were). The trainer zeroes their loss mask: they carry no gradient, and
     the fill leaves their group's mean where the scored completions put it."""
     unscored = rewards.isnan()
@@ -465,19 +473,22 @@ def score_rollout(task, ids: torch.Tensor, rollout, reward_fn=None, *, step: int
     them) or one function (either style; see the module docstring). Their weighted sum replaces the
     task's reward (NaN where a function's time ran out and no other scored the completion:
     `fill_unscored`), and each function's per-row rewards join the extras as "rewards/<name>/mean"
-    (NaN where it returned None, so average them over the rows that are not NaN). `step`,
-    `max_steps` and `epoch` reach the functions as `trainer_state`; `log` collects what they logged."""
+    (NaN where it returned None, so average them over the rows that are not NaN). An episode whose
+    environment failed has NaN in all of them (`leave_out_failed`). `step`, `max_steps` and `epoch`
+    reach the functions as `trainer_state`; `log` collects what they logged."""
+    from ..generation.agent import leave_out_failed
+
     state = TrainerState(step, max_steps, epoch)
     if reward_fn is not None and getattr(task, "reward", None) is reward_fn:
         # open prompts scored by these very functions (`PromptTask.score_with`): no verifier, nothing to add
         rewards, per_function = reward_fn.score(task, ids, rollout, state, log)
         episode = task.episode_metrics(rollout) if hasattr(task, "episode_metrics") else {}
-        return rewards, torch.zeros(len(ids)), {**episode, **per_function}
+        return leave_out_failed(rollout, rewards, torch.zeros(len(ids)), {**episode, **per_function})
     rewards, exact, extras = task.score_rollout(ids, rollout)
     if reward_fn is None:
         return rewards, exact, extras
     rewards, per_function = RewardFunctions.of(reward_fn).score(task, ids, rollout, state, log)
-    return rewards, exact, {**extras, **per_function}
+    return leave_out_failed(rollout, rewards, exact, {**extras, **per_function})
 
 
 def call_reward_fn(reward_fn: RewardFn, p_txt: Sequence[str], c_txt: Sequence[str], columns: dict) -> torch.Tensor:
@@ -526,7 +537,7 @@ def _load(spec: str, key: str) -> Any:
     """The object `spec` ("package.module:name") names, or a one-line RewardError naming `key`."""
     module_name, _, attr = spec.partition(":")
     try:
-        return getattr(importlib.import_module(module_name), attr)
+        return getattr(import_module(module_name), attr)  # sys.path, then the current directory
     except (ImportError, AttributeError) as e:
         raise RewardError(f"{key}={spec!r}: cannot load it ({type(e).__name__}: {e})") from None
 
@@ -562,10 +573,16 @@ class RewardModelScorer:
     them with `chat_template_kwargs` (the run's model.chat_template_kwargs, as TRL renders a reward
     model's texts with its chat_template_kwargs)."""
 
-    def __init__(self, path: str | Path, *, device="cpu", batch_size: int = 16, chat: bool = True,
-                 chat_template_kwargs: dict | None = None):
+    def __init__(self, path: str | Path | torch.nn.Module, *, tokenizer=None, device="cpu", batch_size: int = 16,
+                 chat: bool = True, chat_template_kwargs: dict | None = None):
+        if isinstance(path, torch.nn.Module):  # a loaded AutoModelForSequenceClassification (TRL's reward_funcs entry)
+            self.model, self.tokenizer = loaded_reward_model(path, tokenizer, device=device)
+            path = path.config.name_or_path
+        else:
+            self.model, self.tokenizer = load_reward_model(path, device=device)
         self.path = str(path)
-        self.model, self.tokenizer = load_reward_model(path, device=device)
+        # the name its metrics and errors use: the model's directory name, as TRL names a reward model
+        self.__name__ = Path(self.path.rstrip("/")).name or "reward_model"
         self.model.requires_grad_(False)
         hold_template_kwargs(self.tokenizer, chat_template_kwargs or {})
         self.codec = TextCodec(self.tokenizer, chat=chat)
@@ -581,3 +598,30 @@ class RewardModelScorer:
             ids, attention, _ = pad_sequences(rows, rows, self.tokenizer.pad_token_id, self.device)
             scores += self.model(ids, attention).tolist()
         return scores
+
+    def to(self, device) -> RewardModelScorer:
+        self.model.to(device)
+        self.device = torch.device(device)
+        return self
+
+
+def loaded_reward_model(model: torch.nn.Module, tokenizer=None, device="cpu"):
+    """(RewardModel, tokenizer) over a loaded sequence classifier with one label; without `tokenizer`, the one
+    saved with it (loaded from its config's name, as TRL loads a reward model's tokenizer)."""
+    from transformers import AutoTokenizer
+
+    from ..models.reward_model import RewardModel
+
+    where = model.config.name_or_path
+    if getattr(model.config, "num_labels", None) != 1:
+        raise ValueError(f"reward model {where!r} has {model.config.num_labels} labels; a reward model has one")
+    if tokenizer is None:
+        try:
+            tokenizer = AutoTokenizer.from_pretrained(where)
+        except Exception as e:
+            raise ValueError(f"reward model {where!r}: no tokenizer loads from its config's name "
+                             f"({type(e).__name__}); score with the model's directory instead") from None
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    model.config.pad_token_id = tokenizer.pad_token_id
+    return RewardModel(model, tokenizer).to(device).eval(), tokenizer

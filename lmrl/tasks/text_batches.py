@@ -4,6 +4,8 @@ the policy's tokenizer, truncated to `max_length` with every cut counted, and pa
     codec = TextCodec(tokenizer, chat=True)             # an HF tokenizer, or the GPT's CharTokenizer
     rows = encode_sft(read_sft("sft.jsonl"), codec, max_length=256, counter=counter)
     ids, attention, loss_mask = pad_sequences([r.ids for r in rows], [r.mask for r in rows])
+    packed = pack_examples(rows, 512, "bfd")                 # several rows a sequence, each one's positions from 0
+    batch = packed_batch(packed, pad_id, "cpu")             # (ids, position ids, loss mask), no attention mask
     batch = pair_rows(encode_preferences(pairs, codec, 256, counter), pad_id, "cpu")  # one row per pair
     logps, counted = pair_logps(policy, batch)                                          # (2B,) chosen, rejected
     logps, counted, sums = pair_logps_and_sums(policy, batch)       # and TRL's token diagnostics per side
@@ -14,11 +16,19 @@ followed by the end-of-sequence token (the end of an assistant turn in chat mode
 masks cover the response tokens (with that end token) and nothing else. A conversational prompt
 (messages) is rendered by the chat template with the generation prompt; a conversational reply
 (assistant messages) is what the template renders after it, its loss on the assistant messages'
-contents and the end-of-turn token closing each. A {"text"} row has the loss on every token."""
+contents and the end-of-turn token closing each. A {"text"} row has the loss on every token.
+
+Packed (`pack_examples`, TRL's `pack_dataset`), several rows share a sequence and each row's position
+ids restart at 0; the model is run with those position ids and no attention mask, from which
+transformers' masking builds the block-diagonal causal mask (sdpa, eager) or flash attention's
+variable-length segments (one row per batch), so no row attends to another and each token's loss is
+what it is in its row alone."""
 
 from __future__ import annotations
 
 import os
+import bisect
+from collections import defaultdict, deque
 from dataclasses import dataclass
 
 import torch
@@ -35,12 +45,16 @@ except ImportError:  # no chat templates without jinja2 (transformers brings it)
 
 _NEEDS_CHAT = "needs an hf tokenizer with a chat template and data.chat=true"
 _KEEP_TEXT = " (read_preference(..., dialogue='text') keeps HH-RLHF's '\\n\\nHuman:' dialogues as text)"
+TRUNCATION_MODES = ("keep_start", "keep_end")
+PACKING_STRATEGIES = ("bfd", "bfd_split", "wrapped")
+PACK_CHUNK = 1000  # rows packed together: TRL packs with datasets' batched map, 1000 rows a batch
 
 
 @dataclass(frozen=True)
 class SFTExample:
     ids: list[int]
     mask: list[int]  # 1 where the token is predicted with loss (the response)
+    lengths: tuple[int, ...] | None = None  # packed: the rows laid end to end in ids (None: one row)
 
 
 @dataclass(frozen=True)
@@ -105,32 +119,65 @@ class TextCodec:
 
 
 def encode_sft(rows: list[SFTRow], codec: TextCodec, max_length: int, counter: TruncationCounter,
-               where: str = "") -> list[SFTExample]:
-    """Prompt/response rows as prompt + response ids (loss on the response); conversations through
-    the chat template (loss on every assistant turn and its end token); {"text"} rows as their
-    tokens and the end token (loss on all). Over-long rows keep their end nearest the response (a
-    pair) or their start (a conversation, a text), and are counted. Errors name the row's source
-    (path:line or row i), else `where` and its 1-based position in `rows`."""
+               where: str = "", *, completion_only_loss: bool = True, assistant_only_loss: bool = True,
+               truncation_mode: str = "keep_start") -> list[SFTExample]:
+    """Prompt/response rows as prompt + response ids (loss on the response; on both without
+    `completion_only_loss`); conversations through the chat template (loss on every assistant turn and
+    its end token; without `assistant_only_loss`, on every token the template renders, or, for a
+    conversational prompt/completion row, every token after its prompt, as TRL masks them); {"text"}
+    rows as their tokens and the end token (loss on all). Over-long rows are cut and counted: with
+    keep_start a pair loses its prompt's start first (its response's end if it must), a conversation
+    or text its end; with keep_end every row keeps its last `max_length` tokens. Errors name the row's
+    source (path:line or row i), else `where` and its 1-based position in `rows`."""
+    if truncation_mode not in TRUNCATION_MODES:
+        raise ValueError(f"truncation_mode must be one of {', '.join(TRUNCATION_MODES)}, got {truncation_mode!r}")
+    cut = _keep_start if truncation_mode == "keep_start" else _keep_end
     out = []
     for i, row in enumerate(rows):
         try:
             if row.text is not None:  # language modelling: every token has loss
                 ids = codec.text_ids(row.text)
-                ids, mask = _keep_start(ids, [1] * len(ids), max_length, counter)
+                ids, mask = cut(ids, [1] * len(ids), max_length, counter)
             elif row.chat:
                 if not codec.chat:
                     raise ValueError(f"a conversation (messages) {_NEEDS_CHAT}")
-                ids, mask = assistant_token_mask(codec.tokenizer, row.messages, **row.chat_template_kwargs)
-                ids, mask = _keep_start(ids, mask, max_length, counter)
+                ids, mask = cut(*_conversation_ids(codec.tokenizer, row, completion_only_loss, assistant_only_loss),
+                                max_length, counter)
             else:
                 prompt, response = row.messages[0]["content"], row.messages[1]["content"]
-                p, r = counter.truncate(codec.prompt_ids(prompt, **row.chat_template_kwargs),
-                                        codec.response_ids(response), max_length)
-                ids, mask = p + r, [0] * len(p) + [1] * len(r)
+                p, r = codec.prompt_ids(prompt, **row.chat_template_kwargs), codec.response_ids(response)
+                if truncation_mode == "keep_start":
+                    p, r = counter.truncate(p, r, max_length)
+                    ids, mask = p + r, [0] * len(p) + [1] * len(r)
+                else:
+                    ids, mask = cut(p + r, [0] * len(p) + [1] * len(r), max_length, counter)
+                if not completion_only_loss:
+                    mask = [1] * len(ids)
         except (ValueError, TemplateError) as e:
             raise DataError(f"{_row_name(row, where, i)}: {e}") from None
         out.append(SFTExample(ids, mask))
     return out
+
+
+def _conversation_ids(tokenizer, row: SFTRow, completion_only_loss: bool,
+                      assistant_only_loss: bool) -> tuple[list[int], list[int]]:
+    """(ids, loss mask) of a conversation row (see `encode_sft`). Without `completion_only_loss` the
+    prompt of a conversational prompt/completion row is trained as a conversation's turns are."""
+    messages, kwargs = row.messages, row.chat_template_kwargs
+    prompt = row.prompt_turns if completion_only_loss else 0
+    if not completion_only_loss:  # the prompt's assistant turns, context so far, are trained too
+        messages = [{k: v for k, v in m.items() if k != "training"} if i < row.prompt_turns else m
+                    for i, m in enumerate(messages)]
+    if assistant_only_loss:
+        return assistant_token_mask(tokenizer, messages, **kwargs)
+    ids = tokenizer(render_chat(tokenizer, messages, **kwargs), add_special_tokens=False)["input_ids"]
+    if not prompt:
+        return ids, [1] * len(ids)
+    # TRL's completion mask: the tokens past where the prompt, with its generation prompt, and the row part
+    head = tokenizer(render_chat(tokenizer, messages[:prompt], add_generation_prompt=True, **kwargs),
+                     add_special_tokens=False)["input_ids"]
+    shared = next((k for k, (a, b) in enumerate(zip(head, ids)) if a != b), min(len(head), len(ids)))
+    return ids, [0] * shared + [1] * (len(ids) - shared)
 
 
 def encode_preferences(rows: list[PreferenceRow], codec: TextCodec, max_length: int,
@@ -168,6 +215,16 @@ def _keep_start(ids: list[int], mask: list[int], max_length: int,
     return ids[:max_length], mask[:max_length]
 
 
+def _keep_end(ids: list[int], mask: list[int], max_length: int,
+              counter: TruncationCounter) -> tuple[list[int], list[int]]:
+    """The last max_length tokens of a row, counted."""
+    counter.rows += 1
+    if len(ids) <= max_length:
+        return ids, mask
+    counter.truncated += 1
+    return ids[-max_length:], mask[-max_length:]
+
+
 def _row_name(row, where: str, i: int) -> str:
     return row.source or f"{where} row {i + 1}".strip()
 
@@ -184,6 +241,100 @@ def pad_sequences(ids: list[list[int]], masks: list[list[int]], pad_id: int = 0,
         attention[i, : len(row)] = 1
         loss[i, : len(mask)] = torch.tensor(mask, dtype=torch.long)
     return out.to(device), attention.to(device), loss.to(device)
+
+
+def pack_examples(examples: list[SFTExample], seq_length: int, strategy: str = "bfd") -> list[SFTExample]:
+    """Rows packed into sequences of at most `seq_length` tokens, as TRL's `pack_dataset` packs them
+    (the same sequences, in the same order), each `PACK_CHUNK` rows on their own:
+    - bfd: best-fit decreasing; rows longest first (ties in data order), each into the open sequence
+      with the least room that holds it (the oldest such), else a new one; a row longer than
+      `seq_length` keeps its first `seq_length` tokens;
+    - bfd_split: the same, an over-long row split first into pieces of `seq_length` (and the rest),
+      each a row of its own;
+    - wrapped: the rows' tokens end to end, cut every `seq_length` tokens: a piece is one sequence
+      whose rows see each other (`lengths` None), as TRL's wrapped rows do.
+    Loss masks travel with their tokens."""
+    if strategy not in PACKING_STRATEGIES:
+        raise ValueError(f"strategy must be one of {', '.join(PACKING_STRATEGIES)}, got {strategy!r}")
+    if seq_length < 1:
+        raise ValueError(f"seq_length must be at least 1, got {seq_length}")
+    out = []
+    for start in range(0, len(examples), PACK_CHUNK):
+        chunk = examples[start:start + PACK_CHUNK]
+        if strategy == "wrapped":
+            ids = [t for e in chunk for t in e.ids]
+            mask = [m for e in chunk for m in e.mask]
+            out += [SFTExample(ids[a:a + seq_length], mask[a:a + seq_length]) for a in range(0, len(ids), seq_length)]
+        else:
+            out += _best_fit_decreasing(chunk, seq_length, split=strategy == "bfd_split")
+    return out
+
+
+def _best_fit_decreasing(chunk: list[SFTExample], seq_length: int, split: bool) -> list[SFTExample]:
+    """`pack_examples`' bfd / bfd_split of one chunk (TRL's `_pack_bfd`, its segment tree a sorted list of
+    the rooms open sequences have)."""
+    pieces = [(e.ids[a:a + seq_length], e.mask[a:a + seq_length]) for e in chunk if e.ids
+              for a in (range(0, len(e.ids), seq_length) if split else (0,))]
+    bins: list[list[int]] = []
+    open_by_room: dict[int, deque] = defaultdict(deque)  # room left -> the sequences with that room, oldest first
+    rooms: list[int] = []  # the rooms (0 < room < seq_length) some open sequence has, ascending
+    for k in sorted(range(len(pieces)), key=lambda k: -len(pieces[k][0])):  # stable: ties in data order
+        n = len(pieces[k][0])
+        at = bisect.bisect_left(rooms, n)
+        if at < len(rooms):
+            room = rooms[at]
+            packed = open_by_room[room].popleft()
+            if not open_by_room[room]:
+                rooms.pop(at)
+        else:
+            room, packed = seq_length, []
+            bins.append(packed)
+        packed.append(k)
+        room -= n
+        if room > 0:
+            if not open_by_room[room]:
+                bisect.insort(rooms, room)
+            open_by_room[room].append(packed)
+    return [SFTExample([t for k in b for t in pieces[k][0]], [m for k in b for m in pieces[k][1]],
+                       tuple(len(pieces[k][0]) for k in b)) for b in bins]
+
+
+@dataclass(frozen=True)
+class PackedBatch:
+    """SFT rows laid out for packed attention (`packed_batch`): no attention mask, the model is run with
+    the position ids alone."""
+    ids: torch.Tensor        # (B, T) right-padded
+    positions: torch.Tensor  # (B, T) each row's positions from 0 (pads: a run of their own from 0)
+    loss_mask: torch.Tensor  # (B, T) 1 where a token is predicted with loss (never a row's first token)
+
+
+def packed_batch(examples: list[SFTExample], pad_id: int, device, flatten: bool = False) -> PackedBatch:
+    """Packed examples (or plain ones: one row each) as a `PackedBatch`, one example a batch row,
+    right-padded; with `flatten` every example end to end in a single batch row (TRL's padding-free
+    batch, which flash attention needs to see packed rows). A packed row's first token has no loss:
+    the token before it belongs to another row (TRL masks it the same way)."""
+    rows = []
+    for e in examples:
+        lengths = e.lengths or (len(e.ids),)
+        positions = [p for n in lengths for p in range(n)]
+        mask, start = list(e.mask), 0
+        for n in lengths:
+            mask[start] = 0
+            start += n
+        rows.append((e.ids, positions, mask))
+    if flatten:
+        rows = [tuple([x for row in rows for x in row[part]] for part in range(3))]
+    width = max(len(ids) for ids, _, _ in rows)
+    ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
+    positions = torch.arange(width).repeat(len(rows), 1)
+    loss = torch.zeros((len(rows), width), dtype=torch.long)
+    for i, (row, pos, mask) in enumerate(rows):
+        n = len(row)
+        ids[i, :n] = torch.tensor(row, dtype=torch.long)
+        positions[i, :n] = torch.tensor(pos, dtype=torch.long)
+        positions[i, n:] -= n
+        loss[i, :n] = torch.tensor(mask, dtype=torch.long)
+    return PackedBatch(ids.to(device), positions.to(device), loss.to(device))
 
 
 def pair_batch(pairs: list[PairExample], pad_id: int, device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

@@ -11,20 +11,30 @@ same format. With `environment_factory`, each episode gets its own instance: `re
 first (a string it returns joins the prompt), its public methods are tools, and `get_reward()`
 (when it defines one) is a reward source named after its class, as in TRL.
 
-The reward comes from the task's reward functions (which get the episode as messages, and the
-episode's environment instances as `environments=`); the loss covers the model's own turns only."""
+Each episode's instance is made, reset, called and read (`get_reward()`, as the episode ends) on
+one thread of its own (`lmrl.generation.agent.Stepper`), so a resource it opens in `__init__` (a
+sqlite3 connection) works in every call; plain `tools=` functions run on their episode's thread too,
+or in the trainer's thread, one call after another, with `env.step_timeout_s=0` (as TRL runs them:
+for a tool that uses a thread-bound resource made at import). An instance that cannot be made or
+reset, or whose `get_reward()` raises or returns anything but a finite number, fails its episode
+only, as any environment's failure does (`env/errors`; no reward, no gradient).
+
+The reward comes from the task's reward functions (which get the episode as messages, the
+episode's environment instances as `environments=`, None for one that could not be made, and
+their `get_reward()` values as `environment_rewards=`); the loss covers the model's own turns only."""
 
 from __future__ import annotations
 
-import inspect
+import functools
 from typing import Callable
 
 import torch
 
+from ..common.errors import ConfigError
+from ..envs.protocol import EnvError
 from ..envs.registry import load_object
-from ..envs.tools import (ToolEnv, environment_tools, run_coroutines, template_renders_tools, tool_schemas,
-                          tools_system_prompt)
-from ..generation.agent import AgentRollout, run_episodes
+from ..envs.tools import ToolEnv, environment_tools, template_renders_tools, tool_schemas, tools_system_prompt
+from ..generation.agent import AgentRollout, Stepper, leave_out_failed, run_episodes
 from .prompt_task import PromptTask
 
 
@@ -57,11 +67,14 @@ class ToolPromptTask(PromptTask):
         self.tools, self.environment_factory = list(tools), environment_factory
         self.max_turns, self.max_context = max_turns, max_context
         self.step_timeout_s, self.workers = step_timeout_s, workers
-        probe = environment_factory() if environment_factory is not None else None
+        probe = _probe(environment_factory) if environment_factory is not None else None
         every = self.tools + (environment_tools(probe) if probe is not None else [])
         if not every:
             raise ValueError("a tool task needs tools= or an environment_factory whose class has public methods")
-        self.schemas = tool_schemas(every)
+        try:
+            self.schemas = tool_schemas(every)
+        except ValueError as e:  # a tool the schema cannot be read from: the user's to fix, said in one line
+            raise ConfigError(str(e)) from None
         self.reward_source = (type(probe).__name__ if probe is not None and callable(getattr(probe, "get_reward", None))
                               else None)
         self.template_tools = template_renders_tools(self.tokenizer)
@@ -77,19 +90,24 @@ class ToolPromptTask(PromptTask):
 
     def rollout(self, policy, ids: torch.Tensor, *, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0,
                 greedy: bool = False, generator: torch.Generator | None = None) -> AgentRollout:
-        envs = []
-        for i in ids.tolist():
-            row = self.rows[i]
-            environment = self.environment_factory() if self.environment_factory is not None else None
-            columns = {k: v for k, v in row.items() if k not in ("prompt", "messages")}
-            envs.append(_ToolEpisode(self.tools, prompt=self._prompt_messages(row), row=columns,
-                                     environment=environment, system_text=self.system_text))
-        ro = run_episodes(policy, envs, seeds=ids.tolist(), tools=self.schemas if self.template_tools else None,
-                          max_turns=self.max_turns, max_new_tokens=self.turn_tokens, max_context=self.max_context,
-                          temperature=temperature, top_k=top_k, top_p=top_p, greedy=greedy, generator=generator,
-                          step_timeout_s=self.step_timeout_s, workers=self.workers)
-        ro.environments = [e.environment for e in envs]  # what reward functions get as `environments=`
+        factory = self.environment_factory
+        name = f"ToolEnv({getattr(factory, '__name__', 'environment_factory')})" if factory is not None else "ToolEnv"
+        with Stepper(self.workers, self.step_timeout_s) as stepper:
+            envs = stepper.make([functools.partial(self._episode, self.rows[i]) for i in ids.tolist()], name)
+            ro = run_episodes(policy, envs, seeds=ids.tolist(), tools=self.schemas if self.template_tools else None,
+                              max_turns=self.max_turns, max_new_tokens=self.turn_tokens, max_context=self.max_context,
+                              temperature=temperature, top_k=top_k, top_p=top_p, greedy=greedy, generator=generator,
+                              stepper=stepper, final_reward=self.reward_source is not None)
+        # what reward functions get as `environments=`
+        ro.environments = [None if isinstance(e, EnvError) else e.environment for e in envs]
         return ro
+
+    def _episode(self, row: dict) -> _ToolEpisode:
+        """One episode of `row` (with its own environment_factory instance, made here)."""
+        environment = self.environment_factory() if self.environment_factory is not None else None
+        columns = {k: v for k, v in row.items() if k not in ("prompt", "messages")}
+        return _ToolEpisode(self.tools, prompt=self._prompt_messages(row), row=columns, environment=environment,
+                            system_text=self.system_text)
 
     def conversations(self, ids: torch.Tensor, rollout: AgentRollout) -> tuple[list, list]:
         """(each prompt's messages, the episode after them: assistant turns and tool results)."""
@@ -103,8 +121,10 @@ class ToolPromptTask(PromptTask):
         return self.prompts(ids), ["\n".join(e) for e in tagged]
 
     def score_rollout(self, ids: torch.Tensor, rollout: AgentRollout) -> tuple[torch.Tensor, torch.Tensor, dict]:
+        """The prompt task's scores and the episodes' tool metrics, NaN for an episode whose environment
+        failed (`leave_out_failed`)."""
         rewards, exact, extras = super().score_rollout(ids, rollout)
-        return rewards, exact, {**extras, **self.episode_metrics(rollout)}
+        return leave_out_failed(rollout, rewards, exact, {**extras, **self.episode_metrics(rollout)})
 
     @staticmethod
     def episode_metrics(rollout: AgentRollout) -> dict[str, torch.Tensor]:
@@ -118,25 +138,26 @@ class ToolPromptTask(PromptTask):
 
 
 def environment_reward(name: str) -> Callable:
-    """The reward source of an environment_factory class that defines `get_reward`, named after the class
-    (a reward function reading each episode's `get_reward()`, None where the episode has none)."""
+    """The reward source of an environment_factory class that defines `get_reward`, named after the class:
+    a reward function giving each episode's `get_reward()` as the rollout read it when the episode ended
+    (`environment_rewards=`; None for an episode whose environment failed, which is left out anyway)."""
 
-    def reward(environments=None, **_):
-        if environments is None:
-            raise ValueError(f"{name}'s get_reward needs the episodes' environments (a tool task's rollout)")
-        return [_awaited(e.get_reward()) if type(e).__name__ == name else None for e in environments]
+    def reward(environment_rewards=None, **_):
+        if environment_rewards is None:
+            raise ValueError(f"{name}'s get_reward needs the episodes' environment_rewards (a tool task's rollout)")
+        return list(environment_rewards)
 
     reward.__name__ = reward.__qualname__ = name
     return reward
 
 
-def _awaited(value):
-    if not inspect.isawaitable(value):
-        return value
-    (result,) = run_coroutines([value])
-    if isinstance(result, BaseException):
-        raise result
-    return result
+def _probe(environment_factory: Callable):
+    """One instance made now, so that a factory that cannot make one fails before any model runs."""
+    try:
+        probe = environment_factory()
+    except Exception as e:  # noqa: BLE001  (whatever the user's factory raises, said in one line)
+        raise ConfigError(f"environment_factory: making an environment failed: {type(e).__name__}: {e}") from None
+    return probe
 
 
 def with_tools(task: PromptTask, tools: list, config, environment_factory: Callable | None = None) -> ToolPromptTask:

@@ -209,7 +209,7 @@ def evaluate_file(model: str | Path, test_file: str | Path, *, checkpoint: str =
         file=str(test_file),
         overall=Tally(sum(r["correct"] for r in records), len(records)),
         by_type={name: Tally(sum(flags), len(flags)) for name, flags in sorted(types.items())},
-        metrics={name: total / max(len(records), 1) for name, total in sums.items()},
+        metrics={name: total / rows if rows else 0.0 for name, (total, rows) in sums.items()},
         completions_file=None if out is None else str(out), records=records)
 
 
@@ -227,7 +227,7 @@ def default_completions_path(model: str | Path, test_file: str | Path) -> Path:
 @torch.no_grad()
 def _answer(policy, task, ids: torch.Tensor, batch_size: int, temperature: float, seed: int,
             describe) -> tuple[list[dict], dict[str, float]]:
-    """A record per row and the sums of the metrics averaged over rows."""
+    """A record per row, and each metric's [sum, rows] over the rows that have it (not NaN)."""
     records, sums = [], {}
     generator = torch.Generator().manual_seed(seed)
     for chunk, ro, rewards, exact, extras in scored_batches(policy, task, ids, batch_size=batch_size,
@@ -236,15 +236,20 @@ def _answer(policy, task, ids: torch.Tensor, batch_size: int, temperature: float
         _, completions = task.texts(chunk, ro)
         per_row = {"reward": rewards.float().reshape(len(chunk), -1).mean(1), "length": ro.mask.sum(1).float().cpu(),
                    **{name: values.float() for name, values in extras.items()}}
+        infos = getattr(ro, "infos", None) or [{}] * len(chunk)  # a multi-turn episode's: its env_error, if any
         for k, i in enumerate(chunk.tolist()):
             prompt, truth, kind = describe(task, i)
+            # NaN (an episode whose environment failed, a metric it did not report) is written as null
             record = {"index": i - task.n_train, "prompt": prompt, "completion": completions[k], "ground_truth": truth,
                       "correct": bool(exact[k] > 0.5), **({"type": kind} if kind is not None else {}),
-                      **{name: values[k].item() for name, values in per_row.items()}}
+                      **{name: None if math.isnan(v := values[k].item()) else v for name, values in per_row.items()},
+                      **({"env_error": infos[k]["env_error"]} if "env_error" in infos[k] else {})}
             records.append(record)
         for name, values in per_row.items():
             key = {"reward": "reward_mean", "length": "length_mean"}.get(name, name)
-            sums[key] = sums.get(key, 0.0) + values.sum().item()
+            total = sums.setdefault(key, [0.0, 0])
+            total[0] += values.nansum().item()
+            total[1] += int((~values.isnan()).sum())
     return records, sums
 
 

@@ -3,12 +3,14 @@ or the weight average it holds when the run evaluated one (`train.ema_decay`).""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
 from ..common.chat import hold_template_kwargs
+from ..common.errors import ConfigError
 from ..config import Config, load_config
 from ..models import build_model
 from ..generation.rollout import sample, sample_text
@@ -46,12 +48,17 @@ class LoadedRun:
     task: object
 
     def evaluate(self, size: int | None = None) -> dict:
-        n = size or self.config.eval.size
-        metrics = evaluate(self.model, self.task, self.task.heldout_ids[:n], batch_size=self.config.eval.batch_size)
-        return {"checkpoint": str(self.checkpoint), "heldout_problems": min(n, len(self.task.heldout_ids)), **metrics}
+        """Held-out metrics of the first `size` held-out problems (None: eval.size)."""
+        if size is not None and (isinstance(size, bool) or not isinstance(size, int) or size < 1):
+            raise ConfigError(f"size (held-out problems to evaluate) must be at least 1, got {size}")
+        ids = self.task.heldout_ids[: self.config.eval.size if size is None else size]
+        metrics = evaluate(self.model, self.task, ids, batch_size=self.config.eval.batch_size)
+        return {"checkpoint": str(self.checkpoint), "heldout_problems": len(ids), **metrics}
 
     def generate(self, prompts: list[str], temperature: float = 0.0):
         """(prompt, completion, answer as read) for each prompt; greedy when temperature is 0."""
+        if not (math.isfinite(temperature) and temperature >= 0):
+            raise ConfigError(f"temperature must be a finite number >= 0 (0: greedy), got {temperature}")
         if hasattr(self.task, "render_prompt"):  # a text task: its template, the HF model's sampling
             texts = [self.task.render_prompt(p) for p in prompts]
             ro = sample_text(self.model, texts, self.task.max_new_tokens, greedy=temperature == 0,
@@ -60,9 +67,14 @@ class LoadedRun:
                 yield p, c, parse_completion(c)[1]
             return
         tok = self.task.tokenizer
+        example = self.task.prompt_text(123 % 10**self.task.ndigit, 45)
+        for p in prompts:
+            unknown = next((c for c in p if c not in tok.stoi), None)
+            if unknown is not None:
+                raise PromptError(f"character {unknown!r} in prompt {p!r} is not in the model's alphabet "
+                                  f"{tok.chars!r}; prompts must look like {example!r}")
         ids = [tok.encode(p) for p in prompts]
         if len({len(i) for i in ids}) != 1 or len(ids[0]) != self.task.prompt_len:
-            example = self.task.prompt_text(123 % 10**self.task.ndigit, 45)
             raise PromptError(f"prompts must look like {example!r} ({self.task.prompt_len} characters each)")
         ro = sample(self.model, torch.tensor(ids), self.task.answer_len, greedy=temperature == 0,
                     temperature=temperature or 1.0)

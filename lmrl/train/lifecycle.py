@@ -26,7 +26,8 @@ What `Trainer` owns:
 - the end of every step: evaluation when due, the best model (`checkpoints/best/`, maximised or
   minimised as `train.best_metric` says), early stopping (`train.patience`, `train.stopping_threshold`),
   logging, callbacks, checkpoints;
-- stopping: Ctrl-C (finish the step, save, return), `train.time_limit_min`, early stopping;
+- stopping: Ctrl-C or SIGTERM (finish the step, save, return; under torchrun every rank stops after
+  the same step), `train.time_limit_min`, early stopping;
 - exact resume: weights and state when training starts, optimizer, scheduler and every RNG once
   the stage has built them (`run.resume=auto`);
 - the end: a final evaluation if the last step had none, the last checkpoint, the export of the best
@@ -39,6 +40,7 @@ the stage.
 
 from __future__ import annotations
 
+import difflib
 import gc
 import json
 import os
@@ -55,13 +57,16 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from ..config import Config, save_config, validate
 from ..parallel.ddp import all_reduce_sum, barrier, broadcast_object, init_distributed
-from ..common.errors import NonFiniteOutputs, TrainingError
+from ..common.errors import ConfigError, NonFiniteOutputs, TrainingError
 from ..common.schedules import make_scheduler
 from .. import checkpoint as ckpt
 from .callbacks import CallbackList
 from .run_dir import RunLog, prepare_run_dir, unlock_run_dir
 from .tracking import EvalTracker, lower_is_better
 from .weight_average import FILE as AVERAGE_FILE, NAME as AVERAGE, WeightAverage
+
+
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)  # what `train` answers by finishing the step and saving
 
 
 @dataclass
@@ -95,6 +100,33 @@ def free_memory(device: torch.device) -> None:
         torch.cuda.empty_cache()
 
 
+def nearest_metric(metric: str, names: Iterable[str]) -> str | None:
+    """"; did you mean 'eval/x'?" for the name in `names` nearest to `metric` (compared without their
+    common eval/ prefix), or None."""
+    near = difflib.get_close_matches(metric.removeprefix("eval/"), [n.removeprefix("eval/") for n in names], n=1)
+    return f"; did you mean 'eval/{near[0]}'?" if near else None
+
+
+def what_to_resume(ckpt_dir: Path) -> str:
+    """After a run of non-finite updates: the newest step checkpoint (saved before them: no step
+    checkpoint is written while updates are being skipped), or that there is none, and then what
+    `best/` holds, if it exists."""
+    latest = ckpt.latest_checkpoint(ckpt_dir)
+    if latest is not None:
+        return (f"The last step checkpoint, saved before these skipped updates, is {latest}: lower the learning rate "
+                f"and continue from it with --resume")
+    text = (f"No step checkpoint was saved before them ({ckpt_dir} holds none, so --resume would start from step 0): "
+            f"lower the learning rate and train again")
+    best = ckpt_dir / ckpt.BEST_DIR
+    try:
+        step = json.loads((best / ckpt.TRAINER_STATE_FILE).read_text())["step"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return text
+    affected = "" if step == 0 else ", perhaps already affected"  # weights can grow for a while before a loss is NaN
+    return (f"{text}; {best} holds step {step}'s weights only (its best evaluation{affected}), which "
+            f"model.init_from={best} starts a new run from")
+
+
 def guarded_step(optimizer: torch.optim.Optimizer, params: Iterable[torch.Tensor], loss: torch.Tensor, state: dict, *,
                  grad_clip: float, max_nonfinite: int, device, ckpt_dir, info: Callable[[str], None]) -> dict:
     """Clip, then step — or skip the update when the loss or the gradient is not finite, counted in
@@ -112,7 +144,7 @@ def guarded_step(optimizer: torch.optim.Optimizer, params: Iterable[torch.Tensor
         info(f"step {state['step'] + 1}: non-finite loss or gradient, update skipped ({state['nonfinite_run']} in a row)")
         if state["nonfinite_run"] >= max_nonfinite:
             raise TrainingError(f"{state['nonfinite_run']} non-finite losses in a row at step {state['step'] + 1}; "
-                                f"stopped. The last good checkpoint is in {ckpt_dir}")
+                                f"stopped. {what_to_resume(Path(ckpt_dir))}")
     else:
         optimizer.step()
         state["nonfinite_run"] = 0
@@ -140,12 +172,17 @@ class Trainer:
             torch.set_num_threads(cfg.run.threads)
         torch.manual_seed(cfg.run.seed)  # identical initial weights (and LoRA adapters) on every rank
         self.best_metric = cfg.train.best_metric or self.default_best_metric
+        known = self.eval_metric_names(cfg)
+        if known is not None and self.best_metric not in known:  # before any model loads
+            raise ConfigError(f"train.best_metric={self.best_metric!r} is not an eval metric of this run: it reports "
+                              f"{', '.join(sorted(known))}{nearest_metric(self.best_metric, known) or ''}")
         self.optimizer = self.scheduler = None
         self.average: WeightAverage | None = None  # train.ema_decay: the stage's average of the model's weights
         self.module = self.train_model = None  # what the optimizer trains, and its DDP/FSDP wrapper
         self.placement = ""  # where a launcher put this trainer (e.g. its Ray actor's node and GPUs), for the log
         self.log: RunLog | None = None
         self._stop_requested = False
+        self._stop_signal: str | None = None  # the signal that asked for the stop (SIGINT, SIGTERM), if one did
         self._resume_path: Path | None = None
         self._resume_warnings: list[str] = []  # one per damaged checkpoint that resume passed over
         self.data_notes: list[str] = []  # lines about the data (e.g. truncation counts) logged as training starts
@@ -181,6 +218,11 @@ class Trainer:
     def evaluate(self) -> dict:
         """Held-out metrics, every key starting with eval/ (the same numbers on every rank)."""
         raise NotImplementedError
+
+    def eval_metric_names(self, config: Config) -> frozenset[str] | None:
+        """The names `evaluate` reports for `config`, when the config alone says which (None: known only
+        once an evaluation runs, where `train.best_metric` is checked against them instead)."""
+        return None
 
     @property
     def can_evaluate(self) -> bool:
@@ -242,8 +284,9 @@ class Trainer:
             self.log.info(self.describe())
             for note in self.data_notes:
                 self.log.info(note)
-        previous = signal.signal(signal.SIGINT, self._on_sigint) \
-            if threading.current_thread() is threading.main_thread() else None
+        previous = {}
+        if threading.current_thread() is threading.main_thread():  # Python runs handlers in the main thread only
+            previous = {sig: signal.signal(sig, self._on_signal) for sig in STOP_SIGNALS}
         try:
             for stage in self.stages():
                 if self.state["step"] < stage.last and self._running():
@@ -252,11 +295,11 @@ class Trainer:
             if self._stop_requested:
                 self.save_checkpoint()
                 self.info(f"interrupted: checkpoint saved at step {self.state['step']}; continue with --resume")
-                return {"interrupted": True, "step": self.state["step"]}
+                return {"interrupted": True, "step": self.state["step"], "signal": self._stop_signal}
             return self._finish()
         finally:
-            if previous is not None:
-                signal.signal(signal.SIGINT, previous)
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
             if self.log is not None:
                 self.log.close()
             unlock_run_dir(self.run_dir)  # taken by prepare_run_dir (rank 0): the dir is free for the next run
@@ -295,17 +338,31 @@ class Trainer:
             return nullcontext()
         return torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=enabled)
 
-    def request_stop(self) -> None:
-        """Finish the current step, save a checkpoint and return from `train` (what Ctrl-C does)."""
-        if self._stop_requested:  # a second request stops at once
+    def request_stop(self, signal_name: str | None = None) -> None:
+        """Finish the current step, save a checkpoint and return from `train` (what Ctrl-C and SIGTERM
+        do); `signal_name` names the signal that asked, which `train`'s result reports. A second
+        request stops at once, except a second SIGTERM: a scheduler that sends it to every process
+        of a job reaches a torchrun worker twice (directly and through torchrun), and its grace
+        period before SIGKILL is what the step and the save have."""
+        if self._stop_requested:
+            if signal_name == "SIGTERM":
+                return
             raise KeyboardInterrupt
-        self._stop_requested = True
-        self.info("stop requested: finishing this step, then saving a checkpoint (press Ctrl-C again to stop at once)")
+        self._stop_requested, self._stop_signal = True, signal_name
+        again = "" if signal_name == "SIGTERM" else " (press Ctrl-C again to stop at once)"
+        self.info(f"stop requested{f' ({signal_name})' if signal_name else ''}: finishing this step, then saving a "
+                  f"checkpoint{again}")
 
-    def _on_sigint(self, signum, frame) -> None:
-        self.request_stop()
+    def _on_signal(self, signum, frame) -> None:
+        self.request_stop(signal.Signals(signum).name)
 
     def _running(self) -> bool:
+        if self.dist.enabled:  # a signal reaches the ranks at slightly different times: the first to see it stops all
+            seen = [self._stop_requested, self._stop_signal == "SIGINT", self._stop_signal == "SIGTERM"]
+            asked, sigint, sigterm = all_reduce_sum(torch.tensor(seen, dtype=torch.float32, device=self.device)).tolist()
+            if asked and not self._stop_requested:
+                self._stop_requested = True
+                self._stop_signal = "SIGTERM" if sigterm else "SIGINT" if sigint else None
         return not (self._stop_requested or self.tracker.stopped or self.state.get("stopped_at_time_limit"))
 
     def _out_of_time(self) -> bool:
@@ -347,8 +404,12 @@ class Trainer:
         self.optimizer = torch.optim.AdamW(trainable, lr=lr, weight_decay=weight_decay, betas=tuple(betas), eps=eps,
                                            fused=fused)
         s = self.config.schedule
+        if schedule == "wsd" and warmup_steps + s.decay_steps > steps:  # the offline run's length is known only now
+            raise ConfigError(f"schedule.warmup_steps={warmup_steps} and schedule.decay_steps={s.decay_steps} add up "
+                              f"to more than the run's {steps} optimizer steps")
         self.scheduler = make_scheduler(self.optimizer, total_steps=steps, name=schedule, warmup_steps=warmup_steps,
                                         min_lr_ratio=s.min_lr_ratio if min_lr_ratio is None else min_lr_ratio,
+                                        decay_steps=s.decay_steps, decay_shape=s.decay_shape,
                                         plateau_mode="min" if lower_is_better(self.best_metric) else "max",
                                         plateau_factor=s.plateau_factor, plateau_patience=s.plateau_patience)
         self.average = WeightAverage(self.model, ema_decay) if ema_decay else None
@@ -439,9 +500,12 @@ class Trainer:
             metrics = self.evaluate()
         free_memory(self.device)
         self.state["time"]["eval"] += time.perf_counter() - start
-        if self.best_metric not in metrics:
-            raise ValueError(f"train.best_metric={self.best_metric!r} is not an eval metric of this run "
-                             f"(it reports {', '.join(sorted(metrics))})")
+        if self.best_metric not in metrics:  # every rank's evaluation reports the same names
+            near = nearest_metric(self.best_metric, metrics)
+            raise ConfigError(f"train.best_metric={self.best_metric!r} is not an eval metric of this run: its "
+                              f"evaluation after step {self.state['step']} reports {', '.join(sorted(metrics))}"
+                              f"{near or '.'} The checkpoints in {self.ckpt_dir} are as they were: set "
+                              f"train.best_metric to one of these and continue with --resume")
         value, step = metrics[self.best_metric], self.state["step"]
         self.state["last_eval"] = dict(metrics)
         verdict = self.tracker.observe(step, value, accuracy=metrics.get("eval/accuracy"))
@@ -493,14 +557,19 @@ class Trainer:
     def _resume(self) -> Path | None:
         """With run.resume=auto, load the model's weights and the state from the newest checkpoint
         whose files all load (newer damaged ones are moved aside by rank 0 and named in a warning)
-        now; the optimizer, scheduler and RNG follow in `_restore_pending` once a stage has made them."""
+        now; the optimizer, scheduler and RNG follow in `_restore_pending` once a stage has made them.
+        First rank 0 cleans up after a killed save: a checkpoint it had swapped out is put back (and
+        named in a warning), its temporary dirs are removed."""
         if self.config.run.resume != "auto":
             return None
-        # the newest checkpoint whose files all load; rank 0 moves newer damaged ones aside
-        if self.config.run.resume_from:  # exactly this checkpoint (--resume_from_checkpoint), not the run dir's newest
-            latest, self._resume_warnings = Path(self.config.run.resume_from), []
-        else:
+        restored = ckpt.remove_stale_temps(self.ckpt_dir) if self.dist.is_main else []
+        barrier()  # every rank sees the checkpoints dir as rank 0 left it
+        if self.config.run.resume_from:  # exactly this checkpoint (--resume_from_checkpoint), checked the same way
+            latest, self._resume_warnings = ckpt.named_resume_checkpoint(self.config.run.resume_from), []
+        else:  # the newest checkpoint whose files all load; rank 0 moves newer damaged ones aside
             latest, self._resume_warnings = ckpt.resume_checkpoint(self.ckpt_dir, set_aside=self.dist.is_main)
+        self._resume_warnings[:0] = [f"put back {path}, which a save killed between its two renames had moved aside"
+                                     for path in restored]
         if latest is None:
             return None
         self.state = ckpt.load_checkpoint(latest, model=self.model, map_location=self.device, restore_rng=False)

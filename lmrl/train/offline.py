@@ -59,19 +59,31 @@ class TokenMean:
         return self.total / self.count if self.count else 0.0
 
 
+@dataclass(frozen=True)
+class Extreme:
+    """A metric that is the smallest (or, `largest`, the largest) value over a step's micro-batches (or
+    the held-out batches), whichever rows share a micro-batch. TRL's reward trainer averages each
+    micro-batch's minimum and maximum instead: the same with one micro-batch."""
+    value: float
+    largest: bool = False
+
+    def __add__(self, other: Extreme) -> Extreme:
+        return Extreme((max if self.largest else min)(self.value, other.value), self.largest)
+
+
 def add_metrics(sums: dict, metrics: dict, weight: float) -> None:
     """Adds one batch's `metrics` into `sums`: a number times `weight` (the batch's share of the rows),
-    a `TokenMean` as it is."""
+    a `TokenMean` or an `Extreme` as it is."""
     for key, v in metrics.items():
-        if isinstance(v, TokenMean):
-            sums[key] = sums.get(key, TokenMean(0.0, 0.0)) + v
+        if isinstance(v, (TokenMean, Extreme)):
+            sums[key] = sums[key] + v if key in sums else v
         else:
             sums[key] = sums.get(key, 0.0) + v * weight
 
 
 def metric_values(sums: dict) -> dict:
-    """`add_metrics`' sums as numbers: a `TokenMean` divided by its tokens."""
-    return {key: v.value if isinstance(v, TokenMean) else v for key, v in sums.items()}
+    """`add_metrics`' sums as numbers: a `TokenMean` divided by its tokens, an `Extreme`'s value."""
+    return {key: v.value if isinstance(v, (TokenMean, Extreme)) else v for key, v in sums.items()}
 
 
 class OfflineTrainer(Trainer):

@@ -7,7 +7,8 @@ The model is a sequence-classification head (one number) on the trunk of `model.
 `lmrl.models.reward_model`), the whole model trained or, with `lora.r > 0`, an adapter plus the
 head. Both sides of a pair are scored in one forward pass, one row per pair with its prompt run
 once (`pair_rows`). Metrics: rm/loss, rm/accuracy (pairs ranked right), rm/margin_mean,
-rm/chosen_mean, rm/rejected_mean; evaluation: eval/... with eval/accuracy the held-out preference
+rm/chosen_mean, rm/rejected_mean, and TRL's rm/margin, rm/mean_reward, rm/min_reward, rm/max_reward
+(the step's lowest and highest score); evaluation: eval/... with eval/accuracy the held-out preference
 accuracy. The exported reward model (the best one by train.best_metric) is what
 `reward.model: <run dir>/reward_model` scores RL completions with.
 """
@@ -20,7 +21,7 @@ import torch
 
 from ..algos.preference_losses import bradley_terry_loss
 from ..tasks.text_batches import pair_scores
-from .offline import PairTrainer
+from .offline import Extreme, PairTrainer
 
 
 class RewardTrainer(PairTrainer):
@@ -49,8 +50,12 @@ class RewardTrainer(PairTrainer):
         scores = pair_scores(self.model, pairs, call=self._call())  # (2B,): chosen, then rejected
         n = scores.size(0) // 2
         loss, stats = bradley_terry_loss(scores[:n], scores[n:], margin)
+        # TRL's RewardTrainer names beside lmrl's: margin (= margin_mean), and the scores of both sides' mean,
+        # min and max (over the whole step)
         return loss, {"rm/loss": loss.item(), **stats, "rm/chosen_mean": scores[:n].mean().item(),
-                      "rm/rejected_mean": scores[n:].mean().item()}
+                      "rm/rejected_mean": scores[n:].mean().item(), "rm/margin": stats["rm/margin_mean"],
+                      "rm/mean_reward": scores.mean().item(), "rm/min_reward": Extreme(scores.min().item()),
+                      "rm/max_reward": Extreme(scores.max().item(), largest=True)}
 
     def export(self, out_dir: Path, model) -> Path:
         return model.save(out_dir / "reward_model")

@@ -46,6 +46,7 @@ from ..models.heads import ActorCritic
 from ..models.reference import build_reference, is_reference_view
 from ..engines.local import rollout_to
 from ..engines.registry import make_engine
+from ..generation.agent import episode_record, every_episode_failed
 from ..generation.rollout import Rollout
 from ..tasks import task_spec
 from ..tasks.prompt_task import PromptTask, prompt_rows
@@ -58,6 +59,8 @@ from .replay import ReplayBuffer
 from .sft_trainer import sft_loss
 
 logger = logging.getLogger("lmrl")
+
+EVAL_METRICS = ("accuracy", "reward", "length_mean")  # what `evaluate` reports of every task, as eval/<name>
 
 
 class RLTrainer(Trainer):
@@ -105,6 +108,8 @@ class RLTrainer(Trainer):
         if task is None:  # what the task needs, checked before any model loads
             check_task_inputs(config, reward_given=reward_fn is not None or reward_funcs is not None
                               or environment_factory is not None)
+        # a task handed in, or answered with tools, reports metrics its registered spec does not say
+        self._task_as_registered = task is None and env_factory is None and not tools and environment_factory is None
         super().__init__(config, callbacks=callbacks)
         cfg = self.config
         parts = build_run(cfg, device=self.device, model=model, task=task, env_factory=env_factory)
@@ -127,6 +132,14 @@ class RLTrainer(Trainer):
             self.sft_pool = self.task.sample_distinct_train_ids(cfg.sft.examples,
                                                                 torch.Generator().manual_seed(cfg.run.seed))
         self.init_state(algo={}, warmup_accuracy=None)
+
+    def eval_metric_names(self, config: Config) -> frozenset[str] | None:
+        """`evaluate`'s names: accuracy, reward and completion length, and the task's extra metrics
+        where its spec says which (`TaskSpec.metrics`)."""
+        extras = task_spec(config.task.name).metrics
+        if extras is None or not self._task_as_registered:
+            return None
+        return frozenset(f"eval/{name}" for name in (*EVAL_METRICS, *extras))
 
     def stages(self) -> list[Stage]:
         cfg = self.config
@@ -255,10 +268,12 @@ class RLTrainer(Trainer):
         metrics = rollout_metrics(ro, rewards, exact, extras, self.device, group_size=self.algo.group_size,
                                   scale_rewards=cfg.algo.scale_rewards, logged=reward_log.metrics,
                                   tokens_seen=state.get("num_input_tokens_seen", 0))
+        if metrics.get("env/errors") == 1.0:  # every episode of the step, on every rank: nothing to learn from
+            raise TrainingError(every_episode_failed(step, ro))
         state["num_input_tokens_seen"] = metrics["num_tokens"]
         if reward_log.timed_out:
             metrics["rewards/timed_out"] = len(reward_log.timed_out)
-        if rewards.dim() == 1 and rewards.isnan().any():  # a reward function ran out of time and no other scored these
+        if rewards.dim() == 1 and rewards.isnan().any():  # out of a reward function's time, or their environment failed
             rewards, unscored = fill_unscored(rewards, ids)
             ro.mask = ro.mask * ~unscored[:, None].to(ro.mask.device)  # in their group's baseline, without gradient
         if cfg.algo.mask_truncated_completions:
@@ -363,8 +378,9 @@ class RLTrainer(Trainer):
             start, final = summary["start_eval"].get("eval/reward"), summary["final_eval"].get("eval/reward")
             if start is not None and final is not None:
                 return f"held-out reward: start {start:.3f} → final {final:.3f} | {took}"
-        return (f"held-out accuracy: warm-up {summary['warmup_accuracy']:.3f} → final {summary['final_accuracy']:.3f} "
-                f"| {took}")
+        start = summary["warmup_accuracy"]  # None when no stage ran (sft.steps=0, train.steps=0)
+        start = "" if start is None else f"warm-up {start:.3f} → "
+        return f"held-out accuracy: {start}final {summary['final_accuracy']:.3f} | {took}"
 
 
 def check_task_inputs(config: Config, *, reward_given: bool) -> None:
@@ -441,10 +457,13 @@ def rollout_metrics(ro: Rollout, rewards: torch.Tensor, exact: torch.Tensor, ext
     completions/clipped_ratio   the share cut off by the length limit (0 for fixed-length answers)
 
     and the reward functions' `log_metric` values (`logged`: name -> values), each name's mean
-    under that name. A NaN reward (a completion no reward function scored in time) is left out
-    of the reward's numbers; with none scored, they are not logged."""
+    under that name. A NaN reward (a completion no reward function scored in time, an episode whose
+    environment failed) is left out of the reward's numbers; with none scored, they are not logged.
+    A NaN in `exact` (a failed episode) is left out of the accuracy."""
     per_completion = rewards.float().mean(1) if rewards.dim() == 2 else rewards.float()
     scored = ~per_completion.isnan()
+    # an episode whose environment failed (NaN) is no success or failure of the policy's: (successes, judged)
+    correct, n_judged = torch.stack([exact.float().nansum(), (~exact.float().isnan()).sum().float()]).tolist()
     lengths = ro.mask.sum(1).float()
     truncated = ro.truncated.bool() if ro.truncated is not None else torch.zeros_like(lengths, dtype=torch.bool)
     if ro.truncated is not None:
@@ -462,16 +481,16 @@ def rollout_metrics(ro: Rollout, rewards: torch.Tensor, exact: torch.Tensor, ext
     logged_names = _names_on_every_rank(logged)
     logged_values = [torch.tensor(logged.get(k, []), dtype=torch.float64) for k in logged_names]
     stats = all_reduce_sum(torch.tensor(
-        [exact.sum().item(), per_completion.nansum().item(), scored.sum().item(), len(rewards), ro.mask.sum().item(),
-         zero_std, prompt_tokens, truncated.sum().item(), lengths[~truncated].sum().item()]
+        [correct, per_completion.nansum().item(), scored.sum().item(), len(rewards), ro.mask.sum().item(),
+         zero_std, prompt_tokens, truncated.sum().item(), lengths[~truncated].sum().item(), n_judged]
         + [v.nansum().item() for v in values] + [(~v.isnan()).sum().item() for v in values]
         + [v.sum().item() for v in logged_values] + [len(v) for v in logged_values],
         dtype=torch.float64, device=device)).cpu().tolist()
-    (correct, reward_sum, n_scored, count, tokens, zero_std, prompt_tokens, n_truncated, terminated_tokens), rest = \
-        stats[:9], stats[9:]
+    (correct, reward_sum, n_scored, count, tokens, zero_std, prompt_tokens, n_truncated, terminated_tokens,
+     n_judged), rest = stats[:10], stats[10:]
     n, m = len(names), len(logged_names)
     sums, counts, logged_sums, logged_counts = rest[:n], rest[n:2 * n], rest[2 * n:2 * n + m], rest[2 * n + m:]
-    out = {"train/accuracy": correct / count}
+    out = {"train/accuracy": correct / n_judged if n_judged else 0.0}
     out.update({(k if "/" in k else f"rollout/{k}"): sums[i] / counts[i] for i, k in enumerate(names) if counts[i] > 0})
     # the stds: squared deviations from the means just all-reduced, over every rank
     columns = [i for i, k in enumerate(names) if k.startswith("rewards/") and k.endswith("/mean") and counts[i] > 1]
@@ -515,8 +534,9 @@ def completion_rows(task: Task, step: int, ids: torch.Tensor, ro: Rollout, rewar
     """One row per completion of a scored rollout for the completions log (`lmrl.log.completions`):
     `step`, `prompt` and `completion` as callbacks' `Episode`s have them (`task.texts`), `reward`
     (summed over tokens for per-token rewards), `rewards` (each reward function's, where the run has
-    reward functions), `extra` (the functions' `log_extra` columns, from `columns`), and `messages`
-    (a multi-turn episode's conversation). A reward no function gave (None, or out of time) is None.
+    reward functions), `extra` (the functions' `log_extra` columns, from `columns`), and for a
+    multi-turn episode `messages` (its conversation), `turns`, `truncated` and `env_error` (the one
+    line of its environment's failure, None when it ran). A reward no function gave (None, or out of time) is None.
     A column without one value per completion is left out, with a warning naming it."""
     prompts, completions = task.texts(ids, ro)
     n = len(prompts)
@@ -528,6 +548,7 @@ def completion_rows(task: Task, step: int, ids: torch.Tensor, ro: Rollout, rewar
                            f"the completions log at step {step}")
     extra = {column: values for column, values in columns.items() if len(values) == n}
     transcripts = getattr(ro, "transcripts", None)
+    infos = getattr(ro, "infos", None)
     rows = []
     for i, (prompt, completion, reward) in enumerate(zip(prompts, completions, per_row.tolist())):
         row = {"step": step, "prompt": prompt, "completion": completion, "reward": _finite_or_none(reward)}
@@ -537,6 +558,8 @@ def completion_rows(task: Task, step: int, ids: torch.Tensor, ro: Rollout, rewar
             row["extra"] = {column: values[i] for column, values in extra.items()}
         if transcripts:
             row["messages"] = transcripts[i]
+        if infos:  # a multi-turn episode: how it went, and why it failed if it did
+            row.update(episode_record(infos[i], bool(ro.truncated[i]) if ro.truncated is not None else False))
         rows.append(row)
     return rows
 

@@ -20,7 +20,10 @@
 - scripts (`scripts`): TRL's own `trl/scripts/*.py` run on lmrl (`lmrl trl grpo ARGS`);
 - TRL's helpers the scripts import are TRL's own: `TrlParser`, `ScriptArguments`, `ModelConfig`,
   `DatasetMixtureConfig`, `get_dataset`, `get_peft_config`, `get_quantization_config`, and
-  `lmrl.trl.rewards` (TRL's reward functions).
+  `lmrl.trl.rewards` (TRL's reward functions); so is every other name TRL exports that lmrl does not
+  replace (`apply_chat_template`, `clone_chat_template`, `pack_dataset`, the callbacks, `__version__`, ...),
+  loaded from TRL on first use; the trainers lmrl does not run (`RLOOTrainer`, `KTOTrainer`, ...) are
+  refused with what to use instead.
 
 The model is a path (a local directory, a .gguf file, or a packaged name such as
 smollm2-135m-instruct) or a loaded transformers model with its tokenizer as `processing_class`; data
@@ -32,6 +35,16 @@ _FROM_TRL = ("DatasetMixtureConfig", "ModelConfig", "ScriptArguments", "TrlParse
 _OURS = {"DPOConfig": "configs", "GRPOConfig": "configs", "RewardConfig": "configs", "SFTConfig": "configs",
          "DPOTrainer": "trainers", "GRPOTrainer": "trainers", "RewardTrainer": "trainers", "SFTTrainer": "trainers"}
 
+_MODULES = ("configs", "fields", "rewards", "scripts", "trainers")  # lmrl.trl's own, never TRL's of the same name
+# TRL's trainers lmrl does not run: the import fails with what to use instead
+_RLOO = ("RLOO on lmrl is `lmrl train` with algo.name=rloo (its clip is per token, TRL's RLOOTrainer clips a "
+         "whole-sequence ratio, so TRL's RLOOConfig does not map onto it); or use GRPOTrainer")
+_REFUSED = {"RLOOConfig": _RLOO, "RLOOTrainer": _RLOO,
+            "KTOConfig": "KTO (unpaired preferences) is not an lmrl trainer: use DPOTrainer on paired rows",
+            "KTOTrainer": "KTO (unpaired preferences) is not an lmrl trainer: use DPOTrainer on paired rows",
+            "DistillationConfig": "distillation is not an lmrl trainer: use SFTTrainer on the teacher's outputs",
+            "DistillationTrainer": "distillation is not an lmrl trainer: use SFTTrainer on the teacher's outputs"}
+
 __all__ = sorted([*_FROM_TRL, *_OURS])
 
 
@@ -40,6 +53,12 @@ def __getattr__(name: str):
 
     if name in _OURS:
         return getattr(importlib.import_module(f"{__name__}.{_OURS[name]}"), name)
-    if name in _FROM_TRL:
-        return getattr(importlib.import_module("trl"), name)
+    if name in _MODULES:
+        return importlib.import_module(f"{__name__}.{name}")
+    if name in _REFUSED:
+        raise ImportError(f"lmrl.trl.{name}: {_REFUSED[name]}")
+    if name in _FROM_TRL or (not name.startswith("__") or name == "__version__"):
+        trl = importlib.import_module("trl")
+        if hasattr(trl, name):  # anything else TRL exports, TRL's own
+            return getattr(trl, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -20,11 +20,17 @@ except ImportError as e:  # pragma: no cover - the extra is missing
     raise ImportError("lmrl.trl runs TRL's scripts and configs on lmrl and needs TRL itself: "
                       "pip install 'lmrl[trl]'") from e
 
+from ..algos.losses import RATIO_LEVELS
 from ..config import Config, config_from_dict
 from ..common.errors import ConfigError
 from . import fields as table
 
-_SCHEDULES = {"linear": "linear", "cosine": "cosine", "constant": "constant", "constant_with_warmup": "constant"}
+_SCHEDULES = {"linear": "linear", "cosine": "cosine", "constant": "constant", "constant_with_warmup": "constant",
+              "cosine_with_min_lr": "cosine", "warmup_stable_decay": "wsd"}
+# lr_scheduler_kwargs each schedule takes (transformers' names), at transformers' defaults where lmrl has no choice
+_SCHEDULE_KWARGS = {"cosine": {"num_cycles"}, "cosine_with_min_lr": {"num_cycles", "min_lr", "min_lr_rate"},
+                    "warmup_stable_decay": {"num_cycles", "num_decay_steps", "num_stable_steps", "warmup_type",
+                                            "decay_type", "min_lr_ratio"}}
 _OPTIMIZERS = ("adamw_torch", "adamw_torch_fused")
 _GRPO_LOSSES = {"grpo": "sequence", "dapo": "token", "bnpo": "token", "dr_grpo": "constant"}
 _DPO_LOSSES = ("sigmoid", "ipo", "hinge", "robust")
@@ -85,8 +91,7 @@ class _LmrlArgs:
                                                      is None else self.activation_checkpointing)},
             "optim": {"lr": self.learning_rate, "weight_decay": self.weight_decay,
                       "betas": [self.adam_beta1, self.adam_beta2], "eps": self.adam_epsilon},
-            "schedule": {"name": self._schedule(), "min_lr_ratio": 0.0,
-                         "warmup_steps": _steps(self.warmup_steps, steps)},
+            "schedule": self._schedule(steps),
             "train": {"ga_steps": ga, "grad_clip": self.max_grad_norm, "disable_dropout": bool(getattr(self, "disable_dropout", False)),
                       "log_every": max(1, _steps(self.logging_steps, steps)),
                       "keep_checkpoints": self.save_total_limit or 0},
@@ -106,11 +111,7 @@ class _LmrlArgs:
         if self.metric_for_best_model:
             data["train"]["best_metric"] = self._best_metric()
         if peft_config is not None:
-            targets = peft_config.target_modules
-            data["lora"] = {"r": peft_config.r, "alpha": float(peft_config.lora_alpha),
-                            "dropout": float(peft_config.lora_dropout),
-                            "target_modules": ["all-linear"] if targets in (None, "all-linear") else
-                            [targets] if isinstance(targets, str) else sorted(targets)}
+            data["lora"] = lora_section(peft_config, model_path)
         self._shape(data, batch=batch, steps=steps, world=world)
         return config_from_dict(data, where=f"{type(self).__name__}(...)")
 
@@ -126,15 +127,11 @@ class _LmrlArgs:
         steps = int(self.max_steps) if self.max_steps > 0 else math.ceil(float(self.num_train_epochs) * per_epoch)
         return max(steps, 1), per_epoch
 
-    def _derived(self, name: str, value, world: int) -> bool:
-        """`value` is what TRL derives for `name` from the other fields (and lmrl does too)."""
-        return False
-
     def _refuse(self, world: int) -> None:
         rules = table.rules(self.kind)
         for name, value in self.given.items():
             rule = rules[name]
-            if rule.effect == table.REFUSED and value not in rule.accepts and not self._derived(name, value, world):
+            if rule.effect == table.REFUSED and value not in rule.accepts:
                 raise ConfigError(f"{type(self).__name__}({name}={value!r}): {rule.how}")
         optim = _text(self.optim)
         if optim not in _OPTIMIZERS:
@@ -153,11 +150,43 @@ class _LmrlArgs:
                               f"with its own settings)")
         return _DTYPES[dtype]
 
-    def _schedule(self) -> str:
+    def _schedule(self, steps: int) -> dict:
+        """lmrl's schedule section for lr_scheduler_type and its lr_scheduler_kwargs, as transformers'
+        get_scheduler would build it for a run of `steps` optimizer steps."""
         name = _text(self.lr_scheduler_type)
         if name not in _SCHEDULES:
             raise ConfigError(f"lr_scheduler_type={name!r} is not one of {', '.join(_SCHEDULES)}")
-        return _SCHEDULES[name]
+        kwargs = self.lr_scheduler_kwargs or {}
+        if isinstance(kwargs, str):  # a JSON string, as a command line gives it
+            import json
+
+            kwargs = json.loads(kwargs)
+        where = f"{type(self).__name__}(lr_scheduler_type={name!r}, lr_scheduler_kwargs={kwargs!r})"
+        unknown = sorted(set(kwargs) - _SCHEDULE_KWARGS.get(name, set()))
+        if unknown:
+            raise ConfigError(f"{where}: {', '.join(unknown)} is not an argument lmrl's {_SCHEDULES[name]} schedule "
+                              f"takes (it takes {', '.join(sorted(_SCHEDULE_KWARGS.get(name, ()))) or 'none'})")
+        if kwargs.get("num_cycles", 0.5) != 0.5 or kwargs.get("warmup_type", "linear") != "linear":
+            raise ConfigError(f"{where}: lmrl's schedules decay in half a cosine (num_cycles=0.5) after a linear "
+                              f"warm-up (warmup_type='linear')")
+        warmup = _steps(self.warmup_steps, steps)
+        section = {"name": _SCHEDULES[name], "warmup_steps": warmup, "min_lr_ratio": 0.0}
+        if name == "cosine_with_min_lr":
+            if ("min_lr" in kwargs) == ("min_lr_rate" in kwargs):
+                raise ConfigError(f"{where}: give one of min_lr and min_lr_rate, as transformers asks")
+            section["min_lr_ratio"] = (kwargs["min_lr_rate"] if "min_lr_rate" in kwargs
+                                       else kwargs["min_lr"] / self.learning_rate)
+        if name == "warmup_stable_decay":
+            if "num_decay_steps" not in kwargs:
+                raise ConfigError(f"{where}: num_decay_steps is required, as transformers asks")
+            decay = int(kwargs["num_decay_steps"])
+            stable = kwargs.get("num_stable_steps")
+            if stable is not None and warmup + int(stable) + decay != steps:
+                raise ConfigError(f"{where}: lmrl's decay ends with the run: leave num_stable_steps unset or make "
+                                  f"warm-up + stable + decay equal the run's {steps} steps")
+            section.update(decay_steps=decay, decay_shape=kwargs.get("decay_type", "cosine"),
+                           min_lr_ratio=kwargs.get("min_lr_ratio", 0.0))
+        return section
 
     def _trackers(self) -> dict:
         report = self.report_to or []
@@ -186,6 +215,74 @@ class _LmrlArgs:
             raise ConfigError(f"greater_is_better={self.greater_is_better} for {self.metric_for_best_model!r}: lmrl "
                               f"minimises metrics named like a loss and maximises the others")
         return metric
+
+
+# LoraConfig fields lmrl sets itself: the section's own keys, the task type (the trainer's), peft's bookkeeping
+_LORA_OWN = {"r", "lora_alpha", "lora_dropout", "target_modules", "task_type", "peft_type", "base_model_name_or_path",
+             "revision", "inference_mode", "auto_mapping"}
+
+
+def lora_section(peft_config, model_path: str | None = None) -> dict:
+    """lmrl's `lora` section for a peft LoraConfig, so the run builds (and a resume rebuilds) the adapter the
+    user's LoraConfig describes: r, alpha, dropout, target_modules (None: peft's default for the model's
+    architecture, read from `model_path`'s config, as get_peft_model picks it), and every other field set away
+    from peft's default in `peft` (use_rslora, use_dora, modules_to_save, bias, rank_pattern, ...). A value
+    that is no plain data (so config.yaml cannot record it) or that needs peft's data-driven initialisation
+    is refused with its name."""
+    import peft
+
+    if not isinstance(peft_config, peft.LoraConfig):
+        raise ConfigError(f"peft_config={type(peft_config).__name__}(...): lmrl trains LoRA adapters only "
+                          f"(peft.LoraConfig)")
+    if peft_config.init_lora_weights == "eva":
+        raise ConfigError("LoraConfig(init_lora_weights='eva'): EVA initialises the adapter from data "
+                          "(peft.initialize_lora_eva_weights), which lmrl does not run; use another init_lora_weights")
+    defaults = peft.LoraConfig()
+    extra = {}
+    for f in dataclasses.fields(peft_config):
+        value = getattr(peft_config, f.name)
+        if f.name in _LORA_OWN or not f.init or not _differs(value, getattr(defaults, f.name)):
+            continue
+        value = sorted(value) if isinstance(value, set) else value
+        if not _plain(value):
+            raise ConfigError(f"LoraConfig({f.name}={value!r}): lmrl records the adapter's settings in config.yaml "
+                              f"and takes plain values only (numbers, strings, lists, dicts)")
+        extra[f.name] = value
+    targets = peft_config.target_modules
+    if targets is None:
+        targets = _peft_default_targets(model_path, peft_config)
+    targets = [targets] if isinstance(targets, str) else sorted(targets)
+    return {"r": int(peft_config.r), "alpha": float(peft_config.lora_alpha),
+            "dropout": float(peft_config.lora_dropout), "target_modules": targets, "peft": extra}
+
+
+def _peft_default_targets(model_path, peft_config) -> list[str]:
+    """peft's default LoRA targets for the architecture of the model at `model_path` (or of a loaded model's
+    config), what get_peft_model uses when target_modules is None."""
+    from peft.utils.constants import TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING as DEFAULTS
+
+    if getattr(peft_config, "target_parameters", None):  # adapters on parameters only, as peft allows
+        return []
+    try:
+        from transformers import AutoConfig
+
+        model_type = (AutoConfig.from_pretrained(model_path) if isinstance(model_path, (str, os.PathLike))
+                      else model_path).model_type
+    except Exception as e:
+        raise ConfigError(f"LoraConfig(target_modules=None): peft's default targets depend on the architecture, and "
+                          f"{model_path!r} has no config transformers reads ({type(e).__name__}); name target_modules") from None
+    if model_type not in DEFAULTS:
+        raise ConfigError(f"LoraConfig(target_modules=None): peft has no default targets for model_type "
+                          f"{model_type!r} (as get_peft_model would say); name target_modules")
+    return sorted(DEFAULTS[model_type])
+
+
+def _plain(value) -> bool:
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return True
+    if isinstance(value, (list, tuple)):
+        return all(map(_plain, value))
+    return isinstance(value, dict) and all(isinstance(k, str) and _plain(v) for k, v in value.items())
 
 
 def _empty(value) -> bool:
@@ -226,13 +323,42 @@ class GRPOConfig(_LmrlArgs, trl.GRPOConfig):
             raise ConfigError(f"per_device_train_batch_size x gradient_accumulation_steps x {world} process(es) = "
                               f"{batch} completions per step must be a multiple of "
                               f"num_generations={self.samples_per_row}")
-        return super()._length(batch, rows, world)
+        # TRL's optimizer steps: each pass over the data samples every prompt's group once and trains on it
+        # num_iterations times
+        per_epoch = rows * self.samples_per_row / batch * int(self.num_iterations)
+        steps = int(self.max_steps) if self.max_steps > 0 else math.ceil(float(self.num_train_epochs) * per_epoch)
+        return max(steps, 1), per_epoch
 
-    def _derived(self, name, value, world) -> bool:
-        # TRL's own sizes for one generation per optimizer step, which is what lmrl does
-        ga = int(self.gradient_accumulation_steps)
-        return value == {"generation_batch_size": int(self.per_device_train_batch_size) * world * ga,
-                         "steps_per_generation": ga}.get(name)
+    def _per_generation(self) -> int:
+        """TRL's optimizer steps per generation: steps_per_generation micro-batches of the generated batch,
+        gradient_accumulation_steps to an optimizer step, num_iterations passes. lmrl's RL step is one
+        generation and these updates (algo.ppo_epochs passes of minibatches)."""
+        per_step, ga = int(self.steps_per_generation), int(self.gradient_accumulation_steps)
+        if per_step % ga:
+            raise ConfigError(f"GRPOConfig(steps_per_generation={per_step}, gradient_accumulation_steps={ga}): lmrl "
+                              f"trains each generation in whole optimizer steps: steps_per_generation must be a "
+                              f"multiple of gradient_accumulation_steps")
+        return per_step // ga * int(self.num_iterations)
+
+    def _in_generations(self, data: dict, steps: int) -> None:
+        """TRL counts the run, its warm-up, decay and logging, evaluation and saving intervals in optimizer
+        steps; lmrl's RL trainer in RL steps, each one generation: the same points of the run, as close as
+        whole generations allow (lmrl's LR moves once per generation)."""
+        k = self._per_generation()
+        if k == 1:
+            return
+        train, schedule = data["train"], data["schedule"]
+        train["steps"] = math.ceil(steps / k)
+        for key in ("log_every", "eval_every", "ckpt_every"):
+            if train[key] != _NEVER:
+                train[key] = max(1, round(train[key] / k))
+        for key in ("warmup_steps", "decay_steps"):
+            if key in schedule:
+                schedule[key] = math.ceil(schedule[key] / k)
+        self.notes.append(f"one lmrl RL step is one generation, {k} of TRL's optimizer steps (steps_per_generation / "
+                          f"gradient_accumulation_steps x num_iterations): max_steps, warm-up and the logging, "
+                          f"evaluation and saving steps are counted in generations ({steps} optimizer steps: "
+                          f"{train['steps']} RL steps); the LR changes once per generation")
 
     def _shape(self, data, *, batch, steps, world):
         loss = _text(self.loss_type)
@@ -249,6 +375,20 @@ class GRPOConfig(_LmrlArgs, trl.GRPOConfig):
                 "scale_rewards": scale, "loss_level": _GRPO_LOSSES[loss],
                 "mask_truncated_completions": bool(self.mask_truncated_completions),
                 "ent_coef": float(self.entropy_coef)}
+        level = _text(self.importance_sampling_level)
+        if level not in RATIO_LEVELS:
+            raise ConfigError(f"GRPOConfig(importance_sampling_level={level!r}): lmrl's levels are "
+                              f"{', '.join(RATIO_LEVELS)}")
+        algo.update(ratio_level=level, top_entropy_quantile=float(self.top_entropy_quantile),
+                    kl_ratio_weighted=bool(self.use_bias_correction_kl))
+        if self.delta is not None:
+            if self.delta <= 1 + algo["clip_range_right"]:  # TRL takes it, and then caps the ratio inside the clip
+                raise ConfigError(f"GRPOConfig(delta={self.delta!r}): must be > 1 + epsilon_high = "
+                                  f"{1 + algo['clip_range_right']:g} (it caps the ratio above the clip, lmrl's "
+                                  f"algo.clip_ratio_max)")
+            algo["clip_ratio_max"] = float(self.delta)
+        if self.off_policy_mask_threshold is not None:
+            algo["off_policy_mask_threshold"] = float(self.off_policy_mask_threshold)
         data["algo"] = algo
         data["run"]["trainer"] = "rl"
         # TRL 1.16 cuts no prompt (it has no max_prompt_length): neither does lmrl here
@@ -260,11 +400,16 @@ class GRPOConfig(_LmrlArgs, trl.GRPOConfig):
             self.notes.append(f"eval_strategy='no': the run is still evaluated at its start and end, on "
                               f"{self.per_device_eval_batch_size} held-out prompts (per_device_eval_batch_size; "
                               f"the first training prompts without an eval_dataset); TRL evaluates nothing")
-        data["train"].update(rollout_size=batch, steps=steps, temperature=float(self.temperature),
+        generated = int(self.steps_per_generation) // int(self.gradient_accumulation_steps) * batch
+        data["train"].update(rollout_size=generated, steps=steps, temperature=float(self.temperature),
                              top_p=float(self.top_p), top_k=int(self.top_k or 0))
+        if generated > batch:  # each optimizer step trains on its share of the generation
+            algo["minibatch_size"] = batch
+        self._in_generations(data, steps)
         if self.log_completions:  # TRL prints num_completions_to_print of them, all where it is None
             to_print = self.num_completions_to_print
-            data["train"].update(log_completions=True, completions_to_print=batch if to_print is None else to_print)
+            data["train"].update(log_completions=True, completions_to_print=generated if to_print is None
+                                 else to_print)
         # reward_weights weigh the trainer's reward_funcs (GRPOTrainer passes them on): reward.weights is for
         # reward.funcs named in the config, and would be refused beside functions given from Python
         if self.use_vllm:
@@ -313,9 +458,26 @@ class SFTConfig(_OfflineArgs, trl.SFTConfig):
 
     def _shape(self, data, *, batch, steps, world):
         super()._shape(data, batch=batch, steps=steps, world=world)
-        if not self.assistant_only_loss:
-            self.notes.append("conversations train on their assistant turns only (TRL's assistant_only_loss=False "
-                              "trains every token of a conversation); prompt/completion rows on the completion")
+        if self.packing and self.max_length is None:
+            raise ConfigError("SFTConfig(packing=True, max_length=None): packing needs max_length, the length of the "
+                              "packed sequences (as TRL asks)")
+        data["data"].update(text_field=self.dataset_text_field, truncation_mode=self.truncation_mode,
+                            packing=bool(self.packing), packing_strategy=self.packing_strategy,
+                            padding_free=bool(self.padding_free))
+        smoothing = float(self.label_smoothing_factor)
+        if smoothing and self.loss_type == "dft":  # TRL smooths the nll loss only
+            self.notes.append(f"label_smoothing_factor={smoothing} changes nothing with loss_type='dft', as in TRL")
+            smoothing = 0.0
+        data["sft"] = {"loss_type": self.loss_type, "label_smoothing": smoothing,
+                       "completion_only_loss": self.completion_only_loss is not False,
+                       "assistant_only_loss": bool(self.assistant_only_loss),
+                       "neftune_noise_alpha": float(self.neftune_noise_alpha or 0.0)}
+        fractions = [name for name in ("warmup_steps", "logging_steps", "save_steps", "eval_steps")
+                     if 0 < float(getattr(self, name) or 0) < 1]
+        epochs = [f"{what}_strategy" for what in ("eval", "save") if _text(getattr(self, f"{what}_strategy")) == "epoch"]
+        if self.packing and self.max_steps <= 0 and fractions + epochs:
+            self.notes.append(f"packing=True: {', '.join(fractions + epochs)} count steps of the unpacked rows (lmrl packs "
+                              f"them after the config is made); the run's length counts packed sequences, as TRL's")
 
 
 @dataclass
@@ -328,8 +490,8 @@ class RewardConfig(_OfflineArgs, trl.RewardConfig):
 # the carried fields the translation above reads (tests/test_trl_fields.py checks the table against it)
 TRANSLATED = {
     "common": {"output_dir", "per_device_train_batch_size", "gradient_accumulation_steps", "num_train_epochs",
-               "max_steps", "learning_rate", "lr_scheduler_type", "warmup_steps", "weight_decay", "adam_beta1",
-               "adam_beta2", "adam_epsilon", "max_grad_norm", "optim", "bf16", "gradient_checkpointing",
+               "max_steps", "learning_rate", "lr_scheduler_type", "lr_scheduler_kwargs", "warmup_steps", "weight_decay",
+               "adam_beta1", "adam_beta2", "adam_epsilon", "max_grad_norm", "optim", "bf16", "gradient_checkpointing",
                "activation_checkpointing", "use_cpu", "seed", "logging_steps", "eval_strategy", "eval_steps",
                "save_strategy", "save_steps", "save_total_limit", "report_to", "run_name", "disable_tqdm",
                "per_device_eval_batch_size", "metric_for_best_model", "greater_is_better", "fsdp",
@@ -337,8 +499,11 @@ TRANSLATED = {
     "grpo": {"num_generations", "max_completion_length", "temperature", "top_p", "top_k", "beta", "num_iterations",
              "epsilon", "epsilon_high", "scale_rewards", "loss_type", "mask_truncated_completions", "reward_weights",
              "entropy_coef", "use_vllm", "vllm_gpu_memory_utilization", "vllm_max_model_length",
-             "max_tool_calling_iterations", "log_completions", "num_completions_to_print", "chat_template_kwargs"},
+             "max_tool_calling_iterations", "log_completions", "num_completions_to_print", "chat_template_kwargs",
+             "importance_sampling_level", "delta", "top_entropy_quantile", "off_policy_mask_threshold",
+             "use_bias_correction_kl", "steps_per_generation", "generation_batch_size"},
     "dpo": {"beta", "loss_type", "label_smoothing", "max_length"},
-    "sft": {"max_length", "assistant_only_loss"},
+    "sft": {"max_length", "assistant_only_loss", "completion_only_loss", "dataset_text_field", "truncation_mode",
+            "packing", "packing_strategy", "padding_free", "loss_type", "neftune_noise_alpha", "label_smoothing_factor"},
     "reward": {"max_length"},
 }

@@ -41,7 +41,9 @@ COMMON: dict[str, Rule] = {
     "max_steps": Rule(CARRIED, "train.steps (GRPO) / train.max_steps (offline trainers)"),
     "learning_rate": Rule(CARRIED, "optim.lr"),
     "lr_scheduler_type": Rule(CARRIED, "schedule.name: linear, cosine, constant, constant_with_warmup (decaying "
-                                       "to 0 as transformers' do); other schedules are refused"),
+                                       "to 0 as transformers' do), cosine_with_min_lr (cosine to "
+                                       "schedule.min_lr_ratio), warmup_stable_decay (wsd); other schedules are "
+                                       "refused"),
     "warmup_steps": Rule(CARRIED, "schedule.warmup_steps (a value below 1 is a fraction of the steps)"),
     "weight_decay": Rule(CARRIED, "optim.weight_decay"),
     "adam_beta1": Rule(CARRIED, "optim.betas[0]"),
@@ -78,7 +80,10 @@ COMMON: dict[str, Rule] = {
     "deepspeed": Rule(REFUSED, "lmrl shards with FSDP (fsdp=full_shard under torchrun), not DeepSpeed"),
     "label_smoothing_factor": Rule(REFUSED, "no label smoothing in lmrl's SFT loss"),
     "neftune_noise_alpha": Rule(REFUSED, "no NEFTune noise in lmrl"),
-    "lr_scheduler_kwargs": Rule(REFUSED, "lmrl's schedules take no extra arguments"),
+    "lr_scheduler_kwargs": Rule(CARRIED, "cosine_with_min_lr: min_lr_rate or min_lr -> schedule.min_lr_ratio; "
+                                         "warmup_stable_decay: num_decay_steps -> schedule.decay_steps, decay_type "
+                                         "-> schedule.decay_shape, min_lr_ratio; num_cycles only at 0.5, "
+                                         "warmup_type only linear; other arguments are refused"),
     "optim_args": Rule(REFUSED, "lmrl's AdamW takes its settings from the adam_* fields"),
     "optim_target_modules": Rule(REFUSED, "only for GaLore-style optimizers, which lmrl does not have"),
     "auto_find_batch_size": Rule(REFUSED, "lmrl does not search for a batch size"),
@@ -132,7 +137,10 @@ GRPO: dict[str, Rule] = {
     "top_p": Rule(CARRIED, "train.top_p"),
     "top_k": Rule(CARRIED, "train.top_k"),
     "beta": Rule(CARRIED, "algo.kl_coef (KL to the starting policy, k3 estimator, in the loss)"),
-    "num_iterations": Rule(CARRIED, "algo.ppo_epochs"),
+    "use_bias_correction_kl": Rule(CARRIED, "algo.kl_ratio_weighted (TRL's default True: with beta > 0 each token's "
+                                            "KL in the loss is weighted by its importance ratio)"),
+    "num_iterations": Rule(CARRIED, "algo.ppo_epochs (TRL's optimizer steps count each pass: max_steps and the "
+                                    "other step counts become generations, lmrl's RL steps)"),
     "epsilon": Rule(CARRIED, "algo.clip_range_left (and right, unless epsilon_high)"),
     "epsilon_high": Rule(CARRIED, "algo.clip_range_right"),
     "scale_rewards": Rule(CARRIED, "algo.scale_rewards: group / batch / none (True: group, False: none)"),
@@ -149,18 +157,26 @@ GRPO: dict[str, Rule] = {
     "max_tool_calling_iterations": Rule(CARRIED, "env.max_turns (the tool calls plus the answering turn)"),
     "chat_template_kwargs": Rule(CARRIED, "model.chat_template_kwargs: passed to the chat template wherever a prompt, "
                                           "an episode's turns or a reward model's text is rendered"),
-    "importance_sampling_level": Rule(REFUSED, "token-level ratios only (GSPO's sequence level is not in lmrl)"),
+    "importance_sampling_level": Rule(CARRIED, "algo.ratio_level: token, sequence (GSPO: one ratio per completion; "
+                                               "the clip_ratio/* metrics then count completions, as TRL's), "
+                                               "sequence_token (GSPO-token, as trl.experimental.gspo_token computes "
+                                               "it; TRL 1.16's own GRPOTrainer refuses it)"),
     "multi_objective_aggregation": Rule(REFUSED, "rewards are summed, then normalised"),
-    "generation_batch_size": Rule(REFUSED, "lmrl samples one optimizer step's completions at a time: leave it "
-                                           "unset (or equal to the step's completions)"),
-    "steps_per_generation": Rule(REFUSED, "lmrl samples once per optimizer step: leave it unset (or "
-                                          "gradient_accumulation_steps)"),
+    "generation_batch_size": Rule(CARRIED, "train.rollout_size (as steps_per_generation)"),
+    "steps_per_generation": Rule(CARRIED, "train.rollout_size = the completions of steps_per_generation / "
+                                          "gradient_accumulation_steps optimizer steps, each an algo.minibatch_size "
+                                          "share of it (a multiple of gradient_accumulation_steps)"),
     "min_p": Rule(REFUSED, "lmrl samples with temperature, top_k and top_p"),
     "repetition_penalty": Rule(REFUSED, "lmrl samples with temperature, top_k and top_p"),
     "generation_kwargs": Rule(REFUSED, "lmrl samples with temperature, top_k and top_p"),
-    "delta": Rule(REFUSED, "no two-sided clipping of the ratio (INTELLECT-2's delta)"),
-    "top_entropy_quantile": Rule(REFUSED, "the loss covers every completion token"),
-    "off_policy_mask_threshold": Rule(REFUSED, "no off-policy sequence masking"),
+    "delta": Rule(CARRIED, "algo.clip_ratio_max (INTELLECT-2's cap on the unclipped ratio); a delta not above "
+                           "1 + epsilon_high is refused"),
+    "top_entropy_quantile": Rule(CARRIED, "algo.top_entropy_quantile: the entropy threshold over a micro-batch's "
+                                          "valid tokens, as TRL's in one process (under torchrun each process takes "
+                                          "its own; TRL's is over every process's tokens)"),
+    "off_policy_mask_threshold": Rule(CARRIED, "algo.off_policy_mask_threshold: the drift is measured against the "
+                                               "old log-probs (the learner's own: lmrl has no vLLM sampling "
+                                               "log-probs to use instead)"),
     "cast_lm_head_to_fp32": Rule(REFUSED, "the head runs in the model's dtype"),
     "use_adaptive_entropy": Rule(REFUSED, "a fixed entropy_coef only"),
     "use_transformers_paged": Rule(REFUSED, "lmrl samples with its own loop (or vLLM)"),
@@ -179,7 +195,7 @@ GRPO.update(_rules(NO_EFFECT, """
     vllm_mode vllm_model_impl vllm_enable_sleep_mode vllm_structured_outputs_regex vllm_server_base_url
     vllm_server_host vllm_server_port vllm_server_timeout vllm_group_port vllm_tensor_parallel_size
     vllm_importance_sampling_correction vllm_importance_sampling_mode vllm_importance_sampling_clip_max
-    vllm_importance_sampling_clip_min vllm_importance_sampling_cap use_bias_correction_kl""",
+    vllm_importance_sampling_clip_min vllm_importance_sampling_cap""",
     "vLLM runs colocated in lmrl, its log-probs recomputed by the policy (no importance-sampling correction)"))
 GRPO.update(_rules(NO_EFFECT, """sapo_temperature_neg sapo_temperature_pos vespo_k_pos vespo_lambda_pos vespo_k_neg
     vespo_lambda_neg entropy_coef_min entropy_coef_max entropy_coef_delta entropy_target""",
@@ -205,19 +221,28 @@ DPO: dict[str, Rule] = {
 }
 
 SFT: dict[str, Rule] = {
-    "dataset_text_field": Rule(REFUSED, "rows are read by their columns: text, prompt/completion, messages"),
+    "dataset_text_field": Rule(CARRIED, "data.text_field: the column a language-modelling row's text is read from"),
     "dataset_kwargs": Rule(NO_EFFECT, "rows are read by their columns"),
-    "truncation_mode": Rule(REFUSED, "rows keep their start (keep_start)"),
-    "shuffle_dataset": Rule(NO_EFFECT, "rows are always shuffled (seeded)"),
-    "packing": Rule(REFUSED, "rows are padded, not packed"),
-    "packing_strategy": Rule(NO_EFFECT, "only with packing, which lmrl refuses"),
-    "padding_free": Rule(NO_EFFECT, "rows are padded to the batch's longest"),
-    "eval_packing": Rule(NO_EFFECT, "only with packing, which lmrl refuses"),
-    "completion_only_loss": Rule(REFUSED, "the loss is on the completion of prompt/completion rows",
-                                 accepts=(True,)),
-    "assistant_only_loss": Rule(CARRIED, "conversations: the loss is on assistant turns either way (the run log "
-                                         "says so where TRL's default differs: False trains every token)"),
-    "loss_type": Rule(REFUSED, "cross-entropy (nll) only"),
+    "truncation_mode": Rule(CARRIED, "data.truncation_mode: keep_end keeps every row's last max_length tokens, as "
+                                     "TRL; keep_start keeps a conversation's or text's start, but a prompt/completion "
+                                     "row loses its prompt's start first (TRL cuts its end, and drops a row left "
+                                     "with no completion token: lmrl drops no row)"),
+    "shuffle_dataset": Rule(NO_EFFECT, "rows are always shuffled (seeded); packing packs them in data order"),
+    "packing": Rule(CARRIED, "data.packing: rows packed into sequences of max_length (required), positions "
+                             "restarting at each row, as TRL packs them (tests compare with pack_dataset; bfd cuts "
+                             "an over-long row as truncation_mode says)"),
+    "packing_strategy": Rule(CARRIED, "data.packing_strategy: bfd, bfd_split or wrapped"),
+    "padding_free": Rule(CARRIED, "data.padding_free: a micro-batch as one row of its rows' tokens (packed rows "
+                                  "are laid out one per batch row under sdpa and eager attention, where that is "
+                                  "cheaper and gives the same numbers, and as one row otherwise)"),
+    "eval_packing": Rule(NO_EFFECT, "held-out rows are packed as the training rows are (data.packing)"),
+    "completion_only_loss": Rule(CARRIED, "sft.completion_only_loss (None: True; False also trains the prompt)"),
+    "assistant_only_loss": Rule(CARRIED, "sft.assistant_only_loss: False (TRL's default) trains every token of a "
+                                         "conversation, True its assistant turns and their end-of-turn tokens"),
+    "loss_type": Rule(CARRIED, "sft.loss_type: nll or dft"),
+    "neftune_noise_alpha": Rule(CARRIED, "sft.neftune_noise_alpha (None: 0, off)"),
+    "label_smoothing_factor": Rule(CARRIED, "sft.label_smoothing with loss_type=nll; with dft it changes nothing, as "
+                                            "in TRL (the run log says so)"),
 }
 
 REWARD: dict[str, Rule] = {

@@ -73,6 +73,10 @@ class _Accelerator:
         if self.is_main_process:
             print(*args, **kwargs)
 
+    def wait_for_everyone(self) -> None:
+        if torch.distributed.is_available() and torch.distributed.is_initialized():
+            torch.distributed.barrier()
+
 
 class _Bridge(Callback):
     """lmrl's hooks, turned into the TRL trainer's state, log history and TrainerCallback events."""
@@ -114,6 +118,7 @@ class _TRLTrainer:
         self.state.logging_steps, self.state.save_steps = inner.config.train.log_every, inner.config.train.ckpt_every
         self.state.eval_steps = inner.config.train.eval_every
         self.state.train_batch_size = int(args.per_device_train_batch_size)
+        self._check_best_metric()
         inner.data_notes.extend(args.notes)
         if args.ignored:
             inner.data_notes.append(f"TRL arguments that change nothing here: {', '.join(args.ignored)}")
@@ -123,6 +128,11 @@ class _TRLTrainer:
         inner = self.__dict__.get("inner")
         if inner is None:
             raise AttributeError(name)
+        from transformers import Trainer
+
+        if hasattr(Trainer, name):  # an HF Trainer method not provided here: never lmrl's same-named one
+            raise AttributeError(f"{type(self).__name__}.{name}: transformers.Trainer's {name} is not supported by "
+                                 f"lmrl.trl (the lmrl trainer is trainer.inner)")
         return getattr(inner, name)
 
     # -- what TRL's trainers expose --------------------------------------------------------------------
@@ -131,6 +141,11 @@ class _TRLTrainer:
         """The transformers model being trained (a peft model with LoRA)."""
         policy = self.inner.model
         return getattr(policy, "model", policy)
+
+    @property
+    def tokenizer(self):
+        """transformers' older name for processing_class."""
+        return self.processing_class
 
     @property
     def hub_model_id(self) -> str:
@@ -144,8 +159,77 @@ class _TRLTrainer:
         else:
             self.inner.callbacks.callbacks.append(callback)
 
+    def remove_callback(self, callback) -> None:
+        """Removes a TrainerCallback given as an instance or its class (the first of that class)."""
+        self.pop_callback(callback)
+
+    def pop_callback(self, callback):
+        """Removes and returns a TrainerCallback given as an instance or its class (None where none is)."""
+        for cb in self.callbacks:
+            if cb is callback or (isinstance(callback, type) and type(cb) is callback):
+                self.callbacks.remove(cb)
+                return cb
+        return None
+
     def is_world_process_zero(self) -> bool:
         return self.inner.dist.is_main
+
+    def is_local_process_zero(self) -> bool:
+        return self.inner.dist.is_main
+
+    @property
+    def lr_scheduler(self):
+        """The LR schedule of the stage being trained (None outside train(): lmrl's trainer drops it at the end)."""
+        return self.inner.scheduler
+
+    def log_metrics(self, split: str, metrics: dict) -> None:
+        """transformers' Trainer.log_metrics: prints `metrics` as a table (main process only)."""
+        if not self.is_world_process_zero():
+            return
+        print(f"***** {split} metrics *****")
+        width = max((len(k) for k in metrics), default=0)
+        for key in sorted(metrics):
+            print(f"  {key: <{width}} = {metrics[key]}")
+
+    def save_metrics(self, split: str, metrics: dict, combined: bool = True) -> None:
+        """transformers' Trainer.save_metrics: output_dir/<split>_results.json and, combined, all_results.json."""
+        if not self.is_world_process_zero():
+            return
+        import json
+
+        out = Path(self.args.output_dir)
+        (out / f"{split}_results.json").write_text(json.dumps(metrics, indent=4, sort_keys=True))
+        if combined:
+            path = out / "all_results.json"
+            everything = json.loads(path.read_text()) if path.is_file() else {}
+            everything.update(metrics)
+            path.write_text(json.dumps(everything, indent=4, sort_keys=True))
+
+    def save_state(self) -> None:
+        """transformers' Trainer.save_state: the TrainerState as output_dir/trainer_state.json."""
+        if self.is_world_process_zero():
+            self.state.save_to_json(str(Path(self.args.output_dir) / "trainer_state.json"))
+
+    def create_model_card(self, model_name: str | None = None, dataset_name: str | None = None,
+                          tags: str | list[str] | None = None, **kwargs) -> None:
+        """A minimal model card (output_dir/README.md): the model, its base, the data set and how it was trained."""
+        if not self.is_world_process_zero():
+            return
+        tags = [tags] if isinstance(tags, str) else list(tags or [])
+        name = model_name or Path(self.args.output_dir).name
+        lines = ["---", f"base_model: {self.inner.config.model.path}", "library_name: transformers",
+                 f"tags: [{', '.join(['lmrl', 'trl', self.kind, *tags])}]", "---", "", f"# {name}", "",
+                 f"Trained with lmrl's {type(self).__name__} (TRL's API) from {self.inner.config.model.path}"
+                 + (f" on {dataset_name}" if dataset_name else "") + "."]
+        (Path(self.args.output_dir) / "README.md").write_text("\n".join(lines) + "\n")
+
+    def get_train_dataloader(self):
+        raise NotImplementedError(f"{type(self).__name__}.get_train_dataloader(): lmrl batches the rows itself and "
+                                  f"has no torch DataLoader; the rows are trainer.inner's")
+
+    def predict(self, test_dataset, ignore_keys=None, metric_key_prefix: str = "test"):
+        raise NotImplementedError(f"{type(self).__name__}.predict(): not supported by lmrl.trl; use evaluate() for "
+                                  f"metrics, or generate with trainer.model")
 
     def train(self, resume_from_checkpoint: bool | str | None = None, trial=None, ignore_keys_for_eval=None,
               **kwargs) -> TrainOutput:
@@ -267,8 +351,11 @@ class _TRLTrainer:
         run = self.inner.config.run
         if resume in (None, False):
             if self._held_a_run:
+                latest = _latest_step(Path(run.dir))
+                script = f" (a script: --resume_from_checkpoint {latest})" if latest else ""
                 raise ConfigError(f"output_dir {run.dir} already holds a run: train(resume_from_checkpoint=True) "
-                                  f"continues it; another output_dir starts afresh (lmrl never overwrites a run)")
+                                  f"continues it{script}; another output_dir starts afresh (lmrl never overwrites "
+                                  f"a run)")
             run.resume = "never"
             return
         if not self._held_a_run:
@@ -279,6 +366,20 @@ class _TRLTrainer:
 
     def _steps_per_epoch(self) -> float:
         return self.train_rows / max(self._rows_per_step(), 1)
+
+    def _eval_names(self) -> set[str] | None:
+        """The names evaluate() reports (lmrl's eval/...), where the trainer alone says which; None: unknown
+        until an evaluation runs (lmrl's trainer checks train.best_metric then)."""
+        return None
+
+    def _check_best_metric(self) -> None:
+        """metric_for_best_model, TRL's name or lmrl's, checked as the trainer is built rather than at the
+        first evaluation."""
+        known, metric = self._eval_names(), self.inner.config.train.best_metric
+        if self.args.metric_for_best_model and known is not None and metric not in known:
+            names = ", ".join(sorted(f"eval_{k[5:]}" for k in known))
+            raise ConfigError(f"metric_for_best_model={self.args.metric_for_best_model!r} is not an evaluation "
+                              f"metric of this {type(self).__name__}: it reports {names}")
 
     def _rows_per_step(self) -> int:
         world = self.inner.dist.world_size
@@ -292,13 +393,18 @@ def _prepare(args, model, processing_class, peft_config, quantization_config, tr
                          "(bitsandbytes' 4- and 8-bit kernels need a CUDA GPU and are not wired in)")
     if train_dataset is None:
         raise ValueError(f"{kind}Trainer needs train_dataset= ({rows})")
+    if not hasattr(train_dataset, "__len__") and int(args.max_steps) <= 0:
+        raise ValueError(f"train_dataset is a {type(train_dataset).__name__} without a length (streaming): set "
+                         f"max_steps in the {type(args).__name__}, as transformers asks (num_train_epochs alone "
+                         f"cannot size the run)")
     size = len(train_dataset) if hasattr(train_dataset, "__len__") else sum(1 for _ in train_dataset)
     path = str(model) if isinstance(model, (str, os.PathLike)) else str(model.config.name_or_path)
     loaded = not isinstance(model, (str, os.PathLike))
     config = args.to_config(model_path=path, train_rows=size, peft_config=None if loaded else peft_config)
     if kind != "GRPO" and size:  # TRL: conversations through the chat template, text rows as they are
-        config.data.chat = _conversational(train_dataset[0])
+        config.data.chat = _conversational(_first_row(train_dataset))
     held = holds_a_run(Path(config.run.dir))
+    _check_resume_path(args.resume_from_checkpoint, Path(config.run.dir))  # before any model loads
     if held:  # the trainer decides at train() whether this run continues it
         config.run.resume = "auto"
     policy = None
@@ -309,6 +415,38 @@ def _prepare(args, model, processing_class, peft_config, quantization_config, tr
     elif loaded or processing_class is not None:
         policy = _policy(model, processing_class, peft_config, config)
     return config, policy, held, size
+
+
+def _latest_step(run_dir: Path) -> str:
+    """The newest lmrl checkpoint of the run in `run_dir`, to name in an error ('' where none is)."""
+    from ..checkpoint.directory import latest_checkpoint
+
+    latest = latest_checkpoint(run_dir / "checkpoints")
+    return str(latest) if latest is not None else ""
+
+
+def _check_resume_path(resume, run_dir: Path) -> None:
+    """A resume_from_checkpoint path that does not exist, refused in one line naming lmrl's checkpoint of the
+    same step: lmrl writes output_dir/checkpoints/step_N where transformers writes output_dir/checkpoint-N."""
+    if not isinstance(resume, (str, os.PathLike)) or str(resume).lower() in ("true", "false") or Path(resume).exists():
+        return
+    name = Path(resume).name
+    step = name.removeprefix("checkpoint-")
+    if name.startswith("checkpoint-") and step.isdigit():
+        ours = run_dir / "checkpoints" / f"step_{int(step)}"
+        hint = f"pass {ours}" if ours.is_dir() else \
+            f"this run's newest is {_latest_step(run_dir) or 'none (nothing to resume)'}"
+        raise ConfigError(f"resume_from_checkpoint={str(resume)!r} does not exist: lmrl writes checkpoints as "
+                          f"output_dir/checkpoints/step_N, not checkpoint-N; {hint}")
+    raise ConfigError(f"resume_from_checkpoint={str(resume)!r} does not exist (lmrl's checkpoints are "
+                      f"output_dir/checkpoints/step_N)")
+
+
+def _first_row(dataset) -> dict:
+    """A data set's first row: a map-style one's [0], a streaming (iterable) one's first yielded."""
+    if isinstance(dataset, (list, tuple)) or (hasattr(dataset, "__len__") and hasattr(dataset, "__getitem__")):
+        return dataset[0]
+    return next(iter(dataset))
 
 
 def _conversational(row: dict) -> bool:
@@ -322,7 +460,9 @@ def _policy(model, processing_class, peft_config, config):
     given tokenizer and a LoRA adapter from peft_config."""
     from ..models import build_model
     from ..models.hf import HFPolicy
-    from ..models.lora import add_lora
+    from ..config.schema import LoraConfig as LoraSection
+    from ..models.lora import add_lora, lora_config
+    from .configs import lora_section
 
     if isinstance(model, (str, os.PathLike)):
         policy = build_model(config.model, lora=config.lora)  # the config's LoRA (from peft_config) included
@@ -330,10 +470,8 @@ def _policy(model, processing_class, peft_config, config):
     if processing_class is None and not isinstance(model, HFPolicy):
         processing_class = _saved_tokenizer(model)
     policy = model if isinstance(model, HFPolicy) else HFPolicy(model, processing_class)
-    if peft_config is not None:
-        targets = peft_config.target_modules
-        add_lora(policy, r=peft_config.r, alpha=peft_config.lora_alpha, dropout=peft_config.lora_dropout,
-                 target_modules="all-linear" if targets in (None, "all-linear") else targets)
+    if peft_config is not None:  # the adapter to_config would describe, from the user's LoraConfig
+        add_lora(policy, config=lora_config(LoraSection(**lora_section(peft_config, policy.model.config))))
     return policy
 
 
@@ -393,11 +531,48 @@ class GRPOTrainer(_TRLTrainer):
                                               train_dataset, "the prompts to sample from", "GRPO")
         hf_callbacks, own = _split_callbacks(callbacks)
         weights = None if args.reward_weights is None else [float(w) for w in args.reward_weights]
+        reward_funcs, scorers = _reward_models(reward_funcs, train_dataset, config)
+        self.train_dataset, self.eval_dataset = train_dataset, eval_dataset
         inner = _LmrlGRPOTrainer(config, model=policy, reward_funcs=reward_funcs, reward_weights=weights,
                                  train_dataset=train_dataset, eval_dataset=eval_dataset, callbacks=own, tools=tools,
                                  environment_factory=environment_factory)
+        for scorer in scorers:
+            scorer.to(inner.device)
         self._held_a_run = held
         super().__init__(inner, args, processing_class=processing_class, callbacks=hf_callbacks, train_rows=rows)
+
+
+    def _steps_per_epoch(self) -> float:
+        """RL steps per pass over the prompts: one RL step (a generation of train.rollout_size completions)
+        samples rollout_size / num_generations prompts, so the epoch counts prompts, as TRL's does."""
+        cfg = self.inner.config
+        return self.train_rows / max(cfg.train.rollout_size / cfg.algo.group_size, 1e-9)
+
+    def _eval_names(self) -> set[str] | None:
+        from ..tasks.prompt_task import PromptTask
+        from ..tasks.rewards import RewardFunctions
+
+        reward = getattr(self.inner.task, "reward", None)
+        if type(self.inner.task) is not PromptTask or not isinstance(reward, RewardFunctions):
+            return None
+        return {"eval/accuracy", "eval/reward", "eval/length_mean", *(f"eval/rewards/{n}/mean" for n in reward.names)}
+
+
+def _reward_models(reward_funcs, train_dataset, config) -> tuple:
+    """(reward_funcs with each reward model in it made a reward function, those scorers). A reward model is
+    TRL's: a path (str or PathLike) or a loaded `AutoModelForSequenceClassification`, scored with its own
+    tokenizer on prompt + completion (conversations through its chat template, texts joined) and named
+    after its directory (`rewards/<name>/mean`), as TRL does; lmrl's `RewardModelScorer` scores it."""
+    from ..tasks.rewards import RewardModelScorer
+
+    funcs = list(reward_funcs) if isinstance(reward_funcs, (list, tuple)) else [reward_funcs]
+    models = [f for f in funcs if isinstance(f, (str, os.PathLike, torch.nn.Module))]
+    if not models:
+        return reward_funcs, []
+    chat = train_dataset is not None and _conversational(_first_row(train_dataset))
+    scorers = {id(m): RewardModelScorer(m, batch_size=config.reward.model_batch_size, chat=chat,
+                                        chat_template_kwargs=config.model.chat_template_kwargs) for m in models}
+    return [scorers.get(id(f), f) for f in funcs], list(scorers.values())
 
 
 def _environment_prompts(args: GRPOConfig) -> list[dict]:
@@ -429,14 +604,17 @@ class _OfflineTRLTrainer(_TRLTrainer):
                              "builds AdamW from the args")
         args = args if args is not None else self.config_class(output_dir="trainer_output")
         _require(args, self.config_class)
-        config, policy, held, rows = _prepare(args, model, processing_class, peft_config, quantization_config,
-                                              train_dataset, self.rows, self.kind.upper())
+        config, policy, held, _ = _prepare(args, model, processing_class, peft_config, quantization_config,
+                                           train_dataset, self.rows, self.kind.upper())
         hf_callbacks, own = _split_callbacks(callbacks)
         tokenizer = policy.tokenizer if policy is not None else processing_class
+        self.train_dataset, self.eval_dataset = train_dataset, eval_dataset
         inner = self.lmrl_class(config, model=policy, tokenizer=tokenizer,
                                 train_dataset=train_dataset, eval_dataset=eval_dataset, callbacks=own, **extra)
         self._held_a_run = held
-        super().__init__(inner, args, processing_class=processing_class, callbacks=hf_callbacks, train_rows=rows)
+        # the rows an epoch passes over: SFT's packed sequences where it packs
+        super().__init__(inner, args, processing_class=processing_class, callbacks=hf_callbacks,
+                         train_rows=len(inner.train_rows))
 
 
 class DPOTrainer(_OfflineTRLTrainer):
@@ -462,7 +640,8 @@ class DPOTrainer(_OfflineTRLTrainer):
 
 class SFTTrainer(_OfflineTRLTrainer):
     """TRL's `SFTTrainer(model, args, data_collator, train_dataset, eval_dataset, processing_class, ...,
-    peft_config)` on lmrl's SFT: rows {text}, {prompt, completion} or {messages} (TRL's formats)."""
+    peft_config)` on lmrl's SFT: rows {text} (dataset_text_field's column), {prompt, completion} or
+    {messages} (TRL's formats), packed with packing=True."""
 
     kind, lmrl_class, config_class, rows = "sft", _LmrlSFTTrainer, SFTConfig, "text, prompt/completion or messages rows"
 
@@ -472,3 +651,8 @@ class RewardTrainer(_OfflineTRLTrainer):
     peft_config)` on lmrl's reward-model trainer: {chosen, rejected} pairs (with or without prompt)."""
 
     kind, lmrl_class, config_class, rows = "reward", _LmrlRewardTrainer, RewardConfig, "preference pairs"
+
+    def _eval_names(self) -> set[str] | None:
+        names = ("loss", "accuracy", "margin", "mean_reward", "min_reward", "max_reward", "margin_mean",
+                 "chosen_mean", "rejected_mean", "num_tokens")
+        return {f"eval/{name}" for name in names}
