@@ -162,7 +162,7 @@ def test_latest_checkpoint_ignores_stale_temp_and_incomplete_step_dirs(tmp_path)
 
 def test_a_save_killed_between_its_two_renames_gets_the_old_checkpoint_back(tmp_path):
     # write_atomically replacing best/: best -> .tmp-best-<pid>-old, then .tmp-best-<pid> -> best; a kill between
-    # the two left no best/, and the next save deleted both copies (audit D10)
+    # the two leaves no best/, which the next save must put back before clearing stale temp dirs
     save_weights(tmp_path / "best", TiedLM(), trainer_state={"step": 2})
     save_weights(tmp_path / "elsewhere", TiedLM(), trainer_state={"step": 6})
     (tmp_path / "best").rename(tmp_path / ".tmp-best-4242-old")  # the first rename done...

@@ -188,7 +188,7 @@ def test_an_offline_preset_on_an_rl_base_drops_the_bases_rl_updates(tmp_path):
     ("algo.gamma=1.5", "algo.gamma must be in [0, 1], got 1.5"),
     ("rollout.gpu_memory_utilization=0", "rollout.gpu_memory_utilization must be in (0, 1], got 0.0"),
     ("run.threads=-2", "run.threads must be >= 0, got -2"),
-    # each crashed once the run started (audit D5): torch's seed overflows, problem ids overflow int64
+    # past these, torch's seed overflows and problem ids overflow int64 once the run starts
     ("run.seed=99999999999999999999", "run.seed must be in [0, 4294967296), got 99999999999999999999"),
     ("run.seed=-1", "run.seed must be in [0, 4294967296), got -1"),
     ("task.ndigit=10", "task.ndigit must be in [1, 9], got 10"),

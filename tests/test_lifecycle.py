@@ -201,7 +201,7 @@ def test_resume_from_a_weights_only_or_damaged_checkpoint_is_one_line(tiny_confi
 
 
 def test_a_run_of_no_steps_evaluates_the_initial_model_and_says_so(tiny_config):
-    # sft.steps=0 train.steps=0 crashed formatting its last line, after summary.json was written (audit D5)
+    # sft.steps=0 train.steps=0: no step at all, and the last line still formats
     cfg = tiny_config("sft.steps=0", "train.steps=0")
     summary = RLTrainer(cfg).train()
     assert summary["warmup_accuracy"] is None and summary["steps_done"] == 0

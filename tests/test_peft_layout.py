@@ -298,7 +298,7 @@ def test_a_sharded_lora_policys_gathered_weights_are_saved_in_peft_layout(data, 
 # --- a LoRA reward model ---------------------------------------------------------------------------
 
 def test_a_lora_reward_models_checkpoints_are_peft_adapters_holding_its_score_head(data, tmp_path):
-    # they held the whole model, frozen base included, under peft's internal names (audit D9)
+    # the adapter and the score head only, under peft's own names: no frozen base weights
     from safetensors.torch import save_model
     from transformers import AutoModelForSequenceClassification
 

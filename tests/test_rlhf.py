@@ -96,7 +96,7 @@ def test_a_missing_reward_model_is_one_line_before_the_policy_loads(tmp_path, mo
 
 
 def test_a_reward_model_for_a_task_with_its_own_verifier_is_refused_in_the_config():
-    # reward.model=... on the adder (or math) trained on the verifier's rewards without a word (audit D3)
+    # the adder (or math) scores with its verifier: a reward model there would be ignored
     with pytest.raises(ConfigError) as raised:
         load_config("adder", ["reward.model=runs/rm-smollm2/reward_model"])
     assert str(raised.value) == ("reward.model scores tasks without a verifier of their own (task.name=prompts); "

@@ -1,4 +1,4 @@
-"""TRL behaviours an audit found lmrl.trl missing, each checked against TRL's own rule or result: reward
+"""TRL behaviours lmrl.trl keeps, each checked against TRL's own rule or result: reward
 models in GRPO's reward_funcs, streaming data sets, the user's LoraConfig carried whole, TRL's metric
 names (and metric_for_best_model with them), GRPO's epoch counted in prompts, TRL's other exports, the
 trainer surface scripts call, and TRL's checkpoint idioms answered in one line."""
