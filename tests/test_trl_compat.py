@@ -290,3 +290,14 @@ def test_trls_checkpoint_names_and_reruns_say_what_to_do(model_dir, tmp_path):
     resumed = SFTTrainer(model=str(model_dir), args=offline_args(SFTConfig, tmp_path, max_steps=2),
                          train_dataset=SFT_ROWS)
     assert resumed.train(resume_from_checkpoint=str(ours)).global_step == 2
+
+
+# -- eval_strategy ----------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("strategy, evaluated", [("no", False), ("steps", True)])
+def test_an_offline_trainer_evaluates_by_itself_only_with_an_eval_strategy(strategy, evaluated, model_dir, tmp_path):
+    trainer = SFTTrainer(model=str(model_dir), args=offline_args(SFTConfig, tmp_path, max_steps=2, eval_steps=1,
+                                                                 eval_strategy=strategy),
+                         train_dataset=SFT_ROWS, eval_dataset=SFT_ROWS)
+    trainer.train()
+    assert any("eval_loss" in entry for entry in trainer.state.log_history) == evaluated
+    assert "eval_loss" in trainer.evaluate()  # asked for: evaluated either way, as TRL's

@@ -438,6 +438,8 @@ class TrainConfig(Section):
     completions_to_print: int = _f(0, "RL, with train.log_completions: print this many of each logged step's "
                                       "completions to the console and train.log (0 = none)", ge=0)
     eval_every: int = _f(50, "held-out evaluation every N RL steps", ge=1)
+    evaluate: bool = _f(True, "offline trainers: evaluate the held-out rows during the run (every train.eval_every "
+                              "steps and after the last); false: only when asked (TRL's eval_strategy=no)")
     ckpt_every: int = _f(50, "checkpoint every N steps", ge=1)
     keep_checkpoints: int = _f(2, "step checkpoints kept (0 = all)", ge=0)
     max_nonfinite: int = _f(5, "consecutive NaN/inf losses that stop the run", ge=1)
@@ -569,6 +571,8 @@ def cross_section_problems(cfg: Config) -> list[str]:
         steps = cfg.train.max_steps
         common.append((steps == TrainConfig.max_steps, f"train.max_steps={steps} counts the offline trainers' "
                                                        f"optimizer steps; run.trainer=rl counts RL updates in train.steps"))
+        common.append((cfg.train.evaluate, "train.evaluate=false leaves the offline trainers' held-out rows until asked; "
+                                            "an RL run evaluates at its start and end: make eval.size small instead"))
         split = batch_split_problem(cfg)
         rules = _task_rules(cfg) + common + [(split is None, split)] + _scale_rules(cfg)
     sched, steps = cfg.schedule, cfg.train.steps if cfg.run.trainer == "rl" else cfg.train.max_steps

@@ -248,7 +248,8 @@ class OfflineTrainer(Trainer):
     # -- evaluation and the end --------------------------------------------------------------------
     @property
     def can_evaluate(self) -> bool:
-        return bool(self.eval_rows)
+        """Whether the run evaluates by itself (`evaluate()` runs whenever asked, given held-out rows)."""
+        return bool(self.eval_rows) and self.config.train.evaluate
 
     @torch.no_grad()
     def evaluate(self) -> dict:

@@ -104,6 +104,8 @@ class _LmrlArgs:
             data["run"]["device"] = "cpu"
         if self.fsdp:
             data["distributed"] = {"strategy": "fsdp"}
+        if _text(self.eval_strategy) == "no" and self.kind != "grpo":  # held-out rows only for evaluate()
+            data["train"]["evaluate"] = False
         data["train"]["eval_every"] = self._interval(_text(self.eval_strategy), self.eval_steps or self.logging_steps,
                                                      steps, per_epoch, "eval")
         data["train"]["ckpt_every"] = self._interval(_text(self.save_strategy), self.save_steps, steps, per_epoch,

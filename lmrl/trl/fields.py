@@ -59,7 +59,8 @@ COMMON: dict[str, Rule] = {
     "use_cpu": Rule(CARRIED, "run.device=cpu"),
     "seed": Rule(CARRIED, "run.seed"),
     "logging_steps": Rule(CARRIED, "train.log_every (a value below 1 is a fraction of the steps)"),
-    "eval_strategy": Rule(CARRIED, "no: offline trainers evaluate nothing, GRPO evaluates per_device_eval_batch_size "
+    "eval_strategy": Rule(CARRIED, "no: offline trainers evaluate only when evaluate() is called (train.evaluate="
+                                   "false), GRPO evaluates per_device_eval_batch_size "
                                    "held-out prompts at its start and end only; steps: every eval_steps; epoch: "
                                    "once per pass over the data"),
     "eval_steps": Rule(CARRIED, "train.eval_every with eval_strategy=steps (unset: logging_steps)"),
