@@ -249,7 +249,7 @@ class _TRLTrainer:
                    "train_samples_per_second": round(steps * self._rows_per_step() / max(runtime, 1e-9), 3),
                    "train_steps_per_second": round(steps / max(runtime, 1e-9), 3), "total_flos": 0.0,
                    "train_loss": sum(losses) / len(losses) if losses else float("nan"), "epoch": self.state.epoch}
-        self.state.log_history.append({**metrics, "step": self.state.global_step})
+        self.log(metrics)  # transformers' last log: the run's totals, through on_log
         self._best(summary)
         self._event("on_train_end")
         return TrainOutput(self.state.global_step, metrics["train_loss"], metrics)
