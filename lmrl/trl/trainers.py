@@ -271,8 +271,10 @@ class _TRLTrainer:
         self._event("on_log", logs=entry)
 
     def save_model(self, output_dir: str | None = None, _internal_call: bool = False) -> None:
-        """Writes the model `from_pretrained` loads (with LoRA: the PEFT adapter, as TRL does) and its
-        tokenizer to `output_dir` (default: args.output_dir)."""
+        """Writes the model `from_pretrained` loads and its tokenizer to `output_dir` (default:
+        args.output_dir): a policy with LoRA as its PEFT adapter, as TRL does; a reward model whole, the
+        adapter merged (where TRL writes the adapter), so `AutoModelForSequenceClassification` and lmrl's
+        `reward.model` load it without peft."""
         if not self.inner.dist.is_main:
             return
         if getattr(self.inner, "fsdp", False):
