@@ -311,3 +311,13 @@ def test_yaml_errors_name_the_file_and_line_that_set_the_key(tmp_path):
     with pytest.raises(ConfigError) as e:
         load_config("adder", ["optim.lr=-1"])
     assert str(e.value) == "optim.lr must be >= 0, got -1.0"
+
+
+@pytest.mark.parametrize("override, message", [
+    ("lora.peft={use_rslor: true}", "lora.peft: use_rslor is not an argument of peft.LoraConfig"),
+    ("lora.peft={r: 4, lora_alpha: 8}", "lora.peft sets lora_alpha, r: use lora.r, lora.alpha"),
+])
+def test_lora_peft_arguments_are_peft_loraconfigs_own_and_none_doubles_a_lora_key(override, message):
+    with pytest.raises(ConfigError, match=message):
+        load_config("math-grpo-smollm2", [override])
+    assert load_config("math-grpo-smollm2", ["lora.peft={use_rslora: true}"]).lora.peft == {"use_rslora": True}

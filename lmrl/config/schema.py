@@ -186,8 +186,19 @@ class LoraConfig(Section):
                         "peft_config sets beyond r, alpha, dropout and target_modules)")
 
     def check(self) -> list[str]:
-        return [] if self.target_modules or (self.peft or {}).get("target_parameters") else \
+        given = set(self.peft or {})
+        problems = [] if self.target_modules or (self.peft or {}).get("target_parameters") else \
             ["lora.target_modules must name at least one module (or all-linear)"]
+        own = sorted(given & {"r", "lora_alpha", "lora_dropout", "target_modules", "task_type"})
+        if own:
+            problems.append(f"lora.peft sets {', '.join(own)}: use lora.r, lora.alpha, lora.dropout and "
+                            f"lora.target_modules (the task type follows the trainer)")
+        try:
+            from peft import LoraConfig
+        except ImportError:  # the hf extra is missing: the model build says so
+            return problems
+        unknown = sorted(given - {f.name for f in fields(LoraConfig)})
+        return problems + ([f"lora.peft: {', '.join(unknown)} is not an argument of peft.LoraConfig"] if unknown else [])
 
 
 @dataclass
