@@ -26,6 +26,7 @@ what it is in its row alone."""
 
 from __future__ import annotations
 
+import functools
 import os
 import bisect
 from collections import defaultdict, deque
@@ -131,7 +132,7 @@ def encode_sft(rows: list[SFTRow], codec: TextCodec, max_length: int, counter: T
     source (path:line or row i), else `where` and its 1-based position in `rows`."""
     if truncation_mode not in TRUNCATION_MODES:
         raise ValueError(f"truncation_mode must be one of {', '.join(TRUNCATION_MODES)}, got {truncation_mode!r}")
-    cut = _keep_start if truncation_mode == "keep_start" else _keep_end
+    cut = functools.partial(_cut, keep_end=truncation_mode == "keep_end")
     out = []
     for i, row in enumerate(rows):
         try:
@@ -205,24 +206,15 @@ def encode_preferences(rows: list[PreferenceRow], codec: TextCodec, max_length: 
     return out
 
 
-def _keep_start(ids: list[int], mask: list[int], max_length: int,
-                counter: TruncationCounter) -> tuple[list[int], list[int]]:
-    """The first max_length tokens of a conversation or text, counted."""
+def _cut(ids: list[int], mask: list[int], max_length: int, counter: TruncationCounter,
+         keep_end: bool = False) -> tuple[list[int], list[int]]:
+    """A row's first (`keep_end`: last) max_length tokens, counted."""
     counter.rows += 1
     if len(ids) <= max_length:
         return ids, mask
     counter.truncated += 1
-    return ids[:max_length], mask[:max_length]
-
-
-def _keep_end(ids: list[int], mask: list[int], max_length: int,
-              counter: TruncationCounter) -> tuple[list[int], list[int]]:
-    """The last max_length tokens of a row, counted."""
-    counter.rows += 1
-    if len(ids) <= max_length:
-        return ids, mask
-    counter.truncated += 1
-    return ids[-max_length:], mask[-max_length:]
+    kept = slice(-max_length, None) if keep_end else slice(max_length)
+    return ids[kept], mask[kept]
 
 
 def _row_name(row, where: str, i: int) -> str:
