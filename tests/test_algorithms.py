@@ -116,6 +116,8 @@ def test_one_grpo_step_with_one_epoch_and_no_active_clip_is_the_plain_policy_gra
     (["algo.name=rloo"], "algo.group_size"),
     (["algo.name=grpo", "algo.group_size=4", "algo.ppo_epochs=0"], "algo.ppo_epochs"),
     (["algo.name=ppo"], "algo.value_model"),
+    (["algo.name=grpo", "algo.group_size=4", "algo.value_model=head"], "algo.value_model"),
+    (["algo.name=reinforce", "algo.value_model=separate"], "algo.value_model"),
     (["algo.name=grpo", "algo.group_size=3", "train.rollout_size=16"], "algo.group_size"),
     (["algo.name=reinforce", "algo.ppo_epochs=2"], "algo.ppo_epochs"),
     (["algo.name=grpo", "algo.group_size=4", "algo.kl_estimator=k4"], "algo.kl_estimator"),

@@ -73,6 +73,17 @@ def test_numeric_ground_truth_is_an_error_with_a_hint(tmp_path):
     assert error_of(path) == f'{path}:2: \'ground_truth\' must be a string, got a number (write it as "19")'
 
 
+def test_a_math_row_with_an_empty_ground_truth_names_its_line(tmp_path):
+    from lmrl.tasks.math_task import read_rows
+
+    path = write(tmp_path, '{"prompt": "a", "ground_truth": "1"}\n{"prompt": "b", "ground_truth": " "}\n')
+    with pytest.raises(DataError) as e:
+        read_rows(str(path))
+    assert str(e.value) == f"{path}:2: 'ground_truth' is empty (' '): every completion would be scored wrong"
+    rg = write(tmp_path, '{"prompt": "a", "ground_truth": "", "rg_config": {}}\n', "rg.jsonl")
+    assert read_rows(str(rg))[0]["ground_truth"] == ""  # reasoning-gym scores its rows itself
+
+
 @pytest.mark.parametrize("messages, expected", [
     ('"hi"', "'messages' must be a non-empty list of {role, content} objects, got a string"),
     ("[]", "'messages' must be a non-empty list of {role, content} objects, got an empty list"),

@@ -152,6 +152,9 @@ class Algorithm:
         """What is wrong with the `algo` section `cfg` for this algorithm, one line per problem."""
         if cls.uses_values and cfg.value_model == "none":
             return [f"algo.name={cfg.name} needs a value model: set algo.value_model to head or separate"]
+        if not cls.uses_values and cfg.value_model != "none":
+            return [f"algo.value_model={cfg.value_model} is ppo's critic; algo.name={cfg.name} has none (leave it "
+                    f"at none, or set algo.name=ppo)"]
         defaults = {f.name: f.default for f in fields(cfg)}
         return [] if cls.clips_ratio else [
             f"algo.{key}={getattr(cfg, key)} shapes the clipped ratio of grpo, rloo and ppo; algo.name={cfg.name} "

@@ -16,7 +16,7 @@ import os
 import tempfile
 import zlib
 from pathlib import Path
-from typing import Iterable, Iterator, Sequence
+from typing import Callable, Iterable, Iterator, Sequence
 
 _STRING_KEYS = ("prompt", "completion", "chosen", "rejected", "ground_truth")
 
@@ -26,14 +26,16 @@ class DataError(ValueError):
 
 
 def read_jsonl(path: str | os.PathLike, required: Sequence[str] = (), *,
-               alternatives: Sequence[Sequence[str]] = ()) -> list[dict]:
+               alternatives: Sequence[Sequence[str]] = (), check: Callable[[dict], str | None] | None = None
+               ) -> list[dict]:
     """The rows of a JSONL file; blank lines are skipped.
 
     A row must hold every key in `required` and, when `alternatives` is given, every key of at
-    least one of its sets: alternatives=[["prompt"], ["messages"]] means "prompt or messages"."""
+    least one of its sets: alternatives=[["prompt"], ["messages"]] means "prompt or messages".
+    `check(row)` says what else is wrong with a row (None: nothing), reported as `path:line: ...`."""
     rows = []
     for where, row in iter_jsonl(path):
-        problem = _missing(row, required, alternatives) or _wrong_type(row)
+        problem = _missing(row, required, alternatives) or _wrong_type(row) or (check(row) if check else None)
         if problem:
             raise DataError(f"{where}: {problem}")
         rows.append(row)

@@ -44,7 +44,14 @@ CHARS_PER_TOKEN = 64  # no token is longer: a prompt is cut to this many charact
 
 def read_rows(path: str) -> list[dict]:
     """A math task's JSONL rows: each with a ground_truth and a prompt or messages (path:line errors)."""
-    return read_jsonl(path, ["ground_truth"], alternatives=[["prompt"], ["messages"]])
+    return read_jsonl(path, ["ground_truth"], alternatives=[["prompt"], ["messages"]], check=_blank_answer)
+
+
+def _blank_answer(row: dict) -> str | None:
+    """A math row whose ground_truth has no text (math-verify would mark every completion of it wrong)."""
+    if reasoning_gym.is_reasoning_gym_row(row) or not isinstance(row["ground_truth"], str) or row["ground_truth"].strip():
+        return None
+    return f"'ground_truth' is empty ({row['ground_truth']!r}): every completion would be scored wrong"
 
 
 def keep_prompt_ends(texts: list[str], tokenizer, max_tokens: int) -> tuple[list[str], dict[int, int]]:
