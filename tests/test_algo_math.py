@@ -138,6 +138,11 @@ def test_a_sequence_reward_lands_on_the_last_valid_token():
     assert_close(token_level_rewards(T([2.0, -1.0]), mask), T([[0.0, 2.0, 0.0], [0.0, 0.0, 0.0]]))
 
 
+def test_a_sequence_reward_lands_on_the_last_valid_token_of_a_row_with_holes():
+    mask = T([[1.0, 0.0, 1.0, 0.0], [1.0, 1.0, 0.0, 0.0]])  # an agent episode: turn, observation, turn, padding
+    assert_close(token_level_rewards(T([2.0, -1.0]), mask), T([[0.0, 0.0, 2.0, 0.0], [0.0, -1.0, 0.0, 0.0]]))
+
+
 def test_token_rewards_pass_through_masked():
     assert_close(token_level_rewards(T([[1.0, 2.0, 3.0], [4.0, 5.0, 6.0]]), MASK), T([[1.0, 2.0, 3.0], [4.0, 0.0, 0.0]]))
 
@@ -175,6 +180,20 @@ def test_gae_never_reads_padding_and_writes_zeros_there():
     for got, want in zip(gae(rewards, values, MASK, 0.9, 0.95), clean):
         assert_close(got, want)
         assert (got[1, 1:] == 0).all()
+
+
+def test_gae_steps_over_an_episodes_observation_tokens():
+    # turn tokens 0, 1 | observation tokens 2, 3 | turn token 4 | padding 5; the reward on the last turn token
+    mask = T([[1.0, 1.0, 0.0, 0.0, 1.0, 0.0]])
+    rewards, values = T([[0.0, 0.0, 7.0, 7.0, 1.0, 7.0]]), T([[0.2, 0.4, 9.0, 9.0, 0.6, 9.0]])
+    adv, ret = gae(rewards, values, mask, gamma=0.9, lam=0.5)
+    # δ4 = 1 − 0.6 = 0.4; δ1 = 0.9·0.6 − 0.4 = 0.14; δ0 = 0.9·0.4 − 0.2 = 0.16
+    # A4 = 0.4, A1 = 0.14 + 0.45·0.4 = 0.32, A0 = 0.16 + 0.45·0.32 = 0.304
+    assert_close(adv, T([[0.304, 0.32, 0.0, 0.0, 0.4, 0.0]]))
+    assert_close(ret, T([[0.504, 0.72, 0.0, 0.0, 1.0, 0.0]]))
+    # with λ = γ = 1 every turn token's advantage is the episode's return minus its value
+    adv, _ = gae(rewards, values, mask)
+    assert_close(adv, T([[0.8, 0.6, 0.0, 0.0, 0.4, 0.0]]))
 
 
 def test_gae_is_a_constant():

@@ -18,7 +18,7 @@ import torch
 
 pytest.importorskip("transformers")
 
-from lmrl.algos.advantages import group_advantages  # noqa: E402
+from lmrl.algos.advantages import gae, group_advantages, token_level_rewards  # noqa: E402
 from lmrl.cli import main  # noqa: E402
 from lmrl.common.errors import TrainingError  # noqa: E402
 from lmrl.config import ConfigError, load_config  # noqa: E402
@@ -428,6 +428,20 @@ def test_a_failed_episode_counts_in_no_reward_accuracy_or_group_baseline(policy)
     metrics = evaluate(policy, task, task.heldout_ids, batch_size=4)
     assert metrics["eval/env/errors"] == 0.5
     assert metrics["eval/accuracy"] == 0.0 and metrics["eval/reward"] == 0.0 and metrics["eval/score"] == 0.0
+
+
+def test_ppo_credits_every_turn_of_an_episode_with_its_return(policy):
+    task = EnvTask(Countdown, policy.tokenizer, train_episodes=10, heldout_episodes=4, max_turns=4,
+                   max_new_tokens=4, workers=1)
+    ids = torch.tensor([0, 1, 2, 3])
+    ro = task.rollout(policy, ids, generator=torch.Generator().manual_seed(0))
+    returns, _, _ = task.score_rollout(ids, ro)
+    mask = ro.mask.float()
+    assert ((mask[:, 1:] > mask[:, :-1]).sum(1) >= 1).all()  # every episode's mask has a hole: its observations
+    token_rewards = token_level_rewards(returns, mask)
+    torch.testing.assert_close(token_rewards.sum(1), returns)  # on the last turn's last token, not masked away
+    advantages, _ = gae(token_rewards, torch.zeros_like(mask), mask)  # λ = γ = 1, values 0: the return everywhere
+    torch.testing.assert_close(advantages, returns[:, None] * mask)
 
 
 # -- training: a registered task, env.id=package.module:Class, env_factory= ---------------------------------

@@ -115,11 +115,12 @@ def normalize_advantages(advantages: torch.Tensor, mask: torch.Tensor | None = N
 
 # -- token-level returns ---------------------------------------------------------------------------
 def token_level_rewards(rewards: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """A sequence reward (B,) placed on the last valid token of each right-padded row of mask
-    (B, T), zeros elsewhere; token rewards (B, T) pass through (masked)."""
+    """A sequence reward (B,) placed on the last valid token of each row of mask (B, T), zeros
+    elsewhere (a row may have holes: an agent episode's observation tokens); token rewards (B, T)
+    pass through (masked)."""
     if rewards.dim() == 2:
         return rewards * mask
-    last = (mask.sum(1).long() - 1).clamp(min=0)  # index of the last valid token
+    last = mask.size(1) - 1 - (mask > 0).long().flip(1).argmax(1)  # index of the last valid token
     out = torch.zeros_like(mask, dtype=rewards.dtype)
     out[torch.arange(len(rewards)), last] = rewards * (mask.sum(1) > 0)
     return out
@@ -130,17 +131,20 @@ def gae(rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, gamma: 
         lam: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
     """Generalised advantage estimation (Schulman et al. 2016) over completion tokens.
 
-    δ_t = r_t + γ·V_{t+1}·m_{t+1} − V_t        (the value after the last valid token is 0)
-    A_t = δ_t + γλ·A_{t+1}                      (A after the last valid token is 0)
-    returns R_t = A_t + V_t, the value targets. rewards, values, mask (B, T), rows right-padded;
-    outputs are 0 where mask is 0. With λ = 1, A_t = Σ_k γ^k r_{t+k} − V_t."""
+    δ_t = r_t + γ·V_{t'} − V_t        (t' the next valid token; V after the last valid token is 0)
+    A_t = δ_t + γλ·A_{t'}             (A after the last valid token is 0)
+    returns R_t = A_t + V_t, the value targets. rewards, values, mask (B, T); tokens where mask is 0
+    (right padding, an agent episode's observation tokens between its turns) are stepped over, as
+    verl's GAE does, so a later turn's reward reaches an earlier turn; outputs are 0 there.
+    With λ = 1, A_t = Σ_k γ^k r_{t_k} − V_t over the valid tokens t_k from t on."""
     rewards, values, mask = rewards.float() * mask, values.float() * mask, mask.float()
     advantages = torch.zeros_like(rewards)
     next_value = torch.zeros_like(rewards[:, 0])
     next_adv = torch.zeros_like(rewards[:, 0])
     for t in reversed(range(rewards.size(1))):
+        valid = mask[:, t]
         delta = rewards[:, t] + gamma * next_value - values[:, t]
-        next_adv = (delta + gamma * lam * next_adv) * mask[:, t]
-        advantages[:, t] = next_adv
-        next_value = values[:, t]
+        next_adv = torch.where(valid > 0, delta + gamma * lam * next_adv, next_adv)
+        next_value = torch.where(valid > 0, values[:, t], next_value)
+        advantages[:, t] = next_adv * valid
     return advantages, (advantages + values) * mask
