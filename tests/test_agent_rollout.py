@@ -93,3 +93,29 @@ def test_a_full_context_ends_the_episode_before_it_overflows(policy):
                       generator=torch.Generator().manual_seed(0))
     assert envs[0].truncated and envs[0].turns < 10
     assert ro.sequences.size(1) <= 40
+
+
+def test_every_turn_samples_with_the_options_the_penalty_counting_the_whole_conversation(policy):
+    """Each agent token's recorded log-prob is that of transformers' processors on the conversation
+    before it (the repetition penalty over its real tokens: the opening, earlier turns, observations)."""
+    from transformers import MinPLogitsWarper, RepetitionPenaltyLogitsProcessor, TemperatureLogitsWarper
+
+    from lmrl.generation.sampling import Sampling
+
+    envs = [CountingEnv(done_after=3) for _ in range(3)]
+    ro = run_episodes(policy, envs, _open(3), max_turns=5, max_new_tokens=5,
+                      sampling=Sampling(temperature=0.8, min_p=0.05, repetition_penalty=1.5),
+                      generator=torch.Generator().manual_seed(1))
+    full, attn, P = ro.sequences, ro.attention_mask, ro.prompts.size(1)
+    with torch.no_grad():
+        logits = policy.hf_model(input_ids=full, attention_mask=attn,
+                                 position_ids=(attn.cumsum(-1) - 1).clamp(min=0)).logits[:, P - 1:-1].float()
+    penalize = RepetitionPenaltyLogitsProcessor(1.5, prompt_ignore_length=(ro.prompt_mask == 0).sum(1))
+    expected = []
+    for j in range(ro.completions.size(1)):
+        step = MinPLogitsWarper(0.05)(None, TemperatureLogitsWarper(0.8)(None, penalize(full[:, :P + j],
+                                                                                        logits[:, j].clone())))
+        expected.append(torch.log_softmax(step, -1).gather(-1, ro.completions[:, j, None]).squeeze(-1))
+    m = ro.mask.bool()
+    assert m.sum(1).gt(5).all()  # several turns each
+    torch.testing.assert_close(torch.stack(expected, 1)[m], ro.logprobs[m], atol=2e-4, rtol=0)

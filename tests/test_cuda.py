@@ -80,7 +80,11 @@ def test_greedy_sampling_loop_on_cuda_equals_hf_generate(llama, prompts):
     assert torch.equal(completion, ref)
 
 
-def test_the_decode_step_is_replayed_as_a_cuda_graph_and_samples_as_the_eager_loop(llama, prompts, monkeypatch):
+@pytest.mark.parametrize("options", [dict(temperature=0.7),
+                                     dict(temperature=0.7, top_k=20, min_p=0.05, repetition_penalty=1.3)], ids=str)
+def test_the_decode_step_is_replayed_as_a_cuda_graph_and_samples_as_the_eager_loop(llama, prompts, monkeypatch,
+                                                                                   options):
+    """The sampling options (the penalty's seen-token mask included) run on the graph's logits, outside it."""
     from lmrl.generation import decode_graph
 
     ids, mask = prompts
@@ -89,8 +93,8 @@ def test_the_decode_step_is_replayed_as_a_cuda_graph_and_samples_as_the_eager_lo
     monkeypatch.setattr(torch.cuda.CUDAGraph, "replay", lambda graph: (replays.append(1), replay(graph))[1])
 
     def run(**kw):
-        return generate(llama, ids, mask, 16, eos_token_ids=[VOCAB + 1], pad_token_id=PAD, temperature=0.7,
-                        generator=torch.Generator("cuda").manual_seed(0), **kw)
+        return generate(llama, ids, mask, 16, eos_token_ids=[VOCAB + 1], pad_token_id=PAD,
+                        generator=torch.Generator("cuda").manual_seed(0), **options, **kw)
 
     graphed = run()
     assert type(llama) not in decode_graph._capture_failed

@@ -132,6 +132,64 @@ def test_logprobs_equal_a_full_forward_recomputation(model, prompts, variant, te
     assert allowed_token[cmask == 1].all()
 
 
+def _recompute_processed(model, ids, mask, completion, cmask, penalty, **warpers):
+    """(log-probs (B, N), masks (B, N, V) of the tokens allowed) of `completion` under one full forward
+    pass, each step processed as `generate(do_sample=True, repetition_penalty=penalty, **warpers)`
+    processes it, with transformers' own classes: the penalty over the prompt's real tokens (its
+    padding left out, as `generate` does) and the tokens drawn before, then the warpers in its order."""
+    from transformers import MinPLogitsWarper, RepetitionPenaltyLogitsProcessor, TemperatureLogitsWarper, TopKLogitsWarper
+
+    full = torch.cat([ids, completion], 1)
+    fmask = torch.cat([mask, cmask.long()], 1)
+    pos = (fmask.cumsum(-1) - 1).clamp(min=0)
+    with torch.no_grad():
+        logits = model(input_ids=full, attention_mask=fmask, position_ids=pos).logits[:, ids.size(1) - 1:-1].float()
+    penalize = RepetitionPenaltyLogitsProcessor(penalty, prompt_ignore_length=(mask == 0).sum(1))
+    steps = []
+    for t in range(completion.size(1)):
+        step = penalize(full[:, :ids.size(1) + t], logits[:, t].clone())
+        step = TemperatureLogitsWarper(warpers["temperature"])(None, step)
+        step = TopKLogitsWarper(warpers["top_k"])(None, step)
+        steps.append(MinPLogitsWarper(warpers["min_p"])(None, step))
+    logits = torch.stack(steps, 1)
+    logp = F.log_softmax(logits, -1).gather(-1, completion[..., None]).squeeze(-1)
+    return logp.masked_fill(cmask == 0, 0.0), logits > float("-inf")
+
+
+@pytest.mark.parametrize("variant", VARIANTS, ids=str)
+@pytest.mark.parametrize("penalty", [1.6, 0.6])
+def test_repetition_penalty_and_min_p_logprobs_equal_transformers_processors(model, prompts, variant, penalty):
+    """The penalty's (b, V) seen-token mask follows the running batch through compaction, and the static
+    cache's step (a GPU's CUDA graph, run eagerly here) returns the logits the options then warp."""
+    ids, mask = prompts
+    kwargs = dict(pad_token_id=PAD, temperature=0.9, top_k=20, min_p=0.05, repetition_penalty=penalty)
+    free = generate(model, ids, mask, 16, eos_token_ids=[VOCAB + 5], generator=torch.Generator().manual_seed(0),
+                    **kwargs)[0]
+    eos = [int(free[0, 2]), int(free[3, 6])]  # rows end at different steps, as above
+    completion, cmask, logprobs = generate(model, ids, mask, 16, eos_token_ids=eos,
+                                           generator=torch.Generator().manual_seed(0), **kwargs, **variant)
+    assert cmask.sum(1).lt(16).any()
+    ref, allowed = _recompute_processed(model, ids, mask, completion, cmask, penalty, temperature=0.9, top_k=20,
+                                        min_p=0.05)
+    assert torch.allclose(logprobs, ref, atol=1e-4), (logprobs - ref).abs().max()
+    assert allowed.gather(-1, completion[..., None]).squeeze(-1)[cmask == 1].all()
+
+
+def test_the_repetition_penalty_changes_what_the_loop_samples(model, prompts):
+    """Over many draws, a penalty above 1 makes tokens already in the row rarer, below 1 commoner."""
+    ids, mask = prompts
+    ids, mask = ids.repeat(8, 1), mask.repeat(8, 1)
+
+    def repeat_rate(penalty):
+        completion = generate(model, ids, mask, 10, eos_token_ids=[VOCAB + 5], pad_token_id=PAD,
+                              repetition_penalty=penalty, generator=torch.Generator().manual_seed(0))[0]
+        seq = torch.cat([ids.masked_fill(mask == 0, -1), completion], 1)
+        P = ids.size(1)
+        return torch.stack([(seq[:, :P + t] == seq[:, P + t, None]).any(1) for t in range(10)], 1).float().mean()
+
+    assert repeat_rate(3.0) < repeat_rate(1.0) - 0.05 < repeat_rate(0.3) - 0.1
+
+
 @pytest.mark.parametrize("variant", VARIANTS, ids=str)
 def test_completion_is_masked_and_padded_after_the_first_eos(model, prompts, variant):
     ids, mask = prompts

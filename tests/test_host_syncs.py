@@ -71,11 +71,15 @@ def counter(monkeypatch):
     return found
 
 
-def test_one_rl_step_of_the_adder_reads_tensor_values_a_pinned_number_of_times(tmp_path, counter):
+@pytest.mark.parametrize("sampling", [[], ["train.min_p=0.05", "train.repetition_penalty=1.2", "train.top_p=0.9"]],
+                         ids=["plain", "min_p-penalty-top_p"])
+def test_one_rl_step_of_the_adder_reads_tensor_values_a_pinned_number_of_times(tmp_path, counter, sampling):
+    """The sampling options (the penalty's seen-token mask included) read nothing back."""
     cfg = load_config("adder", ["model.n_layer=1", "model.n_embd=32", "model.n_head=2", "sft.steps=2",
                                 "sft.examples=64", "train.steps=3", "train.rollout_size=16", "train.log_every=1",
                                 "train.eval_every=1000", "train.ckpt_every=1000", "eval.size=16",
-                                "run.progress=false", "run.tensorboard=false", "run.threads=1", f"run.dir={tmp_path}"])
+                                "run.progress=false", "run.tensorboard=false", "run.threads=1", f"run.dir={tmp_path}",
+                                *sampling])
     trainer = RLTrainer(cfg)
     rl_step, calls = trainer.rl_step, []
 

@@ -10,6 +10,7 @@ from lmrl.config import ConfigError
 from lmrl.models.gpt import GPT, GPTConfig, sequence_logprobs
 from lmrl.engines.local import ThreadEngine
 from lmrl.train.rl_trainer import RLTrainer
+from lmrl.generation.sampling import Sampling
 
 
 class _Recording(RLTrainer):
@@ -72,8 +73,8 @@ def test_thread_engine_samples_under_the_submitting_threads_autocast(tiny_config
     trainer.task.rollout = rollout
     try:
         with torch.autocast("cpu", dtype=torch.bfloat16):
-            engine.submit(ids, temperature=1.0, top_k=0, top_p=1.0, generator=torch.Generator()).result()
-        engine.submit(ids, temperature=1.0, top_k=0, top_p=1.0, generator=torch.Generator()).result()
+            engine.submit(ids, sampling=Sampling(), generator=torch.Generator()).result()
+        engine.submit(ids, sampling=Sampling(), generator=torch.Generator()).result()
     finally:
         engine.close()
     assert seen == [True, False]

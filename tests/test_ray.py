@@ -26,6 +26,7 @@ from lmrl.generation.rollout import Rollout
 from lmrl import checkpoint as ckpt
 from lmrl.train.build import build_worker_parts
 from lmrl.train.rl_trainer import RLTrainer, TrainingError
+from lmrl.generation.sampling import Sampling
 from tests.test_hf_training import _config as hf_config, tiny_hf  # noqa: F401  (tiny_hf: a fixture)
 
 RAY = ["distributed.backend=ray", "rollout.workers=2"]
@@ -59,7 +60,7 @@ def _worker_matches_local(cfg, ids, seed):
     worker = start_worker(cfg, functools.partial(build_worker_parts, cfg))
     try:
         ray.get(worker.load_weights.remote(trainable_state(model), 1))
-        remote = ray.get(worker.rollout.remote(ids, seed, 1.0, 0, 1.0))
+        remote = ray.get(worker.rollout.remote(ids, seed, Sampling()))
     finally:
         ray.kill(worker)
     threads = torch.get_num_threads()

@@ -13,6 +13,7 @@ from lmrl.config import ConfigError, load_config
 from lmrl.generation.agent import AgentRollout
 from lmrl.engines.local import LocalEngine, ThreadEngine, draw_seed, load_state_into, rollout_to, trainable_state
 from lmrl.train.rl_trainer import RLTrainer
+from lmrl.generation.sampling import Sampling
 
 from .conftest import TINY
 
@@ -25,7 +26,7 @@ def _trainer(tiny_config, *overrides):
 def test_local_engine_is_the_direct_rollout(tiny_config):
     trainer, ids = _trainer(tiny_config)
     engine = LocalEngine(trainer.task, trainer.model)
-    got = engine.submit(ids, temperature=1.0, top_k=0, top_p=1.0, generator=torch.Generator().manual_seed(5)).result()
+    got = engine.submit(ids, sampling=Sampling(), generator=torch.Generator().manual_seed(5)).result()
     want = trainer.task.rollout(trainer.model, ids, generator=torch.Generator().manual_seed(5))
     assert torch.equal(got.rollout.completions, want.completions)
     assert torch.equal(got.rollout.logprobs, want.logprobs)
@@ -38,7 +39,7 @@ def test_thread_engine_samples_with_its_own_seeded_copy_and_follows_sync(tiny_co
     try:
         gen = torch.Generator().manual_seed(3)
         seed = draw_seed(torch.Generator().manual_seed(3))  # the draw the engine makes from `gen`
-        got = engine.submit(ids, temperature=1.0, top_k=0, top_p=1.0, generator=gen).result()
+        got = engine.submit(ids, sampling=Sampling(), generator=gen).result()
         want = trainer.task.rollout(trainer.model, ids, generator=torch.Generator().manual_seed(seed))
         assert torch.equal(got.rollout.completions, want.completions)
         assert torch.allclose(got.rollout.logprobs, want.logprobs)
@@ -50,7 +51,7 @@ def test_thread_engine_samples_with_its_own_seeded_copy_and_follows_sync(tiny_co
         assert not torch.equal(copy_param, learner_param)
         engine.sync(trainer.model, version=1)
         assert torch.equal(copy_param, learner_param) and engine.version == 1
-        assert engine.submit(ids, temperature=1.0, top_k=0, top_p=1.0, generator=gen).result().version == 1
+        assert engine.submit(ids, sampling=Sampling(), generator=gen).result().version == 1
     finally:
         engine.close()
 

@@ -48,6 +48,8 @@ ALIAS_CASES = [
     ("temperature", ["algo.temperature=0.7"], {"train.temperature": 0.7}),
     ("top_p", ["top_p=0.9"], {"train.top_p": 0.9}),
     ("top_k", ["algo.top_k=50"], {"train.top_k": 50}),
+    ("min_p", ["min_p=0.05"], {"train.min_p": 0.05}),
+    ("repetition_penalty", ["algo.repetition_penalty=1.1"], {"train.repetition_penalty": 1.1}),
     ("chat_template_kwargs", ["chat_template_kwargs={enable_thinking: false}"],
      {"model.chat_template_kwargs": {"enable_thinking": False}}),
     ("chat_template_kwargs", ["algo.chat_template_kwargs={enable_thinking: false}"],
@@ -134,6 +136,8 @@ def test_epsilon_on_the_command_line_moves_a_presets_upper_clip_too():
     (["per_device_train_batch_size=8"], "per_device_train_batch_size (TRL's TrainingArguments) has no single lmrl "
                                         "key in override per_device_train_batch_size=8: lmrl sizes a whole update"),
     (["algo.top_p=1.5"], "train.top_p must be in (0, 1], got 1.5"),
+    (["min_p=1.5"], "train.min_p must be in [0, 1], got 1.5"),
+    (["repetition_penalty=0"], "train.repetition_penalty must be > 0, got 0"),
     (["chat_template_kwargs=no_thinking"], "model.chat_template_kwargs must be a mapping, got 'no_thinking' (from "
                                            "override chat_template_kwargs=no_thinking, as TRL's chat_template_kwargs)"),
 ])

@@ -169,7 +169,12 @@ def test_a_grpo_script_with_log_completions_writes_the_completions_and_their_ext
     (dict(num_generations=3), "divisible by num_generations"),  # TRL's own check, as the config is made
     (dict(lr_scheduler_type="polynomial"), "lr_scheduler_type='polynomial' is not one of"),
     (dict(loss_type="cispo"), r"loss_type='cispo'\): lmrl's losses are grpo, dapo, bnpo, dr_grpo"),
-    (dict(repetition_penalty=1.1), r"repetition_penalty=1.1\): lmrl samples with temperature"),
+    (dict(generation_kwargs={"num_beams": 4}), r"GRPOConfig\(generation_kwargs=\{'num_beams': 4\}\): lmrl takes "
+                                               "temperature, top_k, top_p, min_p, repetition_penalty, max_new_tokens, "
+                                               "max_tokens from generation_kwargs; num_beams has no lmrl equivalent"),
+    (dict(generation_kwargs={"max_new_tokens": 8, "max_tokens": 9}), "max_new_tokens and max_tokens both set"),
+    (dict(repetition_penalty=0.0), "train.repetition_penalty must be > 0, got 0.0"),
+    (dict(min_p=1.5), r"train.min_p must be in \[0, 1\], got 1.5"),
     (dict(cast_lm_head_to_fp32=True), r"cast_lm_head_to_fp32=True\): the head runs in the model's dtype"),
     (dict(importance_sampling_level="sentence"), r"importance_sampling_level='sentence'\): lmrl's levels are token, "
                                                  "sequence, sequence_token"),
@@ -182,6 +187,23 @@ def test_a_grpo_script_with_log_completions_writes_the_completions_and_their_ext
 def test_grpo_arguments_lmrl_cannot_honour_are_refused_with_the_name(model_dir, tmp_path, kwargs, message):
     with pytest.raises((ConfigError, ValueError), match=message):
         GRPOConfig(output_dir=str(tmp_path), **kwargs).to_config(model_path=str(model_dir), train_rows=8)
+
+
+def test_min_p_repetition_penalty_and_generation_kwargs_set_the_sampling_keys(tmp_path):
+    train = GRPOConfig(output_dir=str(tmp_path), min_p=0.05, repetition_penalty=1.2).to_config(
+        model_path="m", train_rows=8).train
+    assert (train.min_p, train.repetition_penalty) == (0.05, 1.2)
+    # generation_kwargs override the fields, as TRL updates its GenerationConfig / SamplingParams with them
+    args = GRPOConfig(output_dir=str(tmp_path), top_p=0.9, min_p=0.05, max_completion_length=32,
+                      generation_kwargs={"top_p": 0.8, "top_k": -1, "min_p": 0.1, "repetition_penalty": 1.1,
+                                         "temperature": 0.7, "max_tokens": 12})
+    cfg = args.to_config(model_path="m", train_rows=8)
+    t = cfg.train
+    assert (t.top_p, t.top_k, t.min_p, t.repetition_penalty, t.temperature) == (0.8, 0, 0.1, 1.1, 0.7)
+    assert cfg.task.max_new_tokens == 12 and args.ignored == []
+    cfg = GRPOConfig(output_dir=str(tmp_path), generation_kwargs='{"max_new_tokens": 7, "min_p": null}').to_config(
+        model_path="m", train_rows=8)  # a JSON string, as TRL's command line gives it; None leaves an option off
+    assert cfg.task.max_new_tokens == 7 and cfg.train.min_p == 0.0
 
 
 def test_gspo_intellect2_and_high_entropy_fields_set_the_algo_keys(tmp_path):

@@ -19,6 +19,7 @@ import torch
 from lmrl.config import ConfigError, load_config
 from lmrl.engines.vllm_engine import assemble_rollout, import_vllm, unpadded, unsupported_reason
 from lmrl.tasks import task_spec
+from lmrl.generation.sampling import Sampling
 
 needs_vllm = pytest.mark.skipif(importlib.util.find_spec("vllm") is None,
                                 reason="vllm is not installed: `make test-vllm` runs these tests in an environment "
@@ -76,6 +77,38 @@ def test_engine_refuses_an_agent_task_before_loading_anything(monkeypatch):
     cfg.task.name = "env"
     with pytest.raises(ValueError, match="multi-turn"):
         VLLMEngine(cfg, object(), None)
+
+
+def test_the_run_s_sampling_options_reach_vllm_sampling_params(monkeypatch):
+    """vLLM has every lmrl option natively: `SamplingParams` gets each (top_k 0 as -1, vLLM's off); greedy
+    decoding turns them all off. A stand-in vLLM module records what the engine builds."""
+    from lmrl.engines.vllm_engine import VLLMEngine
+
+    built = []
+    fake = types.ModuleType("vllm")
+    fake.SamplingParams = lambda **kw: built.append(kw) or kw
+    fake.inputs = types.SimpleNamespace(TokensPrompt=lambda prompt_token_ids: prompt_token_ids)
+    monkeypatch.setitem(sys.modules, "vllm", fake)
+    monkeypatch.setitem(sys.modules, "vllm.inputs", fake.inputs)
+    engine = VLLMEngine.__new__(VLLMEngine)
+    engine.task = types.SimpleNamespace(max_new_tokens=4)
+    engine.policy = types.SimpleNamespace(eos_token_ids=[2], tokenizer=types.SimpleNamespace(pad_token_id=0))
+    engine._lora_request = None
+    out = types.SimpleNamespace(outputs=[types.SimpleNamespace(token_ids=[5, 2])])
+    engine.llm = types.SimpleNamespace(generate=lambda prompts, params, **kw: [out] * len(prompts))
+    prompt_ids, prompt_mask = torch.tensor([[0, 7, 8], [9, 8, 7]]), torch.tensor([[0, 1, 1], [1, 1, 1]])
+    sampling = Sampling(temperature=0.8, top_k=0, top_p=0.9, min_p=0.05, repetition_penalty=1.3)
+    engine._generate(torch.arange(2), prompt_ids, prompt_mask, 11, 0, sampling=sampling, greedy=False)
+    assert [(p["temperature"], p["top_k"], p["top_p"], p["min_p"], p["repetition_penalty"], p["seed"])
+            for p in built] == [(0.8, -1, 0.9, 0.05, 1.3, 11), (0.8, -1, 0.9, 0.05, 1.3, 12)]
+    built.clear()  # through submit: greedy decoding leaves every option off
+    engine.version, engine._inflight = 0, None
+    engine.task.prompts = lambda ids: ["a", "b"]
+    engine.policy.encode = lambda texts: (prompt_ids, prompt_mask)
+    engine._pool = types.SimpleNamespace(submit=lambda fn, *a, **kw: fn(*a, **kw))
+    engine.submit(torch.arange(2), sampling=sampling, generator=torch.Generator().manual_seed(0), greedy=True)
+    assert [(p["temperature"], p["top_k"], p["top_p"], p["min_p"], p["repetition_penalty"]) for p in built] == [
+        (0.0, -1, 1.0, 0.0, 1.0)] * 2
 
 
 # ---------------------------------------------------------------------------------- rollout layout
@@ -160,7 +193,7 @@ def _engine(tmp_path, lora: bool):
 
 def _greedy_both(engine, task, policy, ids):
     g = torch.Generator().manual_seed(0)
-    vllm_ro = engine.submit(ids, temperature=1.0, top_k=0, top_p=1.0, generator=g, greedy=True).result().rollout
+    vllm_ro = engine.submit(ids, sampling=Sampling(), generator=g, greedy=True).result().rollout
     return vllm_ro, task.rollout(policy, ids, greedy=True)
 
 
@@ -190,7 +223,7 @@ def test_vllm_greedy_equals_the_policy_before_and_after_an_update(tmp_path, lora
         _assert_same_rollout(after, local)
         assert not torch.equal(after.completions, before.completions), "the update changed nothing to compare"
 
-        sample = lambda seed: engine.submit(ids, temperature=1.0, top_k=5, top_p=1.0,  # noqa: E731
+        sample = lambda seed: engine.submit(ids, sampling=Sampling(top_k=5),  # noqa: E731
                                             generator=torch.Generator().manual_seed(seed)).result()
         first, again = sample(3), sample(3)
         assert torch.equal(first.rollout.completions, again.rollout.completions)  # seeded from the trainer's generator

@@ -437,6 +437,11 @@ class TrainConfig(Section):
     top_k: int = _f(0, "sample from the k most likely tokens (0 = off)", ge=0)
     top_p: float = _f(1.0, "nucleus sampling: sample from the most likely tokens whose probabilities sum to top_p "
                            "(1 = off)", gt=0, le=1)
+    min_p: float = _f(0.0, "min-p sampling: drop the tokens whose probability is below min_p times the most "
+                           "likely token's, after temperature, top_k and top_p (0 = off)", ge=0, le=1)
+    repetition_penalty: float = _f(1.0, "divide the positive logits (multiply the negative ones) of every token "
+                                        "already in the prompt or the completion by this, before temperature "
+                                        "(1 = off; > 1 discourages repeats, < 1 encourages them)", gt=0)
     disable_dropout: bool = _f(True, "RL: the policy samples and learns with its dropout layers off, so the learner "
                                      "scores what was sampled (model.dropout then regularises the warm-up only)")
     ga_steps: int = _f(1, "gradient-accumulation micro-batches per update", ge=1)

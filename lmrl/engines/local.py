@@ -2,7 +2,7 @@
 
     engine = LocalEngine(task, policy)                # or ThreadEngine, RayRolloutEngine, VLLMEngine
     engine.sync(policy, version)                      # the sampler's weights follow the learner's
-    pending = engine.submit(ids, temperature=1.0, top_k=0, top_p=1.0, generator=g)
+    pending = engine.submit(ids, sampling=Sampling(temperature=1.0), generator=g)
     sampled = pending.result()                        # Sampled(ids, rollout on the learner's device, version)
     engine.close()
 
@@ -32,6 +32,7 @@ from typing import Protocol
 import torch
 
 from ..generation.rollout import Rollout
+from ..generation.sampling import Sampling
 
 
 @dataclass
@@ -50,8 +51,7 @@ class Pending(Protocol):
 
 class RolloutEngine(Protocol):
     def sync(self, model: torch.nn.Module, version: int) -> None: ...
-    def submit(self, ids: torch.Tensor, *, temperature: float, top_k: int, top_p: float,
-               generator: torch.Generator) -> Pending: ...
+    def submit(self, ids: torch.Tensor, *, sampling: Sampling, generator: torch.Generator) -> Pending: ...
     def close(self) -> None: ...
 
 
@@ -105,9 +105,8 @@ class LocalEngine:
     def sync(self, model: torch.nn.Module, version: int) -> None:
         self.version = version  # the same weights: nothing to copy
 
-    def submit(self, ids, *, temperature, top_k, top_p, generator) -> Pending:
-        ro = self.task.rollout(self.model, ids, temperature=temperature, top_k=top_k, top_p=top_p,
-                               generator=generator)
+    def submit(self, ids, *, sampling: Sampling, generator) -> Pending:
+        ro = self.task.rollout(self.model, ids, **sampling.rollout_keywords(), generator=generator)
         return Done(Sampled(ids, ro, self.version))
 
     def close(self) -> None:
@@ -140,7 +139,7 @@ class ThreadEngine:
                     p.copy_(src[name])
         self.version = version
 
-    def submit(self, ids, *, temperature, top_k, top_p, generator) -> Pending:
+    def submit(self, ids, *, sampling: Sampling, generator) -> Pending:
         seed, version = draw_seed(generator), self.version
         kind = self.device.type  # autocast is per thread: the caller's (run.mixed_precision) goes with the work
         autocast_on, autocast_dtype = torch.is_autocast_enabled(kind), torch.get_autocast_dtype(kind)
@@ -148,8 +147,7 @@ class ThreadEngine:
         def work() -> Sampled:
             gen = torch.Generator(device=self.device).manual_seed(seed)
             with torch.autocast(kind, dtype=autocast_dtype, enabled=autocast_on):
-                ro = self.task.rollout(self.model, ids, temperature=temperature, top_k=top_k, top_p=top_p,
-                                       generator=gen)
+                ro = self.task.rollout(self.model, ids, **sampling.rollout_keywords(), generator=gen)
             return Sampled(ids, ro, version)
 
         self._inflight = self._pool.submit(work)

@@ -2,7 +2,7 @@
 
     engine = RayRolloutEngine(config, task, build_worker=build, group_size=G, info=log, ckpt_dir=d)  # joins Ray
     engine.sync(policy, version)            # one ray.put of the trainable weights, loaded by every worker
-    sampled = engine.submit(ids, temperature=1.0, top_k=0, top_p=1.0, generator=g).result()
+    sampled = engine.submit(ids, sampling=Sampling(temperature=1.0), generator=g).result()
     engine.close()
 
 `make_engine` builds this engine when `rollout.workers > 0`; the learner (the trainer, in the
@@ -40,6 +40,7 @@ import torch.nn.functional as F
 from ..common.errors import TrainingError
 from .local import Sampled, draw_seed, load_state_into, rollout_to, trainable_state
 from ..generation.rollout import Rollout
+from ..generation.sampling import Sampling
 from ..parallel.ray_cluster import actor_device, check_resources, connect, placement, require_ray
 
 START_TIMEOUT_S = 300.0  # the least a new worker gets to build its policy (see RayRolloutEngine.await_start)
@@ -67,10 +68,11 @@ class RolloutWorker:
         load_state_into(self.model, state)
         self.version = version
 
-    def rollout(self, ids: torch.Tensor, seed: int, temperature: float, top_k: int, top_p: float) -> Rollout:
-        """The task's rollout of problems `ids`, sampled from a generator seeded with `seed`, on the CPU."""
+    def rollout(self, ids: torch.Tensor, seed: int, sampling: Sampling) -> Rollout:
+        """The task's rollout of problems `ids`, sampled as `sampling` says from a generator seeded with
+        `seed`, returned on the CPU."""
         gen = torch.Generator(device=self.device).manual_seed(seed)
-        ro = self.task.rollout(self.model, ids, temperature=temperature, top_k=top_k, top_p=top_p, generator=gen)
+        ro = self.task.rollout(self.model, ids, **sampling.rollout_keywords(), generator=gen)
         return rollout_to(ro, "cpu")
 
     def weights(self) -> dict[str, torch.Tensor]:
@@ -183,8 +185,8 @@ class RayRolloutEngine:
         self.loads = [w.load_weights.remote(self.state_ref, version) for w in self.workers]
         self.version = version
 
-    def submit(self, ids: torch.Tensor, *, temperature: float, top_k: int, top_p: float, generator: torch.Generator):
-        return _RayPending(self, ids.cpu(), draw_seed(generator), (temperature, top_k, top_p))
+    def submit(self, ids: torch.Tensor, *, sampling: Sampling, generator: torch.Generator):
+        return _RayPending(self, ids.cpu(), draw_seed(generator), sampling)
 
     def replace_worker(self, i: int, state_ref, version: int) -> None:
         """Kills worker i (dead or stuck) and starts another with the weights `state_ref` holds."""
@@ -205,9 +207,8 @@ class RayRolloutEngine:
 class _RayPending:
     """One batch in flight: a shard per worker, gathered (and retried on failure) by `result`."""
 
-    def __init__(self, engine: RayRolloutEngine, ids: torch.Tensor, seed: int, sampling: tuple[float, int, float]):
-        self.engine, self.ids, self.seed = engine, ids, seed
-        self.args = sampling  # temperature, top_k, top_p
+    def __init__(self, engine: RayRolloutEngine, ids: torch.Tensor, seed: int, sampling: Sampling):
+        self.engine, self.ids, self.seed, self.sampling = engine, ids, seed, sampling
         self.version, self.state_ref = engine.version, engine.state_ref
         self.shards = group_shards(len(ids), engine.group_size, len(engine.workers))
         self.deadlines = [time.monotonic() + engine.config.rollout.timeout_s] * len(self.shards)
@@ -215,7 +216,7 @@ class _RayPending:
 
     def _launch(self, i: int):
         e = self.engine
-        return [e.loads[i], e.workers[i].rollout.remote(self.ids[self.shards[i]], self.seed + i, *self.args)]
+        return [e.loads[i], e.workers[i].rollout.remote(self.ids[self.shards[i]], self.seed + i, self.sampling)]
 
     def result(self) -> Sampled:
         parts = [self._gather(i) for i in range(len(self.shards))]

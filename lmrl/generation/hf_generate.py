@@ -30,7 +30,9 @@ times it; docs/results.md has the figures). What it does differently:
   without compaction (a LoRA policy's adapters stay unmerged: in the graph they cost GPU time only).
 * The model's forward is called directly with a transformers KV cache (prefill computes logits for
   the last position only); none of `generate`'s per-step machinery (input preparation, processor
-  and stopping-criteria lists, output classes) runs. Temperature, top-k and top-p are applied once per step.
+  and stopping-criteria lists, output classes) runs. The sampling options (`Sampling`) are applied
+  once per step; with a repetition penalty each row's seen tokens are kept as a (B, V) bool mask,
+  built from the prompt once and updated with each step's draw (none is built without one).
 
 The model runs under `torch.inference_mode()`; the returned tensors are ordinary tensors (made
 outside inference mode), so they can be fed to a training forward. Put the model in eval mode first
@@ -50,7 +52,7 @@ from ..common.errors import NonFiniteOutputs
 from .decode_graph import StaticDecodeStep, graphable
 from .kv_cache import new_cache, with_cache  # without transformers: an ImportError naming the `hf` extra
 from .packed_linear import packed_linears, packing_available
-from .sampling import warp_logits
+from .sampling import Sampling, mark_seen, seen_tokens
 
 
 def _positions(mask: torch.Tensor, start=0) -> torch.Tensor:
@@ -108,18 +110,18 @@ def unique_rows(x: torch.Tensor):
     return uniq[order], first[order], remap[inverse]
 
 
-def _pick(logits: torch.Tensor, temperature: float, top_k: int, top_p: float, greedy: bool,
-          uniform: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+def _pick(logits: torch.Tensor, sampling: Sampling, greedy: bool, uniform: torch.Tensor | None,
+          seen: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
     """(tokens (b,), their log-probs (b,)) from next-token logits (b, V). The log-prob is that of the
-    distribution the token is drawn from: log_softmax of `warp_logits` (temperature, top-k, top-p),
-    or plain log_softmax(logits) for greedy (argmax) decoding. A sampled token inverts the CDF at
-    `uniform` (b,)."""
+    distribution the token is drawn from: log_softmax of `sampling.warp` (the repetition penalty on
+    the tokens `seen` (b, V) marks, temperature, top-k, top-p, min-p), or plain log_softmax(logits)
+    for greedy (argmax) decoding. A sampled token inverts the CDF at `uniform` (b,)."""
     logits = logits.float()
     if greedy:
         tokens = logits.argmax(-1)
         log_total = torch.logsumexp(logits, -1)
     else:
-        logits = warp_logits(logits, temperature, top_k, top_p)
+        logits = sampling.warp(logits, seen)
         # Unnormalised probabilities: the total normalises both the CDF and the chosen token's log-prob,
         # so no (b, V) log-softmax is written.
         top = logits.amax(-1, keepdim=True)
@@ -133,20 +135,22 @@ def _pick(logits: torch.Tensor, temperature: float, top_k: int, top_p: float, gr
 
 
 def generate(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, max_new_tokens: int, *,
-             eos_token_ids, pad_token_id: int, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0,
-             greedy: bool = False, generator: torch.Generator | None = None, compact_at: float | None = 0.125,
-             cache: str = "dynamic", share_prefix: bool = True, pack_weights: bool = True,
-             cuda_graph: bool = True) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+             eos_token_ids, pad_token_id: int, sampling: Sampling | None = None, greedy: bool = False,
+             generator: torch.Generator | None = None, compact_at: float | None = 0.125, cache: str = "dynamic",
+             share_prefix: bool = True, pack_weights: bool = True, cuda_graph: bool = True,
+             **options) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Samples up to `max_new_tokens` after each left-padded prompt `input_ids` (B, P) with its
     `attention_mask` (B, P) (1 on real tokens), from a transformers causal LM `model` (possibly peft-wrapped).
 
     Returns (completion (B, N) long, pad after the first EOS; mask (B, N) float, 1 up to and
     including the first EOS; logprobs (B, N) float, 0 where masked), N <= max_new_tokens: the loop
-    stops once every row has emitted one of `eos_token_ids` (an int or a list of ints). Log-probs are
-    those of the distribution each token was drawn from, log_softmax(logits / temperature) after
-    top-k and top-p (`lmrl.generation.sampling.warp_logits`; `top_k` 0 and `top_p` 1: off); `greedy`
-    takes the argmax and reports temperature-1 log-probs. Draws come from `generator` (the global
-    RNG if None), so a seeded generator reproduces the samples.
+    stops once every row has emitted one of `eos_token_ids` (an int or a list of ints). Tokens are
+    drawn as `sampling` (a `lmrl.generation.sampling.Sampling`, or its fields as keywords:
+    temperature=, top_k=, top_p=, min_p=, repetition_penalty=; default: all off) says, and their
+    log-probs are those of that distribution (the repetition penalty counts each row's real prompt
+    tokens, not its left padding, and its completion so far); `greedy` takes the argmax of the raw
+    logits and reports temperature-1 log-probs. Draws come from `generator` (the global RNG if
+    None), so a seeded generator reproduces the samples.
 
     Options (the defaults are the fastest measured, see benchmarks/hf_rollout.py): `compact_at`:
     drop the finished rows from the running batch (and its cache) once they are at least this
@@ -157,11 +161,14 @@ def generate(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, max_n
     `cuda_graph`: on a CUDA device (outside autocast), decode over a static cache with the step
     replayed as a CUDA graph (`lmrl.generation.decode_graph`) where the model's static cache allows it
     (`graphable`); this sets `cache="static"` and turns compaction off. A static cache without
-    compaction runs the same step eagerly anywhere else."""
+    compaction runs the same step eagerly anywhere else. The sampling options run outside the graph,
+    on the logits it returns, so every option works on each path."""
+    sampling = Sampling.of(sampling, **options)  # keywords a caller gives over the options object
     if max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
-    if not greedy and temperature <= 0:
-        raise ValueError(f"temperature must be > 0 when sampling (got {temperature}); use greedy=True instead")
+    if not greedy and sampling.temperature <= 0:
+        raise ValueError(f"temperature must be > 0 when sampling (got {sampling.temperature}); use greedy=True "
+                         f"instead")
     if input_ids.dim() != 2 or input_ids.shape != attention_mask.shape:
         raise ValueError(f"input_ids and attention_mask must both be (B, P), got {tuple(input_ids.shape)} "
                          f"and {tuple(attention_mask.shape)}")
@@ -185,6 +192,8 @@ def generate(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, max_n
         if graphed:
             cache, compact_at = "static", None
         logits, mask = prefill(model, past, input_ids, attention_mask.long(), share_prefix)
+        # (b, V) bool: the tokens each running row has seen, only where the repetition penalty reads them
+        seen = seen_tokens(input_ids, attention_mask, logits.size(-1)) if sampling.penalizes and not greedy else None
         step = (StaticDecodeStep(model, past, mask, P + max_new_tokens, graph=graphed)
                 if cache == "static" and compact_at is None else None)
         next_pos = attention_mask.long().sum(-1, keepdim=True)  # (b, 1): position of the next token fed in
@@ -193,7 +202,9 @@ def generate(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, max_n
         n = 0  # steps taken = columns filled
         while True:
             uniform = None if greedy else torch.rand(B, generator=generator, device=device)[rows]
-            tokens, lp = _pick(logits, temperature, top_k, top_p, greedy, uniform)
+            tokens, lp = _pick(logits, sampling, greedy, uniform, seen)
+            if seen is not None:
+                mark_seen(seen, tokens)
             completion[rows, n] = tokens
             logprobs[rows, n] = lp
             n += 1
@@ -209,6 +220,7 @@ def generate(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, max_n
                 keep = (~done).nonzero().squeeze(1)
                 past.reorder_cache(keep)  # index_select on the batch dim of every layer's keys and values
                 rows, tokens, mask, next_pos, done = rows[keep], tokens[keep], mask[keep], next_pos[keep], done[keep]
+                seen = seen[keep] if seen is not None else None
             if step is not None:  # fixed buffers, a CUDA graph on a GPU
                 logits = step(tokens, next_pos)
             else:

@@ -6,6 +6,8 @@ from dataclasses import dataclass
 
 import torch
 
+from .sampling import Sampling
+
 
 @dataclass
 class Rollout:
@@ -42,26 +44,28 @@ class Rollout:
 
 
 @torch.no_grad()
-def sample(model, prompts: torch.Tensor, max_new_tokens: int, *, temperature: float = 1.0, top_k: int = 0,
-           top_p: float = 1.0, greedy: bool = False, generator: torch.Generator | None = None) -> Rollout:
-    """Samples completions in eval mode (no dropout) and puts the model back in its previous mode."""
+def sample(model, prompts: torch.Tensor, max_new_tokens: int, *, sampling: Sampling | None = None, greedy: bool = False,
+           generator: torch.Generator | None = None, **options) -> Rollout:
+    """Samples completions in eval mode (no dropout) and puts the model back in its previous mode.
+    `sampling` (or its fields as keywords) as `GPT.generate` takes it."""
     was_training = model.training
     model.eval()
     try:
-        completions, logprobs = model.generate(prompts, max_new_tokens, temperature=temperature, top_k=top_k,
-                                               top_p=top_p, greedy=greedy, generator=generator)
+        completions, logprobs = model.generate(prompts, max_new_tokens, sampling=Sampling.of(sampling, **options),
+                                               greedy=greedy, generator=generator)
     finally:
         model.train(was_training)
     return Rollout(prompts, completions, logprobs, torch.ones_like(completions, dtype=torch.float32))
 
 
 @torch.no_grad()
-def sample_text(policy, prompts: list[str], max_new_tokens: int, *, temperature: float = 1.0, top_k: int = 0,
-                top_p: float = 1.0, greedy: bool = False, generator: torch.Generator | None = None) -> Rollout:
+def sample_text(policy, prompts: list[str], max_new_tokens: int, *, sampling: Sampling | None = None,
+                greedy: bool = False, generator: torch.Generator | None = None, **options) -> Rollout:
     """Text prompts through a Hugging Face policy (`HFPolicy.generate_text`): left-padded, each
-    completion ending at its first EOS."""
+    completion ending at its first EOS. `sampling` (or its fields as keywords) as `generate_ids` takes it."""
     ids, mask = policy.encode(prompts)
-    completions, keep, logprobs = policy.generate_ids(ids, mask, max_new_tokens, temperature=temperature,
-                                                      top_k=top_k, top_p=top_p, greedy=greedy, generator=generator)
+    completions, keep, logprobs = policy.generate_ids(ids, mask, max_new_tokens,
+                                                      sampling=Sampling.of(sampling, **options), greedy=greedy,
+                                                      generator=generator)
     ended = torch.isin(completions, torch.tensor(list(policy.eos_token_ids), device=completions.device)).any(1)
     return Rollout(ids, completions, logprobs, keep, prompt_mask=mask, truncated=~ended)

@@ -20,7 +20,7 @@ import torch.nn.functional as F
 
 from ..generation.token_logprobs import token_logprobs
 from ..common.errors import NonFiniteOutputs
-from ..generation.sampling import warp_logits
+from ..generation.sampling import Sampling, mark_seen, seen_tokens
 
 
 class CharTokenizer:
@@ -255,34 +255,37 @@ class GPT(nn.Module):
         prompt: torch.Tensor,
         max_new_tokens: int,
         *,
-        temperature: float = 1.0,
-        top_k: int = 0,
-        top_p: float = 1.0,
+        sampling: Sampling | None = None,
         greedy: bool = False,
         use_cache: bool = True,
         generator: torch.Generator | None = None,
+        **options,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Sample `max_new_tokens` after each row of `prompt` (B, T), all prompts the same length.
 
         Returns (tokens (B, N), logprobs (B, N)): the sampled ids and their log-probabilities under
-        the distribution they were drawn from (logits / temperature, after top-k and top-p: see
-        `lmrl.generation.sampling.warp_logits`). Greedy decoding
-        reports the log-probs of the temperature-1 distribution. `use_cache=False` recomputes the
-        whole prefix every step; it exists to check and benchmark the cache."""
+        the distribution they were drawn from, as `sampling` (a `lmrl.generation.sampling.Sampling`,
+        or its fields as keywords: temperature=, top_k=, top_p=, min_p=, repetition_penalty=) warps
+        the logits. Greedy decoding reports the log-probs of the temperature-1 distribution.
+        `use_cache=False` recomputes the whole prefix every step; it exists to check and benchmark the cache."""
+        sampling = Sampling.of(sampling, **options)
         if max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
-        if not greedy and temperature <= 0:
-            raise ValueError(f"temperature must be > 0 when sampling (got {temperature}); use greedy=True instead")
+        if not greedy and sampling.temperature <= 0:
+            raise ValueError(f"temperature must be > 0 when sampling (got {sampling.temperature}); use greedy=True "
+                             f"instead")
         B, T = prompt.shape
         kind = prompt.device.type  # under autocast the keys and values come out in its dtype, and are kept in it
         dtype = torch.get_autocast_dtype(kind) if torch.is_autocast_enabled(kind) else self.wte.weight.dtype
         cache = KVCache(self.config, B, T + max_new_tokens, prompt.device, dtype) if use_cache else None
+        # (B, V) bool: the tokens each row has seen, only where the repetition penalty reads them
+        seen = seen_tokens(prompt, None, self.config.vocab_size) if sampling.penalizes and not greedy else None
         seq, tokens, logps = prompt, [], []
         step_input = prompt
         for _ in range(max_new_tokens):
             logits = self(step_input if use_cache else seq, cache, last_only=True)[:, -1].float()  # (B, V)
             if not greedy:
-                logits = warp_logits(logits, temperature, top_k, top_p)
+                logits = sampling.warp(logits, seen)
             logp = F.log_softmax(logits, dim=-1)
             if greedy:
                 nxt = logp.argmax(dim=-1, keepdim=True)
@@ -293,6 +296,8 @@ class GPT(nn.Module):
                     if not torch.isfinite(logp).all():  # checked only on failure: free on the happy path
                         raise NonFiniteOutputs("the next-token probabilities hold NaN or inf") from None
                     raise
+            if seen is not None:
+                mark_seen(seen, nxt.squeeze(1))
             tokens.append(nxt)
             logps.append(logp.gather(-1, nxt))
             step_input = nxt

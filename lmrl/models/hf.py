@@ -26,7 +26,7 @@ from ..common.launch_costs import prompt_sharing_pays
 from ..generation.token_logprobs import token_logprobs
 from ..generation.hf_generate import generate, prefill, unique_rows
 from ..generation.kv_cache import with_cache
-from ..generation.sampling import warp_logits
+from ..generation.sampling import OFF, Sampling, mark_seen, seen_tokens
 from .hf_loading import (DTYPES, PACKAGED_GGUF, convert_gguf, drop_quantizer_record,  # noqa: F401 (re-exported)
                          load_hf_model, resolve_model_path)
 
@@ -56,20 +56,28 @@ def already_templated(tokenizer, text: str) -> bool:
 # ------------------------------------------------------------------------------------------------ policy
 
 class _RecordLogprobs(LogitsProcessor):
-    """The last logits processor of a `generate` call. It applies temperature, top-k and top-p itself (HF's
-    own warpers are left off), so what it returns is exactly the distribution the next token is
-    drawn from, and it keeps that distribution's log-softmax. At step t the token drawn at step t-1
-    is the last input id, so only one step's (B, V) log-probs are held at a time."""
+    """The last logits processor of a `generate` call. It applies the sampling options itself (HF's
+    own repetition penalty and warpers are left off), so what it returns is exactly the distribution
+    the next token is drawn from, and it keeps that distribution's log-softmax. At step t the token
+    drawn at step t-1 is the last input id, so only one step's (B, V) log-probs are held at a time;
+    with a repetition penalty, each row's seen tokens are a (B, V) mask from the real tokens of the
+    prompt (`prompt_mask`), updated with each drawn token."""
 
-    def __init__(self, temperature: float, top_k: int, top_p: float):
-        self.temperature, self.top_k, self.top_p = temperature, top_k, top_p
+    def __init__(self, sampling: Sampling, prompt_mask: torch.Tensor):
+        self.sampling, self.prompt_mask = sampling, prompt_mask
+        self.seen: torch.Tensor | None = None  # (B, V) bool, with a repetition penalty
         self.last: torch.Tensor | None = None  # (B, V) log-probs of the step before
         self.logprobs: list[torch.Tensor] = []  # each (B, 1)
 
     def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
         if self.last is not None:
             self.logprobs.append(self.last.gather(-1, input_ids[:, -1:]))
-        scores = warp_logits(scores.float(), self.temperature, self.top_k, self.top_p)
+        if self.sampling.penalizes:
+            if self.seen is None:  # the first step's input ids are the prompts
+                self.seen = seen_tokens(input_ids, self.prompt_mask, scores.size(-1))
+            else:
+                mark_seen(self.seen, input_ids[:, -1])
+        scores = self.sampling.warp(scores.float(), self.seen)
         self.last = F.log_softmax(scores, dim=-1)
         return scores
 
@@ -321,53 +329,56 @@ class HFPolicy(nn.Module):
         return enc["input_ids"].to(self.device), enc["attention_mask"].to(self.device)
 
     @torch.no_grad()
-    def generate_text(self, prompts: list[str], max_new_tokens: int, temperature: float = 1.0, top_k: int = 0,
-                      top_p: float = 1.0, greedy: bool = False, generator: torch.Generator | None = None):
+    def generate_text(self, prompts: list[str], max_new_tokens: int, *, sampling: Sampling | None = None,
+                      greedy: bool = False, generator: torch.Generator | None = None, **options):
         """Samples up to `max_new_tokens` after each prompt (see `generate_ids`).
 
         Returns (prompt_ids (B, P) left-padded, completion_ids (B, N) with pad after EOS,
         completion_mask (B, N) 1 up to and including the first EOS, logprobs (B, N) 0 where masked)."""
         ids, mask = self.encode(prompts)
-        completion, keep, logprobs = self.generate_ids(ids, mask, max_new_tokens, temperature=temperature,
-                                                       top_k=top_k, top_p=top_p, greedy=greedy, generator=generator)
+        completion, keep, logprobs = self.generate_ids(ids, mask, max_new_tokens, sampling=sampling, greedy=greedy,
+                                                       generator=generator, **options)
         return ids, completion, keep, logprobs
 
     @torch.no_grad()
-    def generate_ids(self, ids: torch.Tensor, mask: torch.Tensor, max_new_tokens: int, *, temperature: float = 1.0,
-                     top_k: int = 0, top_p: float = 1.0, greedy: bool = False,
-                     generator: torch.Generator | None = None):
+    def generate_ids(self, ids: torch.Tensor, mask: torch.Tensor, max_new_tokens: int, *,
+                     sampling: Sampling | None = None, greedy: bool = False,
+                     generator: torch.Generator | None = None, **options):
         """Samples up to `max_new_tokens` after left-padded prompt ids (B, P), with the lean loop of
         `lmrl.generation.hf_generate` (default) or, with `generation_engine = "hf"`, the HF model's
         `generate` (KV cache). Returns (completion (B, N) with pad after EOS, mask (B, N) 1 up to
         and including the first EOS, logprobs (B, N) 0 where masked); N <= max_new_tokens
-        (generation stops once every row has ended). Log-probs are those of the distribution each
-        token was drawn from (logits / temperature after top-k and top-p), recorded during generation by a
-        final logits processor; greedy reports temperature-1 log-probs, as GPT.generate does.
+        (generation stops once every row has ended). Tokens are drawn as `sampling` (a
+        `lmrl.generation.sampling.Sampling`, or its fields as keywords: temperature=, top_k=, top_p=,
+        min_p=, repetition_penalty=) says; log-probs are those of that distribution, recorded during
+        generation by a final logits processor; greedy reports temperature-1 log-probs, as GPT.generate does.
         The checkpoint's own generation defaults (top-p, repetition penalty, ...) are not applied."""
+        sampling = Sampling.of(sampling, **options)
         if max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
-        if not greedy and temperature <= 0:
-            raise ValueError(f"temperature must be > 0 when sampling (got {temperature}); use greedy=True instead")
+        if not greedy and sampling.temperature <= 0:
+            raise ValueError(f"temperature must be > 0 when sampling (got {sampling.temperature}); use greedy=True "
+                             f"instead")
         with self.gathered():
-            return self._generate_ids(ids, mask, max_new_tokens, temperature=temperature, top_k=top_k,
-                                      top_p=top_p, greedy=greedy, generator=generator)
+            return self._generate_ids(ids, mask, max_new_tokens, sampling=sampling, greedy=greedy,
+                                      generator=generator)
 
-    def _generate_ids(self, ids, mask, max_new_tokens, *, temperature, top_k, top_p, greedy, generator):
+    def _generate_ids(self, ids, mask, max_new_tokens, *, sampling, greedy, generator):
         pad = self.tokenizer.pad_token_id
         if self.generation_engine == "lean":
             was_training = self.training
             self.eval()
             try:
                 return generate(self.model, ids, mask, max_new_tokens, eos_token_ids=self.eos_token_ids,
-                                pad_token_id=pad, temperature=temperature, top_k=top_k, top_p=top_p,
-                                greedy=greedy, generator=generator, cuda_graph=self.cuda_graphs)
+                                pad_token_id=pad, sampling=sampling, greedy=greedy, generator=generator,
+                                cuda_graph=self.cuda_graphs)
             finally:
                 self.train(was_training)
-        record = _RecordLogprobs(1.0 if greedy else temperature, 0 if greedy else top_k, 1.0 if greedy else top_p)
-        # HF's warpers stay off (temperature 1, no top-k / top-p): `record` applies all three.
-        sampling = {} if greedy else {"temperature": 1.0, "top_k": 0, "top_p": 1.0}
+        record = _RecordLogprobs(OFF if greedy else sampling, mask)
+        # HF's own processors and warpers stay off (temperature 1, no top-k / top-p): `record` applies every option.
+        warpers_off = {} if greedy else {"temperature": 1.0, "top_k": 0, "top_p": 1.0}
         config = GenerationConfig(max_new_tokens=max_new_tokens, do_sample=not greedy, use_cache=True,
-                                  eos_token_id=self.eos_token_ids, pad_token_id=pad, **sampling)
+                                  eos_token_id=self.eos_token_ids, pad_token_id=pad, **warpers_off)
         hf, was_training = self.hf_model, self.training
         saved, hf.generation_config = hf.generation_config, GenerationConfig(
             bos_token_id=hf.generation_config.bos_token_id, eos_token_id=self.eos_token_ids, pad_token_id=pad)

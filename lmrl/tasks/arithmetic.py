@@ -41,6 +41,7 @@ import torch
 
 from ..models.gpt import CharTokenizer
 from ..generation.rollout import Rollout, sample
+from ..generation.sampling import Sampling
 
 HELDOUT_SEED = 20240607  # fixed so every run, whatever its seed, evaluates the same problems
 OPS = {"addition": "+", "multiplication": "*"}
@@ -180,11 +181,12 @@ class ArithmeticTask:
         return self.answer_len
 
     def rollout(self, model, ids: torch.Tensor, *, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0,
-                greedy: bool = False, generator: torch.Generator | None = None) -> Rollout:
+                min_p: float = 0.0, repetition_penalty: float = 1.0, greedy: bool = False,
+                generator: torch.Generator | None = None) -> Rollout:
         """Completions for problems `ids`, sampled (or greedy) with the model's KV cache."""
         prompts = self.batch(ids).prompts.to(next(model.parameters()).device)
-        return sample(model, prompts, self.answer_len, temperature=temperature, top_k=top_k, top_p=top_p,
-                      greedy=greedy, generator=generator)
+        sampling = Sampling(temperature, top_k, top_p, min_p, repetition_penalty)
+        return sample(model, prompts, self.answer_len, sampling=sampling, greedy=greedy, generator=generator)
 
     def score_rollout(self, ids: torch.Tensor, rollout: Rollout) -> tuple[torch.Tensor, torch.Tensor, dict]:
         """Rewards ((B,) or (B, N) per digit), exact-match flags (B,), no extra metrics."""

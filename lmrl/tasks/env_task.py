@@ -24,6 +24,7 @@ import torch
 
 from ..envs.protocol import HELDOUT_SEED, is_bool
 from ..generation.agent import AgentRollout, Stepper, leave_out_failed, run_episodes
+from ..generation.sampling import Sampling
 
 
 class EnvTask:
@@ -53,13 +54,14 @@ class EnvTask:
         return torch.randint(self.n_train, (n,), generator=generator)
 
     def rollout(self, policy, ids: torch.Tensor, *, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0,
-                greedy: bool = False, generator: torch.Generator | None = None) -> AgentRollout:
+                min_p: float = 0.0, repetition_penalty: float = 1.0, greedy: bool = False,
+                generator: torch.Generator | None = None) -> AgentRollout:
         with Stepper(self.workers, self.step_timeout_s) as stepper:
             envs = stepper.make([self.make_env] * len(ids), self.name)
             return run_episodes(policy, envs, seeds=[self.seed(i) for i in ids.tolist()], preamble=self.preamble,
                                 tools=self.tools, max_turns=self.max_turns, max_new_tokens=self.turn_tokens,
-                                max_context=self.max_context, temperature=temperature, top_k=top_k, top_p=top_p,
-                                greedy=greedy, generator=generator, stepper=stepper)
+                                max_context=self.max_context, greedy=greedy, generator=generator, stepper=stepper,
+                                sampling=Sampling(temperature, top_k, top_p, min_p, repetition_penalty))
 
     def texts(self, ids: torch.Tensor, rollout: AgentRollout) -> tuple[list[str], list[str]]:
         """(each episode's first observation, the episode after it: turns and observations, role-tagged)."""

@@ -36,6 +36,7 @@ import torch
 
 from ..common.data import iter_jsonl, read_jsonl
 from ..generation.rollout import Rollout, sample_text
+from ..generation.sampling import Sampling
 from . import reasoning_gym
 from .math_reward import RewardInfo
 
@@ -154,9 +155,11 @@ class MathTask:
 
     # -- the trainer's task protocol -------------------------------------------------------------
     def rollout(self, policy, ids: torch.Tensor, *, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0,
-                greedy: bool = False, generator: torch.Generator | None = None) -> Rollout:
-        return sample_text(policy, self.prompts(ids), self.max_new_tokens, temperature=temperature, top_k=top_k,
-                           top_p=top_p, greedy=greedy, generator=generator)
+                min_p: float = 0.0, repetition_penalty: float = 1.0, greedy: bool = False,
+                generator: torch.Generator | None = None) -> Rollout:
+        sampling = Sampling(temperature, top_k, top_p, min_p, repetition_penalty)
+        return sample_text(policy, self.prompts(ids), self.max_new_tokens, sampling=sampling, greedy=greedy,
+                           generator=generator)
 
     def completion_texts(self, rollout: Rollout) -> list[str]:
         """Each completion up to its first EOS, special tokens dropped."""

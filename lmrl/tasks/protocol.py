@@ -27,7 +27,10 @@ class Task(Protocol):
 
     def rollout(self, policy, ids: torch.Tensor, *, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0,
                 greedy: bool = False, generator: torch.Generator | None = None) -> Rollout:
-        """Completions of problems `ids` sampled from `policy` (one row per id)."""
+        """Completions of problems `ids` sampled from `policy` (one row per id). The trainer also passes
+        `min_p=` and `repetition_penalty=` when the config sets them (`Sampling.rollout_keywords`): the
+        built-in tasks take both; a task whose rollout takes neither (nor **kwargs) is refused at start-up
+        when one is set, and runs as it is otherwise."""
 
     def score_rollout(self, ids: torch.Tensor, rollout: Rollout) -> tuple[torch.Tensor, torch.Tensor, dict]:
         """(rewards (B,) or per token (B, N), exact-match flags (B,), {name: (B,) per-row extras})."""

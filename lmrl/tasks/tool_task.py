@@ -35,6 +35,7 @@ from ..envs.protocol import EnvError
 from ..envs.registry import load_object
 from ..envs.tools import ToolEnv, environment_tools, template_renders_tools, tool_schemas, tools_system_prompt
 from ..generation.agent import AgentRollout, Stepper, leave_out_failed, run_episodes
+from ..generation.sampling import Sampling
 from .prompt_task import PromptTask
 
 
@@ -89,15 +90,16 @@ class ToolPromptTask(PromptTask):
         return messages
 
     def rollout(self, policy, ids: torch.Tensor, *, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0,
-                greedy: bool = False, generator: torch.Generator | None = None) -> AgentRollout:
+                min_p: float = 0.0, repetition_penalty: float = 1.0, greedy: bool = False,
+                generator: torch.Generator | None = None) -> AgentRollout:
         factory = self.environment_factory
         name = f"ToolEnv({getattr(factory, '__name__', 'environment_factory')})" if factory is not None else "ToolEnv"
         with Stepper(self.workers, self.step_timeout_s) as stepper:
             envs = stepper.make([functools.partial(self._episode, self.rows[i]) for i in ids.tolist()], name)
             ro = run_episodes(policy, envs, seeds=ids.tolist(), tools=self.schemas if self.template_tools else None,
                               max_turns=self.max_turns, max_new_tokens=self.turn_tokens, max_context=self.max_context,
-                              temperature=temperature, top_k=top_k, top_p=top_p, greedy=greedy, generator=generator,
-                              stepper=stepper, final_reward=self.reward_source is not None)
+                              sampling=Sampling(temperature, top_k, top_p, min_p, repetition_penalty), greedy=greedy,
+                              generator=generator, stepper=stepper, final_reward=self.reward_source is not None)
         # what reward functions get as `environments=`
         ro.environments = [None if isinstance(e, EnvError) else e.environment for e in envs]
         return ro

@@ -48,6 +48,7 @@ from ..engines.local import rollout_to
 from ..engines.registry import make_engine
 from ..generation.agent import episode_record, every_episode_failed
 from ..generation.rollout import Rollout
+from ..generation.sampling import NEWER_OPTIONS, OFF, Sampling, options_not_taken
 from ..tasks import task_spec
 from ..tasks.prompt_task import PromptTask, prompt_rows
 from ..tasks.protocol import LabeledTask, ScoredByModel, Task
@@ -117,6 +118,8 @@ class RLTrainer(Trainer):
         if tools or environment_factory is not None:
             self.task, reward_funcs, reward_weights = with_tool_rewards(self.task, cfg, tools or [], environment_factory,
                                                                         reward_funcs, reward_weights)
+        self.sampling = train_sampling(cfg)
+        check_rollout_takes(self.task, self.sampling)
         self.data_notes.extend(getattr(self.task, "notes", []))  # e.g. prompts cut to task.max_prompt_length
         self.module, self.reference, self.algo = self.model, None, None  # RL may wrap the policy with a value function
         self.reward_fn = build_reward(cfg.reward, reward_fn=reward_fn, reward_funcs=reward_funcs,
@@ -316,11 +319,9 @@ class RLTrainer(Trainer):
 
     def _submit_rollout(self, n_prompts: int):
         """Asks the engine for the next batch, sampled with the weights the learner has now."""
-        cfg = self.config
         ids = self.draw_prompts(n_prompts).repeat_interleave(self.algo.group_size)
         self.engine.sync(self.model, self.weights_version())
-        return self.engine.submit(ids, temperature=cfg.train.temperature, top_k=cfg.train.top_k,
-                                  top_p=cfg.train.top_p, generator=self.generators["sample"])
+        return self.engine.submit(ids, sampling=self.sampling, generator=self.generators["sample"])
 
     def _on_learner(self, sampled) -> Rollout:
         """The rollout on the learner's device, its staleness set, and log-probs recomputed with the
@@ -381,6 +382,28 @@ class RLTrainer(Trainer):
         start = summary["warmup_accuracy"]  # None when no stage ran (sft.steps=0, train.steps=0)
         start = "" if start is None else f"warm-up {start:.3f} → "
         return f"held-out accuracy: {start}final {summary['final_accuracy']:.3f} | {took}"
+
+
+def train_sampling(config: Config) -> Sampling:
+    """The sampling options of RL's rollouts (`train.temperature`, `top_k`, `top_p`, `min_p`, `repetition_penalty`)."""
+    t = config.train
+    return Sampling(t.temperature, t.top_k, t.top_p, t.min_p, t.repetition_penalty)
+
+
+def check_rollout_takes(task, sampling: Sampling) -> None:
+    """A ConfigError naming the task's class and the option when its `rollout` has no keyword for one
+    the trainer passes: temperature, top_k and top_p always, min_p and repetition_penalty when the
+    config sets them (a task written before those two runs as it is while they stay at their defaults)."""
+    missing = options_not_taken(task.rollout, sampling)
+    if not missing:
+        return
+    name, owner = missing[0], f"{type(task).__name__}.rollout"
+    if name in NEWER_OPTIONS:
+        raise ConfigError(f"train.{name}={getattr(sampling, name)}: {owner} takes no {name}= keyword; add it to "
+                          f"the rollout's signature (and sample with it), or leave train.{name} at "
+                          f"{getattr(OFF, name)} (off)")
+    raise ConfigError(f"{owner} takes no {name}= keyword, which the RL trainer passes to every rollout (the Task "
+                      f"protocol, lmrl.tasks.protocol)")
 
 
 def check_task_inputs(config: Config, *, reward_given: bool) -> None:

@@ -36,6 +36,11 @@ _GRPO_LOSSES = {"grpo": "sequence", "dapo": "token", "bnpo": "token", "dr_grpo":
 _DPO_LOSSES = ("sigmoid", "ipo", "hinge", "robust")
 _DTYPES = {"bfloat16": "bf16", "float32": "fp32", "auto": "fp32", None: "fp32"}
 _NEVER = 10**9  # a step interval no run reaches: "only at the end"
+# GRPOConfig.generation_kwargs keys lmrl has (transformers' and vLLM's names) -> (section, key)
+_GENERATION_KWARGS = {"temperature": ("train", "temperature"), "top_k": ("train", "top_k"),
+                      "top_p": ("train", "top_p"), "min_p": ("train", "min_p"),
+                      "repetition_penalty": ("train", "repetition_penalty"),
+                      "max_new_tokens": ("task", "max_new_tokens"), "max_tokens": ("task", "max_new_tokens")}
 
 
 def _text(value) -> object:
@@ -362,6 +367,24 @@ class GRPOConfig(_LmrlArgs, trl.GRPOConfig):
                           f"evaluation and saving steps are counted in generations ({steps} optimizer steps: "
                           f"{train['steps']} RL steps); the LR changes once per generation")
 
+    def _generation_kwargs(self, data: dict) -> None:
+        """generation_kwargs over the fields they name, as TRL updates its GenerationConfig or SamplingParams
+        with them: the sampling options and the completion length; any other key is refused."""
+        kwargs = self.generation_kwargs or {}  # TRL's post-init parsed a JSON string
+        for key, value in kwargs.items():
+            if key not in _GENERATION_KWARGS:
+                raise ConfigError(f"GRPOConfig(generation_kwargs={{{key!r}: {value!r}}}): lmrl takes "
+                                  f"{', '.join(_GENERATION_KWARGS)} from generation_kwargs; {key} has no lmrl "
+                                  f"equivalent")
+            if value is None:  # the option off, as transformers reads None
+                continue
+            section, name = _GENERATION_KWARGS[key]
+            data[section][name] = 0 if key == "top_k" and value == -1 else value  # -1: vLLM's top_k off
+        lengths = {kwargs[k] for k in ("max_new_tokens", "max_tokens") if kwargs.get(k) is not None}
+        if len(lengths) > 1:
+            raise ConfigError(f"GRPOConfig(generation_kwargs={kwargs!r}): max_new_tokens and max_tokens both set "
+                              f"the completion length; give one")
+
     def _shape(self, data, *, batch, steps, world):
         loss = _text(self.loss_type)
         if loss not in _GRPO_LOSSES:
@@ -404,7 +427,9 @@ class GRPOConfig(_LmrlArgs, trl.GRPOConfig):
                               f"the first training prompts without an eval_dataset); TRL evaluates nothing")
         generated = int(self.steps_per_generation) // int(self.gradient_accumulation_steps) * batch
         data["train"].update(rollout_size=generated, steps=steps, temperature=float(self.temperature),
-                             top_p=float(self.top_p), top_k=int(self.top_k or 0))
+                             top_p=float(self.top_p), top_k=int(self.top_k or 0), min_p=float(self.min_p or 0.0),
+                             repetition_penalty=float(self.repetition_penalty))
+        self._generation_kwargs(data)
         if generated > batch:  # each optimizer step trains on its share of the generation
             algo["minibatch_size"] = batch
         self._in_generations(data, steps)
@@ -503,7 +528,8 @@ TRANSLATED = {
              "entropy_coef", "use_vllm", "vllm_gpu_memory_utilization", "vllm_max_model_length",
              "max_tool_calling_iterations", "log_completions", "num_completions_to_print", "chat_template_kwargs",
              "importance_sampling_level", "delta", "top_entropy_quantile", "off_policy_mask_threshold",
-             "use_bias_correction_kl", "steps_per_generation", "generation_batch_size"},
+             "use_bias_correction_kl", "steps_per_generation", "generation_batch_size", "min_p", "repetition_penalty",
+             "generation_kwargs"},
     "dpo": {"beta", "loss_type", "label_smoothing", "max_length"},
     "sft": {"max_length", "assistant_only_loss", "completion_only_loss", "dataset_text_field", "truncation_mode",
             "packing", "packing_strategy", "padding_free", "loss_type", "neftune_noise_alpha", "label_smoothing_factor"},

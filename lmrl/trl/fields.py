@@ -167,9 +167,11 @@ GRPO: dict[str, Rule] = {
     "steps_per_generation": Rule(CARRIED, "train.rollout_size = the completions of steps_per_generation / "
                                           "gradient_accumulation_steps optimizer steps, each an algo.minibatch_size "
                                           "share of it (a multiple of gradient_accumulation_steps)"),
-    "min_p": Rule(REFUSED, "lmrl samples with temperature, top_k and top_p"),
-    "repetition_penalty": Rule(REFUSED, "lmrl samples with temperature, top_k and top_p"),
-    "generation_kwargs": Rule(REFUSED, "lmrl samples with temperature, top_k and top_p"),
+    "min_p": Rule(CARRIED, "train.min_p (None: 0, off)"),
+    "repetition_penalty": Rule(CARRIED, "train.repetition_penalty"),
+    "generation_kwargs": Rule(CARRIED, "over the fields, as TRL: temperature, top_k, top_p, min_p, "
+                                       "repetition_penalty -> train.*; max_new_tokens (transformers) or max_tokens "
+                                       "(vLLM) -> task.max_new_tokens; any other key is refused"),
     "delta": Rule(CARRIED, "algo.clip_ratio_max (INTELLECT-2's cap on the unclipped ratio); a delta not above "
                            "1 + epsilon_high is refused"),
     "top_entropy_quantile": Rule(CARRIED, "algo.top_entropy_quantile: the entropy threshold over a micro-batch's "
