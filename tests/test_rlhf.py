@@ -42,7 +42,7 @@ def _ppo(root, rm_dir, run_dir, *overrides):
         f"task.train_file={root / 'prompts' / 'train.jsonl'}", f"task.test_file={root / 'prompts' / 'test.jsonl'}",
         f"reward.model={rm_dir}", "algo.name=ppo", "algo.value_model=separate", "algo.kl_coef=0.05",
         "algo.kl_in_reward=true", "task.max_new_tokens=4", "train.steps=2", "train.rollout_size=4",
-        "train.eval_every=1", "eval.size=4", "eval.batch_size=4", "train.best_metric=eval/reward",
+        "train.eval_every=1", "eval.size=4", "eval.batch_size=4",
         "lora.r=4", f"run.dir={run_dir}", *QUIET, *overrides])
 
 
@@ -58,7 +58,9 @@ def test_ppo_against_a_reward_model_starts_its_critic_as_the_reward_model(rm, tm
         score = reward_model(ids, torch.ones_like(ids))
     assert values[0, -1].item() == pytest.approx(score.item(), abs=1e-4)  # V(last token) = r(prompt + completion)
 
-    summary = RLTrainer(_ppo(root, rm_dir, tmp_path / "run2")).train()
+    trainer = RLTrainer(_ppo(root, rm_dir, tmp_path / "run2"))
+    assert trainer.best_metric == "eval/reward"  # open prompts have no accuracy: best/ is picked by the reward
+    summary = trainer.train()
     rows = [json.loads(line) for line in (tmp_path / "run2" / "metrics.jsonl").read_text().splitlines()]
     assert "eval/reward" in summary["final_eval"] and summary["best"]["value"] == max(
         r["eval/reward"] for r in rows if "eval/reward" in r)

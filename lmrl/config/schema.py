@@ -466,7 +466,8 @@ class TrainConfig(Section):
     stopping_threshold: float | None = _f(None, "early stopping: stop once an evaluation's train.best_metric reaches "
                                                 "this value (at or above it; at or below for a loss) (null = never)")
     best_metric: str = _f("", "eval metric that picks checkpoints/best, early stopping and the plateau schedule "
-                              "(empty: eval/accuracy; a name holding 'loss' is minimised, others maximised)")
+                              "(empty: eval/accuracy; eval/loss for SFT; eval/reward for a task with no verifier, "
+                              "such as prompts; a name holding 'loss' is minimised, others maximised)")
     time_limit_min: float = _f(0.0, "stop RL once the run's wall time reaches this many minutes, then evaluate "
                                     "and save as at the last step (0 = no limit)", ge=0)
     ema_decay: float = _f(0.0, "evaluate, keep as best and export an exponential moving average of the trained "

@@ -171,7 +171,7 @@ class Trainer:
         if cfg.run.threads:
             torch.set_num_threads(cfg.run.threads)
         torch.manual_seed(cfg.run.seed)  # identical initial weights (and LoRA adapters) on every rank
-        self.best_metric = cfg.train.best_metric or self.default_best_metric
+        self.best_metric = cfg.train.best_metric or self.default_metric(cfg)
         known = self.eval_metric_names(cfg)
         if known is not None and self.best_metric not in known:  # before any model loads
             raise ConfigError(f"train.best_metric={self.best_metric!r} is not an eval metric of this run: it reports "
@@ -218,6 +218,10 @@ class Trainer:
     def evaluate(self) -> dict:
         """Held-out metrics, every key starting with eval/ (the same numbers on every rank)."""
         raise NotImplementedError
+
+    def default_metric(self, config: Config) -> str:
+        """The eval metric `train.best_metric` means when it is empty."""
+        return self.default_best_metric
 
     def eval_metric_names(self, config: Config) -> frozenset[str] | None:
         """The names `evaluate` reports for `config`, when the config alone says which (None: known only

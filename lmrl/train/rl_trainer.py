@@ -136,6 +136,10 @@ class RLTrainer(Trainer):
                                                                 torch.Generator().manual_seed(cfg.run.seed))
         self.init_state(algo={}, warmup_accuracy=None)
 
+    def default_metric(self, config: Config) -> str:
+        """eval/accuracy; eval/reward for a task with no verifier (its accuracy is 0 by definition)."""
+        return "eval/reward" if task_spec(config.task.name).needs_reward else self.default_best_metric
+
     def eval_metric_names(self, config: Config) -> frozenset[str] | None:
         """`evaluate`'s names: accuracy, reward and completion length, and the task's extra metrics
         where its spec says which (`TaskSpec.metrics`)."""
