@@ -478,6 +478,12 @@ class TrainConfig(Section):
                                      "train.replay_size training prompts the policy got wrong, the rest uniformly "
                                      "(0 = off; one process only)", ge=0, lt=1)
     replay_size: int = _f(1024, "RL: how many recently failed training prompts train.replay_fraction draws from", ge=1)
+    prompt_order: str = _f("shuffled", "RL: how a task with a training set of rows draws its prompts: shuffled (every "
+                                       "row once per epoch, in an order drawn per epoch, as TRL's, verl's and "
+                                       "OpenRLHF's samplers), in_order (the data set's order, epoch after epoch; "
+                                       "TRL's shuffle_dataset=False), random (uniformly with replacement); a task "
+                                       "that generates its problems (arithmetic) draws at random",
+                           choices=("shuffled", "in_order", "random"))
 
     def check(self) -> list[str]:
         return [msg for ok, msg in [

@@ -23,7 +23,9 @@ class Task(Protocol):
     max_new_tokens: int  # the completion budget (the constant of loss_level=constant)
 
     def sample_train_ids(self, n: int, generator: torch.Generator) -> torch.Tensor:
-        """(n,) training problem ids (with replacement), drawn from `generator`."""
+        """(n,) training problem ids (with replacement), drawn from `generator`. A task whose training
+        problems are rows 0 .. n_train - 1 of a set says so with an `n_train` attribute: the trainer then
+        draws them in epochs (`train.prompt_order`), and this method serves `train.prompt_order=random`."""
 
     def rollout(self, policy, ids: torch.Tensor, *, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0,
                 greedy: bool = False, generator: torch.Generator | None = None) -> Rollout:

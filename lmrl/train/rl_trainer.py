@@ -56,6 +56,7 @@ from ..tasks.rewards import RewardFn, RewardLog, build_reward, fill_unscored, fu
 from .build import build_run, build_worker_parts, own_config
 from .evaluate import evaluate
 from .lifecycle import Stage, Trainer, TrainingError
+from .prompt_order import PromptDraws
 from .replay import ReplayBuffer
 from .sft_trainer import sft_loss
 
@@ -120,6 +121,7 @@ class RLTrainer(Trainer):
                                                                         reward_funcs, reward_weights)
         self.sampling = train_sampling(cfg)
         check_rollout_takes(self.task, self.sampling)
+        self.prompt_order = prompt_order(cfg, self.task)
         self.data_notes.extend(getattr(self.task, "notes", []))  # e.g. prompts cut to task.max_prompt_length
         self.module, self.reference, self.algo = self.model, None, None  # RL may wrap the policy with a value function
         self.reward_fn = build_reward(cfg.reward, reward_fn=reward_fn, reward_funcs=reward_funcs,
@@ -215,6 +217,9 @@ class RLTrainer(Trainer):
             self.state["start_eval"] = self.run_evaluation()
             self.state["warmup_accuracy"] = self.state["start_eval"]["eval/accuracy"]
         self.replay = ReplayBuffer(cfg.train.replay_size, cfg.train.replay_fraction, self.state.get("replay"))
+        self.prompt_draws = PromptDraws(self.prompt_order, n_train=getattr(self.task, "n_train", 0),
+                                        seed=cfg.run.seed, rank=self.dist.rank, world_size=self.dist.world_size,
+                                        drawn=self.state.get("prompts_drawn", 0), sample=self.task.sample_train_ids)
         self.engine = make_engine(cfg, self.task, self.model, group_size=self.algo.group_size,
                                   world_size=self.dist.world_size, info=self.info, ckpt_dir=self.ckpt_dir,
                                   build_worker=functools.partial(build_worker_parts, cfg))
@@ -226,8 +231,10 @@ class RLTrainer(Trainer):
 
     def draw_prompts(self, n: int) -> torch.Tensor:
         """`n` training problems for the next batch: `train.replay_fraction` of them drawn (with
-        repeats) from the recently failed ones (`self.replay`), the rest uniformly."""
-        return self.replay.draw(n, self.task.sample_train_ids, self.generators["data"])
+        repeats) from the recently failed ones (`self.replay`), the rest as `train.prompt_order` says."""
+        ids = self.replay.draw(n, self.prompt_draws, self.generators["data"])
+        self.state["prompts_drawn"] = self.prompt_draws.drawn  # in the trainer state: a resume draws on from here
+        return ids
 
     def build_rl_modules(self) -> None:
         """The algorithm, and what it needs besides the policy: a frozen reference (KL > 0) and a
@@ -386,6 +393,18 @@ class RLTrainer(Trainer):
         start = summary["warmup_accuracy"]  # None when no stage ran (sft.steps=0, train.steps=0)
         start = "" if start is None else f"warm-up {start:.3f} → "
         return f"held-out accuracy: {start}final {summary['final_accuracy']:.3f} | {took}"
+
+
+def prompt_order(config: Config, task) -> str:
+    """`train.prompt_order` for a task with a training set of rows (`n_train`); `random` for one without
+    (arithmetic draws generated problems), where setting another order is a ConfigError."""
+    order = config.train.prompt_order
+    if getattr(task, "n_train", None) is not None:
+        return order
+    if order == "in_order":
+        raise ConfigError(f"train.prompt_order={order}: {type(task).__name__} has no training set of rows to pass "
+                          f"over in order (no n_train); it draws its problems at random")
+    return "random"
 
 
 def train_sampling(config: Config) -> Sampling:

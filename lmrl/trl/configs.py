@@ -428,7 +428,8 @@ class GRPOConfig(_LmrlArgs, trl.GRPOConfig):
         generated = int(self.steps_per_generation) // int(self.gradient_accumulation_steps) * batch
         data["train"].update(rollout_size=generated, steps=steps, temperature=float(self.temperature),
                              top_p=float(self.top_p), top_k=int(self.top_k or 0), min_p=float(self.min_p or 0.0),
-                             repetition_penalty=float(self.repetition_penalty))
+                             repetition_penalty=float(self.repetition_penalty),
+                             prompt_order="shuffled" if self.shuffle_dataset else "in_order")
         self._generation_kwargs(data)
         if generated > batch:  # each optimizer step trains on its share of the generation
             algo["minibatch_size"] = batch
@@ -529,7 +530,7 @@ TRANSLATED = {
              "max_tool_calling_iterations", "log_completions", "num_completions_to_print", "chat_template_kwargs",
              "importance_sampling_level", "delta", "top_entropy_quantile", "off_policy_mask_threshold",
              "use_bias_correction_kl", "steps_per_generation", "generation_batch_size", "min_p", "repetition_penalty",
-             "generation_kwargs"},
+             "generation_kwargs", "shuffle_dataset"},
     "dpo": {"beta", "loss_type", "label_smoothing", "max_length"},
     "sft": {"max_length", "assistant_only_loss", "completion_only_loss", "dataset_text_field", "truncation_mode",
             "packing", "packing_strategy", "padding_free", "loss_type", "neftune_noise_alpha", "label_smoothing_factor"},

@@ -185,7 +185,8 @@ GRPO: dict[str, Rule] = {
     "use_transformers_paged": Rule(REFUSED, "lmrl samples with its own loop (or vLLM)"),
     "use_transformers_continuous_batching": Rule(REFUSED, "lmrl samples with its own loop (or vLLM)"),
     "num_generations_eval": Rule(NO_EFFECT, "evaluation decodes one greedy completion per prompt"),
-    "shuffle_dataset": Rule(NO_EFFECT, "prompts are always drawn at random (seeded)"),
+    "shuffle_dataset": Rule(CARRIED, "train.prompt_order: shuffled (every prompt once per epoch, in a seeded order "
+                                     "drawn per epoch; an epoch's last partial batch is not dropped) or in_order"),
     "ds3_gather_for_generation": Rule(NO_EFFECT, "DeepSpeed only"),
     "cache_implementation": Rule(NO_EFFECT, "lmrl's sampling loop keeps its own KV cache"),
     "log_completions": Rule(CARRIED, "train.log_completions: each logged step's completions, with their rewards, "
