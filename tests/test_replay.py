@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from lmrl.config import ConfigError
+from lmrl.train.prompt_order import PromptDraws
 from lmrl.train.replay import ReplayBuffer
 from lmrl.train.rl_trainer import RLTrainer
 
@@ -46,6 +47,7 @@ def test_a_trainer_draws_its_batches_through_the_buffer(tiny_config):
     trainer = RLTrainer(tiny_config("train.replay_fraction=0.5"))
     failed = trainer.task.sample_train_ids(5, torch.Generator().manual_seed(0)).tolist()
     trainer.replay = ReplayBuffer(1024, 0.5, failed)  # what reinforce() builds from the trainer state
+    trainer.prompt_draws = PromptDraws("random", n_train=0, seed=0, sample=trainer.task.sample_train_ids)
     ids = trainer.draw_prompts(8)
     assert len(ids) == 8 and set(ids[4:].tolist()) <= set(trainer.replay.ids)  # half from the buffer
 

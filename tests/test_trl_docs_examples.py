@@ -312,7 +312,8 @@ def test_example_4_multi_task_rewards_leave_other_tasks_out(model_dir, tmp_path)
 
     math_spy.__name__ = "math_reward_func"
     trainer = GRPOTrainer(model=str(model_dir), reward_funcs=[math_spy, coding_reward_func],
-                          args=grpo_args(tmp_path / "run", max_steps=2, max_completion_length=32), train_dataset=rows)
+                          args=grpo_args(tmp_path / "run", max_steps=2, max_completion_length=32,
+                                         shuffle_dataset=False), train_dataset=rows)  # batches of a math and a coding row
     write(trainer, lambda context: "def f(a, b): return a" if "Write" in context else
           "4" if "2+2" in context else "13")  # 3*4 answered wrong
     trainer.train()
