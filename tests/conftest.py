@@ -19,14 +19,18 @@ TINY = [
     "eval.size=50", "eval.batch_size=50",
     "run.progress=false", "run.tensorboard=false", "run.threads=1",
 ]
+# TINY without its warm-up keys, for runs with sft.steps=0 (the config refuses keys a run does not read)
+TINY_NO_WARMUP = [o for o in TINY if not o.startswith("sft.")] + ["sft.steps=0"]
 
 
 @pytest.fixture
 def tiny_config(tmp_path):
-    """`tiny_config(*overrides, dir=...)`: the adder preset shrunk by TINY, in its own run dir."""
+    """`tiny_config(*overrides, dir=...)`: the adder preset shrunk by TINY (TINY_NO_WARMUP where the
+    overrides skip the warm-up with sft.steps=0), in its own run dir."""
 
     def make(*overrides: str, dir=None):
-        return load_config("adder", TINY + [f"run.dir={dir or tmp_path / 'run'}", *overrides])
+        tiny = TINY_NO_WARMUP if "sft.steps=0" in overrides else TINY
+        return load_config("adder", tiny + [f"run.dir={dir or tmp_path / 'run'}", *overrides])
 
     return make
 

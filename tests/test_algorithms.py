@@ -118,6 +118,7 @@ def test_one_grpo_step_with_one_epoch_and_no_active_clip_is_the_plain_policy_gra
     (["algo.name=ppo"], "algo.value_model"),
     (["algo.name=grpo", "algo.group_size=4", "algo.value_model=head"], "algo.value_model"),
     (["algo.name=reinforce", "algo.value_model=separate"], "algo.value_model"),
+    (["algo.name=grpo", "algo.group_size=4", "algo.critic_lr=1e-5"], "algo.critic_lr=1e-05 is for ppo's critic"),
     (["algo.name=grpo", "algo.group_size=3", "train.rollout_size=16"], "algo.group_size"),
     (["algo.name=reinforce", "algo.ppo_epochs=2"], "algo.ppo_epochs"),
     (["algo.name=grpo", "algo.group_size=4", "algo.kl_estimator=k4"], "algo.kl_estimator"),
@@ -365,3 +366,33 @@ def test_the_entropy_bonus_acts_on_the_high_entropy_tokens_only():
     bonus = (entropy * kept).sum() / kept.sum()  # loss_level=token over the tokens trained
     torch.testing.assert_close(loss, torch.tensor(stats["policy_loss"]) - 0.1 * bonus)
     assert stats["entropy"] == pytest.approx(((entropy * batch.mask).sum() / batch.mask.sum()).item())  # all tokens
+
+
+# -- PPO's value function: an optimizer group of its own -------------------------------------------------
+def test_each_parameter_group_is_clipped_on_its_own(tmp_path):
+    from lmrl.train.lifecycle import guarded_step
+
+    policy, value = torch.nn.Parameter(torch.zeros(2)), torch.nn.Parameter(torch.zeros(2))
+    optimizer = torch.optim.SGD([{"params": [policy]}, {"params": [value]}], lr=1.0)
+    policy.grad, value.grad = torch.tensor([6.0, 8.0]), torch.tensor([0.3, 0.4])  # norms 10 and 0.5
+    state = {"step": 0, "nonfinite_total": 0, "nonfinite_run": 0}
+    stats = guarded_step(optimizer, torch.tensor(1.0), state, grad_clip=1.0, max_nonfinite=3, device="cpu",
+                         ckpt_dir=tmp_path, info=print)
+    assert stats["grad_norm"] == pytest.approx(10.0) and stats["value_grad_norm"] == pytest.approx(0.5)
+    # the policy's step is cut to norm 1; the value's is its own, untouched by the policy's large gradient
+    torch.testing.assert_close(policy.detach(), torch.tensor([-0.6, -0.8]))
+    torch.testing.assert_close(value.detach(), torch.tensor([-0.3, -0.4]))
+
+
+def test_ppo_trains_its_value_function_at_algo_critic_lr(tiny_config):
+    cfg = tiny_config("algo.name=ppo", "algo.value_model=head", "algo.critic_lr=3e-3", "optim.lr=1e-4",
+                      "schedule.name=constant", "train.steps=2", "train.eval_every=2")
+    trainer = RLTrainer(cfg)
+    trainer.train()
+    policy_group, value_group = trainer.optimizer.param_groups
+    assert (policy_group["lr"], value_group["lr"]) == (pytest.approx(1e-4), pytest.approx(3e-3))
+    value_params = {id(p) for p in trainer.module.value.parameters()}
+    assert {id(p) for p in value_group["params"]} == value_params
+    assert not value_params & {id(p) for p in policy_group["params"]}
+    rows = rl_rows(cfg.run_dir)
+    assert rows and all(r["train/value_grad_norm"] > 0 for r in rows)

@@ -6,7 +6,7 @@ import torch
 import yaml
 
 from lmrl.config import (AdderRLConfig, ConfigError, MultiplierRLConfig, config_from_dict, config_to_dict,
-                         list_presets, load_config, save_config)
+                         list_presets, load_config, save_config, DataConfig, SFTConfig)
 
 
 def test_adder_preset_matches_the_spec():
@@ -321,3 +321,12 @@ def test_lora_peft_arguments_are_peft_loraconfigs_own_and_none_doubles_a_lora_ke
     with pytest.raises(ConfigError, match=message):
         load_config("math-grpo-smollm2", [override])
     assert load_config("math-grpo-smollm2", ["lora.peft={use_rslora: true}"]).lora.peft == {"use_rslora": True}
+
+
+def test_a_saved_run_config_holding_keys_its_run_never_read_still_loads(tmp_path):
+    saved = tmp_path / "config.yaml"  # as an older lmrl saved an adder run without its warm-up
+    saved.write_text("run:\n  trainer: rl\nsft:\n  steps: 0\n  warmup_steps: 10\ndata:\n  max_length: 3\n")
+    with pytest.raises(ConfigError, match="data.max_length=3 is for the offline trainers"):
+        load_config(saved)
+    cfg = load_config(saved, saved_run=True)  # lmrl eval / export / generate of that run
+    assert cfg.sft.warmup_steps == SFTConfig().warmup_steps and cfg.data.max_length == DataConfig().max_length

@@ -8,7 +8,7 @@ import sys
 import pytest
 from safetensors.torch import load_file
 
-from .conftest import TINY
+from .conftest import TINY, TINY_NO_WARMUP
 
 # Each rank trains, then saves its own parameters for the test to compare.
 WORKER = """
@@ -57,7 +57,7 @@ def test_the_completions_log_holds_every_ranks_completions(tmp_path):
     script = tmp_path / "worker.py"
     script.write_text(WORKER)
     run = tmp_path / "run"
-    proc = torchrun(tmp_path, str(script), *TINY, "sft.steps=0", "train.steps=2", "train.rollout_size=32",
+    proc = torchrun(tmp_path, str(script), *TINY_NO_WARMUP, "train.steps=2", "train.rollout_size=32",
                     "train.log_completions=true", f"run.dir={run}")
     assert proc.returncode == 0, proc.stderr[-3000:]
     rows = [json.loads(line) for line in (run / "completions.jsonl").read_text().splitlines()]

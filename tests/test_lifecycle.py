@@ -181,13 +181,13 @@ def test_a_best_metric_missing_from_the_first_evaluation_stops_in_one_line_with_
 
 def test_resume_from_a_weights_only_or_damaged_checkpoint_is_one_line(tiny_config, tmp_path, capsys):
     from lmrl.cli.commands import main
-    from tests.conftest import TINY
+    from tests.conftest import TINY_NO_WARMUP
 
     first = tiny_config("sft.steps=0", "train.steps=2", "train.eval_every=1", "train.ckpt_every=1", dir=tmp_path / "a")
     RLTrainer(first).train()
     capsys.readouterr()
     ckpts = tmp_path / "a" / "checkpoints"
-    again = [*TINY, "sft.steps=0", "train.steps=2", f"run.dir={tmp_path / 'b'}"]
+    again = [*TINY_NO_WARMUP, "train.steps=2", f"run.dir={tmp_path / 'b'}"]
     assert main(["train", "adder", *again, "--resume_from_checkpoint", str(ckpts / "best")]) == 1
     assert capsys.readouterr().err == (
         f"lmrl train: error: {ckpts / 'best'} is a weights-only checkpoint (the best evaluation's weights, without "

@@ -78,13 +78,26 @@ def _value(cfg, key):
     return getattr(getattr(cfg, section), name)
 
 
+# names of the offline trainers' data keys, which an RL config refuses
+OFFLINE_NAMES = {"max_length", "num_train_epochs"}
+
+
 @pytest.mark.parametrize("name, overrides, expected", ALIAS_CASES)
 def test_a_trl_name_sets_the_lmrl_key_it_stands_for(name, overrides, expected):
     # arithmetic answers are never cut off, so masking truncated completions is for a text task
-    cfg = load_config("math-grpo-smollm2" if name == "mask_truncated_completions" else "adder-grpo", overrides)
+    preset = ("math-grpo-smollm2" if name == "mask_truncated_completions" else
+              "dpo-smollm2" if name in OFFLINE_NAMES else "adder-grpo")
+    cfg = load_config(preset, overrides)
     assert {key: _value(cfg, key) for key in expected} == expected
     written = next(key for key, _, _ in (o.partition("=") for o in overrides) if key.rpartition(".")[2] == name)
     assert any(note.startswith(f"{written} is TRL's name for ") for note in cfg.aliases)
+
+
+def test_an_offline_trainers_trl_name_in_an_rl_config_is_refused_naming_the_key_it_set():
+    with pytest.raises(ConfigError) as e:
+        load_config("adder-grpo", ["num_train_epochs=3"])
+    assert str(e.value) == ("data.epochs=3.0 is for the offline trainers (run.trainer=sft, dpo, reward); "
+                            "run.trainer=rl does not read it (an RL run's is train.steps)")
 
 
 def test_every_trl_name_in_the_table_has_a_case():

@@ -13,6 +13,10 @@ RLOOTrainer
 _.score_one  # MathReward: one completion scored
 _.timeouts  # MathReward: rows whose check was stopped, for the user to read
 
+# Run by hand: docs/from-verl-openrlhf.md's tables rewritten from the alias tables (tests/test_verl_aliases.py
+# names the command when the two differ).
+write_doc
+
 # Named in a config or registry string, loaded by `importlib`.
 NoScore  # lmrl/train/build.py: reward.cls of a rollout worker's task
 DistinctCharacters  # scripts/gpu_check.py: reward.cls of the GPU check's GRPO stages

@@ -120,6 +120,13 @@ def metric_name(stat: str) -> str:
 # algorithm without one.
 SURROGATE_KEYS = ("ratio_level", "clip_ratio_max", "top_entropy_quantile", "off_policy_mask_threshold")
 
+# The keys of a value model (ppo's critic and its GAE), each with what it sets, refused set away from their
+# defaults under an algorithm without one.
+VALUE_KEYS = {"vf_coef": "the weight of ppo's value loss",
+              "value_clip": "the clip range of ppo's value loss (the policy ratio's is algo.clip_range_left and "
+                            "algo.clip_range_right)",
+              "gamma": "the discount of ppo's GAE", "lam": "the lambda of ppo's GAE"}
+
 # name -> Algorithm subclass: what `algo.name` may be (the config check reads this dict).
 ALGORITHMS: dict[str, type[Algorithm]] = {}
 
@@ -152,13 +159,17 @@ class Algorithm:
         """What is wrong with the `algo` section `cfg` for this algorithm, one line per problem."""
         if cls.uses_values and cfg.value_model == "none":
             return [f"algo.name={cfg.name} needs a value model: set algo.value_model to head or separate"]
-        if not cls.uses_values and cfg.value_model != "none":
-            return [f"algo.value_model={cfg.value_model} is ppo's critic; algo.name={cfg.name} has none (leave it "
-                    f"at none, or set algo.name=ppo)"]
+        if not cls.uses_values and (cfg.value_model != "none" or cfg.critic_lr is not None):
+            key = "value_model" if cfg.value_model != "none" else "critic_lr"
+            return [f"algo.{key}={getattr(cfg, key)} is for ppo's critic; algo.name={cfg.name} has none (leave it "
+                    f"at {'none' if key == 'value_model' else 'null'}, or set algo.name=ppo)"]
         defaults = {f.name: f.default for f in fields(cfg)}
-        return [] if cls.clips_ratio else [
+        valued = [] if cls.uses_values else [
+            f"algo.{key}={getattr(cfg, key)} sets {what}; algo.name={cfg.name} has no value model (leave it at "
+            f"{defaults[key]})" for key, what in VALUE_KEYS.items() if getattr(cfg, key) != defaults[key]]
+        return valued + ([] if cls.clips_ratio else [
             f"algo.{key}={getattr(cfg, key)} shapes the clipped ratio of grpo, rloo and ppo; algo.name={cfg.name} "
-            f"has none (leave it at {defaults[key]})" for key in SURROGATE_KEYS if getattr(cfg, key) != defaults[key]]
+            f"has none (leave it at {defaults[key]})" for key in SURROGATE_KEYS if getattr(cfg, key) != defaults[key]])
 
     def __init__(self, cfg, *, temperature: float = 1.0, ga_steps: int = 1, max_new_tokens: int = 1):
         self.cfg = cfg

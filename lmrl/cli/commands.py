@@ -157,7 +157,11 @@ def _parse(argv: list[str]) -> argparse.Namespace:
     unknown = [e for e in extra
                if args.command not in ("train", "config", "plan") or e.startswith("-") or "=" not in e]
     if unknown:
-        parser.error(f"unrecognized arguments: {' '.join(unknown)}")
+        # `--n_samples_per_prompt=8`: an OpenRLHF flag, or any key, written as a flag
+        flags = [e[2:] for e in unknown if e.startswith("--") and "=" in e]
+        hint = (f" (overrides are written without '--': {' '.join(flags)})"
+                if flags and args.command in ("train", "config", "plan") else "")
+        parser.error(f"unrecognized arguments: {' '.join(unknown)}{hint}")
     if extra:
         args.overrides = list(args.overrides) + extra
     return args

@@ -7,9 +7,11 @@ A preset is `lmrl/config/presets/<name>.yaml` (the repo's `configs/` links there
 from another preset with `base: <name>`. Every error names the key and where it came from, and
 suggests the nearest valid key.
 
-TRL's config names are accepted too (`num_generations=8` sets algo.group_size; the table is
-TRL_ALIASES); `load_config` leaves one line per name it translated on `cfg.aliases` and prints
-nothing. `describe_config` lists every key with its value and help text (`lmrl config PRESET`).
+TRL's, verl's and OpenRLHF's names are accepted too (`num_generations=8`, `actor_rollout_ref.rollout.n=8`
+and `n_samples_per_prompt=8` set algo.group_size; the tables are in `lmrl.config.aliases`); `load_config`
+leaves one line per name it translated on `cfg.aliases` and prints nothing, and refuses in one line a
+name lmrl does not take as it is. `describe_config` lists every key with its value and help text
+(`lmrl config PRESET`).
 """
 
 from __future__ import annotations
@@ -27,131 +29,17 @@ from typing import Any, Sequence
 import yaml
 
 from .schema import (  # noqa: F401  (re-exported: `from lmrl.config import TrainConfig`)
-    PRESET_DIR, PRESET_ALIASES, TRAINERS, ConfigError, arithmetic_seq_len, suggest, _bounds_text,
+    PRESET_DIR, PRESET_ALIASES, TRAINERS, WARMUP_KEYS, ConfigError, arithmetic_seq_len, suggest, unread_keys,
+    _bounds_text,
     RunConfig, ModelConfig, TaskConfig, EnvConfig, LoraConfig, RewardConfig,
     SFTConfig, DataConfig, DPOConfig, AlgoConfig, OptimConfig, ScheduleConfig,
     TrainConfig, EvalConfig, RolloutConfig, DistributedConfig, Config,
 )
+from .aliases import (  # noqa: F401  (re-exported)
+    OPENRLHF_ALIASES, SPELLINGS as _ALIAS_SPELLINGS, TRL_ALIASES, VERL_ALIASES, Alias, all_keys as _all_keys,
+    suggest_key as _suggest, foreign_section_problem, translate as _translate,
+)
 from ..tasks import task_spec
-
-
-# -- TRL's names ---------------------------------------------------------------------------------
-@dataclasses.dataclass(frozen=True)
-class Alias:
-    """A name of TRL's GRPOConfig / DPOConfig / TrainingArguments and the lmrl key it sets."""
-    key: str | None               # the lmrl key it sets (None: no single key; `note` says what to set)
-    source: str                   # the TRL class it comes from
-    values: dict | None = None    # TRL's value -> lmrl's, when they differ (the only values taken)
-    also: str | None = None       # a second key set to the same value...
-    unless: str | None = None     # ...unless this TRL name is also written in the same file or command line
-    bare: bool = True             # False: the bare name means a different key in another TRL config
-    note: str = ""
-
-
-# TRL's names, each with the lmrl key it sets. A name is written bare (`num_generations: 8`, as in
-# TRL), under the section of the key it sets (`task.max_completion_length`), or under the section that
-# stands for its TRL config: algo for GRPOConfig, dpo for DPOConfig, either for TrainingArguments
-# (`algo.learning_rate`). A spelling that is itself an lmrl key (`train.top_p`, `dpo.beta`) is that key.
-TRL_ALIASES: dict[str, Alias] = {
-    "num_generations": Alias("algo.group_size", "GRPOConfig"),
-    "beta": Alias("algo.kl_coef", "GRPOConfig", bare=False, note="DPOConfig's beta is dpo.beta"),
-    "epsilon": Alias("algo.clip_range_left", "GRPOConfig", also="algo.clip_range_right", unless="epsilon_high"),
-    "epsilon_high": Alias("algo.clip_range_right", "GRPOConfig"),
-    # TRL's normalisers: grpo divides each sequence by its length, then averages; bnpo and dapo divide
-    # by the batch's token count (bnpo the local batch's, dapo the accumulated one's); dr_grpo by a
-    # constant (max_completion_length; algo.loss_constant=0 means the completion budget)
-    "loss_type": Alias("algo.loss_level", "GRPOConfig", bare=False, note="DPOConfig's loss_type is dpo.loss_type",
-                       values={"grpo": "sequence", "bnpo": "token", "dr_grpo": "constant", "dapo": "token"}),
-    "max_completion_length": Alias("task.max_new_tokens", "GRPOConfig"),
-    "max_prompt_length": Alias("task.max_prompt_length", "GRPOConfig"),  # older GRPOConfigs: prompts cut from the left
-    "num_iterations": Alias("algo.ppo_epochs", "GRPOConfig"),
-    "scale_rewards": Alias("algo.scale_rewards", "GRPOConfig",
-                           values={"group": "group", "batch": "batch", "none": "none", True: "group", False: "none"}),
-    "mask_truncated_completions": Alias("algo.mask_truncated_completions", "GRPOConfig"),
-    "importance_sampling_level": Alias("algo.ratio_level", "GRPOConfig"),
-    "delta": Alias("algo.clip_ratio_max", "GRPOConfig"),
-    "top_entropy_quantile": Alias("algo.top_entropy_quantile", "GRPOConfig"),
-    "off_policy_mask_threshold": Alias("algo.off_policy_mask_threshold", "GRPOConfig"),
-    "use_bias_correction_kl": Alias("algo.kl_ratio_weighted", "GRPOConfig"),
-    "reward_weights": Alias("reward.weights", "GRPOConfig"),
-    "disable_dropout": Alias("train.disable_dropout", "GRPOConfig"),
-    "log_completions": Alias("train.log_completions", "GRPOConfig"),
-    "num_completions_to_print": Alias("train.completions_to_print", "GRPOConfig"),
-    "temperature": Alias("train.temperature", "GRPOConfig"),
-    "top_p": Alias("train.top_p", "GRPOConfig"),
-    "top_k": Alias("train.top_k", "GRPOConfig"),
-    "min_p": Alias("train.min_p", "GRPOConfig"),
-    "repetition_penalty": Alias("train.repetition_penalty", "GRPOConfig"),
-    "chat_template_kwargs": Alias("model.chat_template_kwargs", "GRPOConfig"),
-    "max_length": Alias("data.max_length", "DPOConfig"),
-    "learning_rate": Alias("optim.lr", "TrainingArguments"),
-    "weight_decay": Alias("optim.weight_decay", "TrainingArguments"),
-    "adam_epsilon": Alias("optim.eps", "TrainingArguments"),
-    "max_grad_norm": Alias("train.grad_clip", "TrainingArguments"),
-    "warmup_steps": Alias("schedule.warmup_steps", "TrainingArguments"),
-    "gradient_accumulation_steps": Alias("train.ga_steps", "TrainingArguments"),
-    "num_train_epochs": Alias("data.epochs", "TrainingArguments"),
-    "seed": Alias("run.seed", "TrainingArguments"),
-    "output_dir": Alias("run.dir", "TrainingArguments"),
-    "logging_steps": Alias("train.log_every", "TrainingArguments"),
-    "eval_steps": Alias("train.eval_every", "TrainingArguments"),
-    "save_steps": Alias("train.ckpt_every", "TrainingArguments"),
-    "save_total_limit": Alias("train.keep_checkpoints", "TrainingArguments"),
-    "per_device_train_batch_size": Alias(None, "TrainingArguments", note=(
-        "lmrl sizes a whole update: an RL step samples train.rollout_size completions (TRL's "
-        "per_device_train_batch_size x gradient_accumulation_steps x processes), in train.ga_steps micro-batches; "
-        "an offline trainer takes data.batch_size rows per optimizer step")),
-}
-_TRL_SECTIONS = {"GRPOConfig": ("algo",), "DPOConfig": ("dpo",), "TrainingArguments": ("algo", "dpo")}
-
-
-def _all_keys() -> list[str]:
-    cfg = Config()
-    return [f"{s.name}.{f.name}" for s in dataclasses.fields(cfg) for f in dataclasses.fields(getattr(cfg, s.name))]
-
-
-def _alias_spellings() -> dict[str, str]:
-    """Each way a TRL name may be written -> the name; spellings that are lmrl keys are left out."""
-    keys = set(_all_keys())
-    out = {}
-    for name, alias in TRL_ALIASES.items():
-        sections = list(_TRL_SECTIONS[alias.source]) + ([alias.key.partition(".")[0]] if alias.key else [])
-        for spelling in ([name] if alias.bare else []) + [f"{s}.{name}" for s in sections]:
-            if spelling not in keys:
-                out[spelling] = name
-    return out
-
-
-def _translate(written: str, value: Any, where: str, names_here: set[str]) -> tuple[list[str], Any]:
-    """The lmrl keys a TRL name sets and the value they take."""
-    name = _ALIAS_SPELLINGS[written]
-    alias = TRL_ALIASES[name]
-    if alias.key is None:
-        raise ConfigError(f"{written} (TRL's {alias.source}) has no single lmrl key in {where}: {alias.note}")
-    if alias.values is not None:
-        if not isinstance(value, (str, bool)) or value not in alias.values:  # 1 == True: a number is no bool
-            taken = ", ".join(yaml.safe_dump(v).split("\n")[0] for v in alias.values)
-            raise ConfigError(f"{written}={value!r} is not one of {taken} (TRL's {name}, which sets {alias.key}; "
-                              f"from {where}){suggest(str(value), alias.values)}")
-        value = alias.values[value]
-    # epsilon sets both clip ranges, as TRL's epsilon_high defaults to epsilon, unless the same file or
-    # command line sets the upper one (by either name)
-    keys = [alias.key] + ([alias.also] if alias.also and not {alias.unless, alias.also} & names_here else [])
-    return keys, value
-
-
-def _suggest(written: str, options: list[str]) -> str:
-    """The nearest of `options` (lmrl's names and TRL's) to an unknown name, as "; did you mean 'x'?",
-    naming the key a TRL name sets."""
-    near = difflib.get_close_matches(written, options, n=1, cutoff=0.5)
-    if not near:
-        return ""
-    alias = TRL_ALIASES.get(_ALIAS_SPELLINGS.get(near[0], ""))
-    what = f" (TRL's name for {alias.key})" if alias and alias.key else ""
-    return f"; did you mean {near[0]!r}{what}?"
-
-
-_ALIAS_SPELLINGS = _alias_spellings()
 
 
 # -- loading -------------------------------------------------------------------------------------
@@ -200,20 +88,20 @@ class _UniqueKeyLoader(yaml.SafeLoader):
 
 
 def _key_lines(text: str) -> dict[str, int]:
-    """The line of each top-level name and each `section.key` in a YAML config's text (already read
-    without error), for errors that name where a key was set."""
+    """The line of each name in a YAML config's text (already read without error), top-level and
+    dotted (`section.key`, verl's `actor_rollout_ref.rollout.n`), for errors that name where a key was set."""
     root = yaml.compose(text, Loader=yaml.SafeLoader)
     lines: dict[str, int] = {}
-    if not isinstance(root, yaml.MappingNode):
-        return lines
-    for key, value in root.value:
-        if not isinstance(key, yaml.ScalarNode):
-            continue
-        lines[key.value] = key.start_mark.line + 1
-        if isinstance(value, yaml.MappingNode):
-            for inner, _ in value.value:
-                if isinstance(inner, yaml.ScalarNode):
-                    lines[f"{key.value}.{inner.value}"] = inner.start_mark.line + 1
+
+    def walk(node, prefix: str) -> None:
+        for key, value in node.value:
+            if isinstance(key, yaml.ScalarNode):
+                lines[prefix + key.value] = key.start_mark.line + 1
+                if isinstance(value, yaml.MappingNode):
+                    walk(value, f"{prefix}{key.value}.")
+
+    if isinstance(root, yaml.MappingNode):
+        walk(root, "")
     return lines
 
 
@@ -257,8 +145,10 @@ def _read_yaml(path: Path, seen: tuple = ()) -> list[tuple[dict, str, dict[str, 
     return layers + [(data, str(path), lines)]
 
 
-def load_config(source: str | Path | None = None, overrides: Sequence[str] = ()) -> Config:
-    """A validated Config from a preset name / alias / YAML path (None = defaults) plus overrides."""
+def load_config(source: str | Path | None = None, overrides: Sequence[str] = (), *, saved_run: bool = False) -> Config:
+    """A validated Config from a preset name / alias / YAML path (None = defaults) plus overrides.
+    `saved_run`: `source` is the config.yaml a run wrote, whose keys its run never read (an older lmrl
+    wrote them as set) go back to their defaults rather than being refused."""
     cfg = Config()
     set_in: dict[str, int] = {}  # dotted key -> the last layer (base presets first, overrides last) setting it
     origin: dict[str, str | None] = {}  # dotted key -> the file:line that set it last (None: an override)
@@ -276,13 +166,20 @@ def load_config(source: str | Path | None = None, overrides: Sequence[str] = ())
     for key, _ in _apply_items(cfg, items, notes):
         set_in[key], origin[key] = len(layers), None  # typed on the command line, in sight of its error
     # An offline config built on an RL preset (base: sql-agent-smollm2, run.trainer: sft) inherits its
-    # train.steps, RL updates that mean nothing to an offline trainer (and an RL config on an offline
-    # base its train.max_steps): back to the default, so that validation refuses only the other kind's
-    # step count set with or after the trainer.
+    # train.steps and warm-up keys, which mean nothing to an offline trainer (and an RL config on an
+    # offline base its train.max_steps and data section); a layer that skips the warm-up (sft.steps=0 on
+    # the adder) leaves the preset's warm-up keys behind. Each goes back to its default, so that
+    # validation refuses only such a key set with or after the layer that made it unread.
     other = "steps" if cfg.run.trainer != "rl" else "max_steps"
-    if set_in.get(f"train.{other}", -1) < set_in.get("run.trainer", -1):
-        setattr(cfg.train, other, getattr(TrainConfig, other))
-        origin.pop(f"train.{other}", None)
+    for key in [f"train.{other}", *unread_keys(cfg)]:
+        since = set_in.get("run.trainer", -1)
+        if cfg.run.trainer == "rl" and key in WARMUP_KEYS:
+            since = max(since, set_in.get("sft.steps", -1))
+        if saved_run or set_in.get(key, -1) < since:
+            section, _, name = key.partition(".")
+            sub = getattr(cfg, section)
+            setattr(sub, name, getattr(type(sub)(), name))
+            origin.pop(key, None)
     try:
         validate(cfg)
     except ConfigError as e:
@@ -359,7 +256,8 @@ def config_from_dict(data: dict, where: str = "<dict>") -> Config:
 
 def describe_config(cfg: Config | None = None) -> str:
     """Every key of `cfg` (default: the defaults) as YAML, each with its value, then its help text and
-    bounds as a comment; TRL's names follow as comments. The text loads back as the same config."""
+    bounds as a comment; TRL's names follow as comments, and where verl's and OpenRLHF's are listed. The text
+    loads back as the same config."""
     cfg = cfg or Config()
     lines = []
     for section in dataclasses.fields(cfg):
@@ -374,7 +272,8 @@ def describe_config(cfg: Config | None = None) -> str:
     lines.append("# TRL's names, accepted for the key each sets: written bare, under that key's section, or under")
     lines.append("# algo (GRPOConfig) / dpo (DPOConfig) / either (TrainingArguments):")
     for name, alias in TRL_ALIASES.items():
-        target = f"-> {alias.key}" + (f" (and {alias.also} unless {alias.unless} is set)" if alias.also else "")
+        target = f"-> {alias.key}" + (f" (and {alias.also}, unless the same file or command line sets it)"
+                                      if alias.also else "")
         if alias.values is not None:
             target += " with " + ", ".join(f"{yaml.safe_dump(k).split(chr(10))[0]}={v}"
                                            for k, v in alias.values.items() if k != v)
@@ -383,6 +282,8 @@ def describe_config(cfg: Config | None = None) -> str:
         elif alias.note:
             target += f"; {alias.note}"
         lines.append(f"#   {name:<29} {alias.source:<18} {target}")
+    lines.append("# verl's names (actor_rollout_ref.rollout.n=8, ...), OpenRLHF's flags (n_samples_per_prompt=8, ...):")
+    lines.append("# docs/from-verl-openrlhf.md, or `python -m lmrl.config.aliases`")
     return "\n".join(lines) + "\n"
 
 
@@ -402,38 +303,70 @@ def save_config(cfg: Config, path: str | Path) -> None:
 
 def _items_of(data: dict, where: str, lines: dict[str, int] | None = None) -> list[tuple[str, Any, str]]:
     """A YAML mapping of sections as (dotted key, value, where) items, `where` with the key's line
-    when `lines` has it; a top-level entry that is not a mapping or is a TRL name (`num_generations: 8`,
-    `chat_template_kwargs: {enable_thinking: false}`) stays bare, for `_set` to translate or refuse."""
+    when `lines` has it; a top-level entry that is not a mapping or is another tool's name
+    (`num_generations: 8`, `chat_template_kwargs: {enable_thinking: false}`) stays bare, for `_set` to
+    translate or refuse, and a section that is not lmrl's (verl's `actor_rollout_ref: {rollout: {n: 8}}`)
+    becomes its dotted names."""
     lines = lines or {}
+    sections = {f.name for f in dataclasses.fields(Config)}
 
     def at(key: str) -> str:
         return f"{where}:{lines[key]}" if key in lines else where
 
+    def flat(prefix: str, values: dict) -> list[tuple[str, Any, str]]:
+        out = []
+        for key, value in values.items():
+            dotted = f"{prefix}.{key}"
+            deeper = isinstance(value, dict) and dotted not in _ALIAS_SPELLINGS
+            out += flat(dotted, value) if deeper else [(dotted, value, at(dotted))]
+        return out
+
     items = []
     for section, values in data.items():
         if isinstance(values, dict) and section not in _ALIAS_SPELLINGS:
-            items += [(f"{section}.{key}", value, at(f"{section}.{key}")) for key, value in values.items()]
+            if section in sections:
+                items += [(f"{section}.{key}", value, at(f"{section}.{key}")) for key, value in values.items()]
+            else:
+                items += flat(str(section), values)
         else:
             items.append((str(section), values, at(str(section))))
     return items
 
 
 def _apply_items(cfg: Config, items: list[tuple[str, Any, str]], notes: list[str]) -> list[tuple[str, str]]:
-    """Sets the items of one source (a YAML file, or the command line's overrides), TRL's names
-    translated (a note each in `notes`); returns each lmrl key set with where it was set."""
-    names_here = {_ALIAS_SPELLINGS.get(key, key) for key, _, _ in items}
+    """Sets the items of one source (a YAML file, or the command line's overrides), other tools'
+    names translated (a note each in `notes`); returns each lmrl key set with where it was set. A
+    name's further keys (TRL's epsilon's upper clip, verl's gae's value model) give way to the same
+    source setting them otherwise; two names that set one key to different values are refused."""
+    translated = {i: _translate(key, value, where) for i, (key, value, where) in enumerate(items)
+                  if key in _ALIAS_SPELLINGS}
+    firsts = {pairs[0][0] for pairs, _ in translated.values() if pairs}
+    named = {key for i, (key, _, _) in enumerate(items) if i not in translated} | firsts
+    by_alias: dict[str, tuple[str, Any]] = {}  # lmrl key -> (the name, as written, that set it, its value)
     done = []
-    for key, value, where in items:
-        if key in _ALIAS_SPELLINGS:
-            targets, translated = _translate(key, value, where, names_here)
-            for target in targets:
-                _set(cfg, target, translated, f"{where}, as TRL's {_ALIAS_SPELLINGS[key]}")
-                done.append((target, where))
-            values = ", ".join(f"{t}={_get(cfg, t)}" for t in targets)  # as set: '1e-3' reads as 0.001
-            notes.append(f"{key} is TRL's name for {' and '.join(targets)}: set {values}")
-        else:
+    for i, (key, value, where) in enumerate(items):
+        if i not in translated:
             _set(cfg, key, value, where)
             done.append((key, where))
+            continue
+        pairs, tail = translated[i]
+        name, alias = _ALIAS_SPELLINGS[key]
+        sets = pairs[:1] + [(k, v) for k, v in pairs[1:] if k not in named]
+        for target, v in sets:
+            _set(cfg, target, v, f"{where}, as {alias.owner}'s {name}")
+            done.append((target, where))
+        if sets:
+            first, value_set = sets[0][0], _get(cfg, sets[0][0])
+            other = by_alias.setdefault(first, (key, value_set))
+            if other[0] != key and other[1] != value_set:
+                raise ConfigError(f"{other[0]} and {key} both set {first}, to {other[1]} and {value_set} (in "
+                                  f"{where}): lmrl has one {first}; write one of them")
+            targets = [t for t, _ in sets]
+            values = ", ".join(f"{t}={_get(cfg, t)}" for t in targets)  # as set: '1e-3' reads as 0.001
+            named_keys = " and ".join([", ".join(targets[:-1]), targets[-1]] if len(targets) > 1 else targets)
+            notes.append(f"{key} is {alias.owner}'s name for {named_keys}: set {values}{tail}")
+        else:
+            notes.append(tail)
     return done
 
 
@@ -447,7 +380,8 @@ def _set(cfg: Config, dotted: str, value: Any, where: str) -> None:
     sections = [f.name for f in dataclasses.fields(Config)]
     if section not in sections:
         if key:
-            raise ConfigError(f"unknown section {section!r} in {where}{suggest(section, sections)}")
+            raise ConfigError(foreign_section_problem(section, dotted, where)
+                              or f"unknown section {section!r} in {where}{suggest(section, sections)}")
         alias = TRL_ALIASES.get(section)
         if alias is not None:  # `beta=0.1`: GRPOConfig's or DPOConfig's?
             raise ConfigError(f"{section!r} in {where} is ambiguous: write algo.{section} for GRPOConfig's (it sets "
@@ -467,7 +401,10 @@ def _set(cfg: Config, dotted: str, value: Any, where: str) -> None:
     if not key:
         raise ConfigError(f"{where}: {section!r} is a section; set a key such as {section}.{keys[0]}")
     if key not in keys:
-        raise ConfigError(f"unknown key {dotted!r} in {where}{_suggest(dotted, _all_keys() + list(_ALIAS_SPELLINGS))}")
+        rl = (" (the data section is the offline trainers' (run.trainer=sft, dpo, reward); an RL run's prompts are "
+              "the task section's)") if section == "data" else ""
+        raise ConfigError(f"unknown key {dotted!r} in {where}{_suggest(dotted, _all_keys() + list(_ALIAS_SPELLINGS))}"
+                          f"{rl}")
     ftype = typing.get_type_hints(type(sub))[key]
     setattr(sub, key, _coerce(value, ftype, dotted, where))
 

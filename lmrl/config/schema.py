@@ -115,16 +115,24 @@ class TaskConfig(Section):
                               "per_digit (1/0 per digit, on that digit's token) | per_step (per_digit, the scratchpad's "
                               "product checked against the partial products written)", choices=ARITHMETIC_REWARDS)
     heldout_size: int = _f(1000, "problems reserved for evaluation, never trained on", ge=1)
-    train_file: str | None = _f(None, "math / prompts: JSONL rows {prompt or messages, ground_truth, ...} to train "
-                                      "on; env.id=sql: DBBench-format JSONL (default: procedural tasks)")
+    train_file: str | None = _f(None, "math / prompts: JSONL or parquet rows {prompt or messages, ground_truth, "
+                                      "...} to train on (verl's rows as they are; other layouts: task.prompt_key, "
+                                      "task.label_key); env.id=sql: DBBench-format JSONL (default: procedural tasks)")
     generate: str = _f("", "math: when train_file / test_file do not exist, write them first with "
                            "`lmrl data <generate>`'s defaults: word-problems | addition-chat | preferences, or "
                            "gsm8k: GSM8K's train and test splits as `lmrl prepare-data` converts them (empty: never)",
                        choices=("", *generators_for("task")))
     generate_from: str = _f("", "task.generate=gsm8k: a local directory of the data set's train*/test* .jsonl or "
                                 ".parquet files to convert (empty: download it from the Hugging Face hub)")
-    test_file: str | None = _f(None, "math / prompts: JSONL rows held out for evaluation; env.id=sql: DBBench-format "
-                                     "JSONL")
+    test_file: str | None = _f(None, "math / prompts: JSONL or parquet rows held out for evaluation; env.id=sql: "
+                                     "DBBench-format JSONL")
+    prompt_key: str = _f("prompt", "math / prompts: the key holding each row's prompt, a text or a list of {role, "
+                                   "content} messages (verl's data.prompt_key, OpenRLHF's --input_key); a row's own "
+                                   "messages are read with the default; a dotted path reads a nested key")
+    label_key: str = _f("ground_truth", "math / prompts: the key holding each row's ground truth, which reward "
+                                        "functions get as ground_truth (OpenRLHF's --label_key; a dotted path such as "
+                                        "reward_model.ground_truth reads a nested key). With the default, a row "
+                                        "without ground_truth takes verl's reward_model.ground_truth")
     max_new_tokens: int = _f(256, "longest completion sampled (env, or prompts with env.tools: longest turn)", ge=1)
     max_prompt_length: int = _f(512, "math / prompts: tokens a rendered prompt may have; a longer one keeps its last "
                                      "max_prompt_length tokens, as TRL's GRPOConfig cut them, and one line names its "
@@ -142,6 +150,8 @@ class TaskConfig(Section):
              "task.reward=per_step checks scratchpad steps: it needs task.scratchpad=true"),
             ("{prompt}" in self.prompt_template,
              f"task.prompt_template must contain {{prompt}}, got {self.prompt_template!r}"),
+            (bool(self.prompt_key.strip()), "task.prompt_key must name the key that holds each row's prompt"),
+            (bool(self.label_key.strip()), "task.label_key must name the key that holds each row's ground truth"),
             (not self.generate_from or (self.generate in GENERATORS and GENERATORS[self.generate].reads_source),
              f"task.generate_from is the source of a generator that converts a data set "
              f"({', '.join(n for n, g in GENERATORS.items() if g.reads_source)}); task.generate={self.generate!r} "
@@ -264,7 +274,6 @@ class SFTConfig(Section):
 
     def check(self) -> list[str]:
         return [msg for ok, msg in [
-            (self.steps == 0 or self.examples > 0, "sft.steps > 0 needs sft.examples > 0 (the label budget)"),
             (self.label_smoothing == 0 or self.loss_type == "nll",
              f"sft.label_smoothing={self.label_smoothing} smooths the nll loss; sft.loss_type={self.loss_type} takes "
              f"none (TRL ignores label_smoothing_factor with dft)"),
@@ -329,16 +338,21 @@ class DPOConfig(Section):
 @dataclass
 class AlgoConfig(Section):
     name: str = _f("reinforce", "RL algorithm: reinforce | rloo | grpo | ppo, or one registered with "
-                                    "lmrl.algos.register_algorithm", choices=ALGORITHMS)
+                                    "lmrl.algos.register_algorithm. reinforce is REINFORCE with a moving-average "
+                                    "baseline, not OpenRLHF's reinforce (REINFORCE++), whose nearest here is grpo "
+                                    "with group_size=1, adv_mode=raw, normalize_advantages=true (whitened per "
+                                    "completion, where REINFORCE++ whitens per token)", choices=ALGORITHMS)
     baseline_decay: float = _f(0.9, "reinforce: moving-average baseline b <- decay*b + (1-decay)*mean reward",
                                ge=0, lt=1)
     group_size: int = _f(1, "completions sampled per prompt (G); rloo and grpo need >= 2", ge=1)
     adv_mode: str = _f("grpo", "grpo group advantage: raw (A=r) | grpo ((r-mean)/(std+eps)) | grpo_no_std (r-mean)",
                        choices=GROUP_MODES)
-    adv_eps: float = _f(1e-4, "eps in the grpo advantage's denominator (TRL's 1e-4)", gt=0)
+    adv_eps: float = _f(1e-4, "eps in the grpo advantage's denominator (TRL's 1e-4; verl's 1e-6, OpenRLHF's "
+                              "group_norm 1e-9)", gt=0)
     scale_rewards: str = _f("group", "grpo advantage's divisor, as TRL: group (each prompt's reward std) | batch (the "
                                      "whole batch's std) | none (no division, Dr. GRPO)", choices=SCALE_REWARDS)
-    normalize_advantages: bool = _f(False, "whiten advantages over the batch (mean 0, std 1)")
+    normalize_advantages: bool = _f(False, "whiten advantages over the batch (mean 0, std 1); verl, OpenRLHF and "
+                                           "TRL whiten PPO's advantages")
     clip_range_left: float = _f(0.2, "ratio clipped below at 1 - clip_range_left", ge=0, lt=1)
     clip_range_right: float = _f(0.2, "ratio clipped above at 1 + clip_range_right (DAPO's clip-higher: 0.28)", ge=0)
     ratio_level: str = _f("token", "what one clipped ratio covers, as TRL's importance_sampling_level: token | "
@@ -359,7 +373,9 @@ class AlgoConfig(Section):
     kl_ratio_weighted: bool = _f(False, "weight the loss's per-token KL by the importance ratio (at algo.ratio_level) so "
                                         "its gradient is the unbiased reverse-KL one (DeepSeek-V3.2; TRL's "
                                         "use_bias_correction_kl)")
-    kl_target: float = _f(0.0, "adaptive KL: per-completion KL the coefficient steers towards (0 = fixed beta)", ge=0)
+    kl_target: float = _f(0.0, "adaptive KL: the KL summed over a completion's tokens that the coefficient steers "
+                               "towards, a per-completion sum (verl's and OpenRLHF's target is a per-token mean) "
+                               "(0 = fixed beta)", ge=0)
     kl_horizon: int = _f(10000, "adaptive KL: horizon (in completions) of the coefficient's adjustment", ge=1)
     ent_coef: float = _f(0.0, "entropy bonus weight")
     skip_zero_advantage: bool = _f(True, "leave completions whose advantage is 0 (a GRPO group that scored alike) out "
@@ -368,6 +384,10 @@ class AlgoConfig(Section):
     value_model: str = _f("none", "ppo value function: none | head (on the policy's trunk) | separate (own network)",
                           choices=("none", *VALUE_MODELS))
     vf_coef: float = _f(0.5, "ppo value loss weight", ge=0)
+    critic_lr: float | None = _f(None, "ppo: the value function's peak learning rate, on the policy's schedule (its "
+                                       "parameters are an optimizer group of their own, clipped to train.grad_clip "
+                                       "on their own, as verl's critic.optim.lr and OpenRLHF's "
+                                       "--critic_learning_rate; null: optim.lr)", gt=0)
     value_clip: float = _f(0.2, "ppo value clipping range (0 = off)", ge=0)
     gamma: float = _f(1.0, "ppo discount", ge=0, le=1)
     lam: float = _f(0.95, "ppo GAE lambda", ge=0, le=1)
@@ -586,8 +606,8 @@ def cross_section_problems(cfg: Config) -> list[str]:
               (not cfg.run.resume_from or cfg.run.resume == "auto",
                f"run.resume_from={cfg.run.resume_from} resumes a run: set run.resume=auto too "
                f"(--resume_from_checkpoint PATH sets both)")]
-    sft_only = _sft_only_problem(cfg)
-    common.append((sft_only is None, sft_only))
+    sft_only, unread = _sft_only_problem(cfg), unread_key_problem(cfg)
+    common += [(sft_only is None, sft_only), (unread is None, unread)]
     if cfg.run.trainer != "rl":
         rules = common + _offline_rules(cfg)
     else:
@@ -617,6 +637,7 @@ def _task_rules(cfg: Config) -> list[tuple[bool, str]]:
         (cfg.model.type == spec.model, f"task.name={t.name} needs {model[spec.model]}, got model.type={cfg.model.type}"),
         (cfg.sft.steps == 0 or spec.labeled, f"sft.steps > 0: the supervised warm-up needs labeled problems, which "
                                              f"task.name={t.name} has not (set sft.steps=0)"),
+        (cfg.sft.steps == 0 or cfg.sft.examples > 0, "sft.steps > 0 needs sft.examples > 0 (the label budget)"),
         (not cfg.env.tools or spec.tools, f"env.tools answer a prompt task's prompts (task.name=prompts); "
                                           f"task.name={t.name} does not take them"),
         (not cfg.reward.model or spec.needs_reward,
@@ -681,6 +702,52 @@ def _sft_only_problem(cfg: Config) -> str | None:
         if value != getattr(type(getattr(cfg, section))(), name):
             return (f"{key}={value} is for run.trainer=sft; run.trainer={cfg.run.trainer} does not read it"
                     + (" (RL's warm-up trains with the plain cross-entropy)" if section == "sft" else ""))
+    return None
+
+
+# The keys RL's supervised warm-up reads (run.trainer=rl with sft.steps > 0; nothing else reads them), each
+# with the key an RL run and an offline trainer use for the same thing.
+WARMUP_KEYS = {"sft.steps": (None, "train.max_steps"), "sft.examples": (None, None),
+               "sft.batch_size": (None, "data.batch_size"), "sft.lr": ("optim.lr", "optim.lr"),
+               "sft.min_lr_ratio": ("schedule.min_lr_ratio", "schedule.min_lr_ratio"),
+               "sft.weight_decay": ("optim.weight_decay", "optim.weight_decay"),
+               "sft.warmup_steps": ("schedule.warmup_steps", "schedule.warmup_steps")}
+# The sections only the offline trainers read, and the RL key that does the same as one of theirs.
+OFFLINE_SECTIONS = {"data": "the offline trainers (run.trainer=sft, dpo, reward)", "dpo": "run.trainer=dpo"}
+RL_COUNTERPARTS = {"data.train_file": "task.train_file", "data.eval_file": "task.test_file",
+                   "data.generate": "task.generate",
+                   "data.max_length": "task.max_new_tokens for completions, task.max_prompt_length for prompts",
+                   "data.batch_size": "train.rollout_size", "data.epochs": "train.steps", "data.chat": "task.chat",
+                   "data.eval_size": "eval.size"}
+
+
+def unread_keys(cfg: Config) -> list[str]:
+    """The keys `cfg`'s run never reads: an offline trainer's data and dpo sections in an RL run, and the
+    warm-up's keys where no warm-up runs (an offline trainer, or sft.steps=0)."""
+    if cfg.run.trainer != "rl":
+        return list(WARMUP_KEYS)
+    offline = [f"{s}.{f.name}" for s in OFFLINE_SECTIONS for f in fields(getattr(cfg, s))]
+    return offline + ([k for k in WARMUP_KEYS if k != "sft.steps"] if cfg.sft.steps == 0 else [])
+
+
+def unread_key_problem(cfg: Config) -> str | None:
+    """The line naming a key this run does not read (`unread_keys`), set away from its default, with
+    why and the key that does the same here; or None."""
+    for key in unread_keys(cfg):
+        section, name = key.split(".")
+        value = getattr(getattr(cfg, section), name)
+        if value == getattr(type(getattr(cfg, section))(), name):
+            continue
+        if key in WARMUP_KEYS:
+            meant = WARMUP_KEYS[key][cfg.run.trainer != "rl"]
+            if cfg.run.trainer == "rl":
+                return (f"{key}={value} sets the supervised warm-up before RL, which sft.steps=0 skips "
+                        + (f"(the RL stage's is {meant})" if meant else "(set sft.steps > 0 to run it)"))
+            return (f"{key}={value} sets the supervised warm-up before RL (run.trainer=rl); run.trainer="
+                    f"{cfg.run.trainer} runs none" + (f" (its own is {meant})" if meant else ""))
+        meant = RL_COUNTERPARTS.get(key)
+        return (f"{key}={value} is for {OFFLINE_SECTIONS[section]}; run.trainer=rl does not read it"
+                + (f" (an RL run's is {meant})" if meant else ""))
     return None
 
 

@@ -42,7 +42,7 @@ import random
 import re
 from typing import Callable
 
-from ..common.data import DataError, iter_jsonl
+from ..common.data import DataError, iter_file_rows
 from .protocol import HELDOUT_SEED
 
 # What SkyRL's GSM8K preparation appends to each question (its gsm8k environment reads the answer after "####").
@@ -116,16 +116,10 @@ def _problems(path, rows, what: str, env_id: str, name: str, instruction: str) -
 
 
 def _read_rows(path, name: str) -> list[tuple[str, dict]]:
-    """(where, row) for each row of a JSONL (`path:line`) or parquet (`path[index]`) file."""
+    """(where, row) for each row of a JSONL (`path:line`) or parquet (`path:row N`) file (`iter_file_rows`)."""
     if not os.path.isfile(path):
         raise ValueError(f"{name}: data_file {str(path)!r} is not a file")
-    if str(path).endswith(".parquet"):
-        try:
-            import pyarrow.parquet
-        except ImportError:
-            raise ImportError(f"{name}: reading {path} needs pyarrow: pip install pyarrow") from None
-        return [(f"{path}[{i}]", row) for i, row in enumerate(pyarrow.parquet.read_table(path).to_pylist())]
-    return list(iter_jsonl(path))
+    return list(iter_file_rows(path))
 
 
 def _problem(row, where: str, env_id: str, name: str, instruction: str) -> tuple[list[dict], dict]:

@@ -31,8 +31,8 @@ class ValueHead(nn.Module):
 
 
 class ActorCritic(nn.Module):
-    """The policy and its value function as one module, so one optimizer and one DDP wrapper see
-    both: `forward(ids) -> (logits (B, T, V), values (B, T))`.
+    """The policy and its value function as one module, so one optimizer (the value function's
+    parameters its own group) and one DDP wrapper see both: `forward(ids) -> (logits (B, T, V), values (B, T))`.
 
     kind="head": a value head on the policy's final hidden states (shared trunk: cheap, and the
     value loss also shapes the policy's features, weighted by `vf_coef`); kind="separate": a copy of

@@ -39,7 +39,7 @@ def _need_tokenizer(name: str, tokenizer) -> None:
         raise ConfigError(f"task.name={name} needs a Hugging Face policy's tokenizer (model.type=hf)")
 
 
-@register_task("math", help="JSONL problems with a ground_truth, checked with math-verify", chat=True,
+@register_task("math", help="JSONL or parquet problems with a ground_truth, checked with math-verify", chat=True,
                reads_files=True, vllm=True, metrics=("format_rate",))
 def _math_task(config, *, tokenizer, **_):
     from .math_reward import MathReward
@@ -52,7 +52,7 @@ def _math_task(config, *, tokenizer, **_):
                         require_format=r.require_format, timeout_s=r.timeout_s)
     return MathTask(t.train_file, t.test_file, tokenizer, max_new_tokens=t.max_new_tokens, chat=t.chat,
                     system_prompt=t.system_prompt, prompt_template=t.prompt_template, reward=scorer,
-                    max_prompt_length=t.max_prompt_length)
+                    max_prompt_length=t.max_prompt_length, prompt_key=t.prompt_key, label_key=t.label_key)
 
 
 def _read_math_rows(path) -> None:
@@ -81,7 +81,7 @@ def _math_file(config, *, tokenizer, test_file, max_new_tokens):
                     max_prompt_length=t.max_prompt_length)
 
 
-@register_task("prompts", help="open JSONL prompts scored by reward.model, reward.cls or reward functions",
+@register_task("prompts", help="open JSONL or parquet prompts scored by reward.model, reward.cls or reward functions",
                chat=True, reads_files=True, vllm=True, needs_reward=True, tools=True)
 def _prompt_task(config, *, tokenizer, device="cpu", **_):
     from .prompt_task import PromptTask
@@ -107,7 +107,7 @@ def _prompt_task(config, *, tokenizer, device="cpu", **_):
         scorer = None
     task = PromptTask(t.train_file, t.test_file, tokenizer, scorer=scorer, max_new_tokens=t.max_new_tokens,
                       chat=t.chat, system_prompt=t.system_prompt, prompt_template=t.prompt_template,
-                      max_prompt_length=t.max_prompt_length)
+                      max_prompt_length=t.max_prompt_length, prompt_key=t.prompt_key, label_key=t.label_key)
     tools = config.env.tools
     if tools:
         from .tool_task import with_tools

@@ -6,7 +6,10 @@
 
 Rows are `{"prompt": str, "ground_truth": str}` or `{"messages": [...], "ground_truth": str}`, checked
 with math-verify, or reasoning-gym rows (`lmrl prepare-data --rg-tasks`, marked by their
-`rg_config`), checked with their data set's own scorer (`lmrl.tasks.reasoning_gym`).
+`rg_config`), checked with their data set's own scorer (`lmrl.tasks.reasoning_gym`), in a JSONL or
+parquet file. `common.data.prompt_row` reads other layouts into that form: verl's (`prompt` a message
+list, the answer at `reward_model.ground_truth`) as they are, others through `prompt_key` /
+`label_key` (OpenRLHF's --input_key / --label_key).
 A plain prompt is put into `prompt_template` and, with `chat`, becomes the user message of a
 conversation (after `system_prompt`, if any) rendered by the tokenizer's chat template; a
 prompt that already holds the template's special tokens (e.g. `<|im_start|>`) is used as it is.
@@ -34,7 +37,7 @@ from functools import cached_property
 
 import torch
 
-from ..common.data import iter_jsonl, read_jsonl
+from ..common.data import LABEL_KEY, PROMPT_KEY, iter_file_rows, prompt_row, read_jsonl
 from ..generation.rollout import Rollout, sample_text
 from ..generation.sampling import Sampling
 from . import reasoning_gym
@@ -43,13 +46,19 @@ from .math_reward import RewardInfo
 CHARS_PER_TOKEN = 64  # no token is longer: a prompt is cut to this many characters per token before tokenizing
 
 
-def read_rows(path: str) -> list[dict]:
-    """A math task's JSONL rows: each with a ground_truth and a prompt or messages (path:line errors)."""
-    return read_jsonl(path, ["ground_truth"], alternatives=[["prompt"], ["messages"]], check=_blank_answer)
+def read_rows(path: str, prompt_key: str = PROMPT_KEY, label_key: str = LABEL_KEY) -> list[dict]:
+    """A math task's rows (JSONL or parquet, as `prompt_row` reads them with these keys): each with a
+    ground_truth and a prompt or messages (`path:line` / `path:row N` errors)."""
+    return read_jsonl(path, alternatives=[["prompt"], ["messages"]], check=_answer_problem,
+                      shape=lambda row: prompt_row(row, prompt_key, label_key))
 
 
-def _blank_answer(row: dict) -> str | None:
-    """A math row whose ground_truth has no text (math-verify would mark every completion of it wrong)."""
+def _answer_problem(row: dict) -> str | None:
+    """A math row without a ground_truth, or whose ground_truth has no text (math-verify would mark every
+    completion of it wrong)."""
+    if "ground_truth" not in row:
+        return (f"missing key 'ground_truth' (or verl's reward_model.ground_truth) (the row has keys: "
+                f"{', '.join(map(repr, row))}); set task.label_key to the key that holds the answer")
     if reasoning_gym.is_reasoning_gym_row(row) or not isinstance(row["ground_truth"], str) or row["ground_truth"].strip():
         return None
     return f"'ground_truth' is empty ({row['ground_truth']!r}): every completion would be scored wrong"
@@ -80,11 +89,11 @@ def keep_prompt_ends(texts: list[str], tokenizer, max_tokens: int) -> tuple[list
 class MathTask:
     def __init__(self, train_file: str | None, test_file: str, tokenizer, *, max_new_tokens: int = 256,
                  chat: bool = True, system_prompt: str = "", prompt_template: str = "{prompt}", reward=None,
-                 max_prompt_length: int = 0):
+                 max_prompt_length: int = 0, prompt_key: str = PROMPT_KEY, label_key: str = LABEL_KEY):
         if "{prompt}" not in prompt_template:
             raise ValueError(f"task.prompt_template must contain {{prompt}}, got {prompt_template!r}")
-        train = read_rows(train_file) if train_file is not None else []
-        test = read_rows(test_file)
+        train = read_rows(train_file, prompt_key, label_key) if train_file is not None else []
+        test = read_rows(test_file, prompt_key, label_key)
         self.tokenizer, self.max_new_tokens = tokenizer, max_new_tokens
         self.chat, self.system_prompt, self.prompt_template = chat, system_prompt, prompt_template
         self.rows = train + test
@@ -134,7 +143,7 @@ class MathTask:
         places = {}
         for path, first, end in ((train_file, 0, self.n_train), (test_file, self.n_train, len(self.rows))):
             if path is not None and any(first <= i < end for i in cut):
-                places.update({first + k: where for k, (where, _) in enumerate(iter_jsonl(path))})
+                places.update({first + k: where for k, (where, _) in enumerate(iter_file_rows(path))})
         named = [f"{places.get(i, f'row {i}')} ({chars:,} characters)" for i, chars in sorted(cut.items())[:3]]
         more = f" and {len(cut) - 3} more" if len(cut) > 3 else ""
         return [f"task.max_prompt_length={max_tokens}: {len(cut)} of {len(self.rows)} prompts keep their last "

@@ -20,6 +20,9 @@ What each becomes:
                     the calculator annotations "<<16-3-4=9>>"
     reasoning-gym   named data sets generated (or a file of their {question, answer, metadata} entries) -> rows
                     {"prompt", "ground_truth", "task", "metadata", "rg_config"} (see lmrl.tasks.reasoning_gym)
+    verl            verl's RL rows {data_source, prompt: [messages], reward_model: {ground_truth}, extra_info, ...}
+                    (told by their prompt and reward_model columns) -> math rows {messages, ground_truth, ...}
+                    as `common.data.prompt_row` reads them, every other column kept
     belle, alpaca-chinese, hub sets: by their columns (FORMATS), into preference or SFT rows
 
 Each data set becomes `<output_dir>/<name>.jsonl`, re-read by the reader training uses once written
@@ -41,7 +44,7 @@ from typing import Iterable, Mapping, Sequence
 
 import yaml
 
-from ..common.data import DataError, iter_jsonl, read_bytes, read_jsonl, write_jsonl
+from ..common.data import DataError, iter_jsonl, iter_parquet, prompt_row, read_bytes, read_jsonl, write_jsonl
 from . import reasoning_gym
 from .preference_data import SHAREGPT_ROLES, preference_row, read_preference, read_sft, trl_preference
 
@@ -60,12 +63,13 @@ FORMATS = {
     "conversation": (("messages|conversations",), "sft"),
     "instruction": (("instruction", "output"), "sft"),      # alpaca style; "input" is optional
     "completion": (("prompt", "completion|response"), "sft"),
+    "verl": (("prompt", "reward_model"), "math"),             # verl's RL rows, the answer at reward_model.ground_truth
     # named data sets only, never told from columns (many sets have a question and an answer):
     "hh": (("chosen", "rejected"), "preference"),          # "\n\nHuman: ... \n\nAssistant: ..." dialogue pairs
     "gsm8k": (("question", "answer"), "math"),
     "reasoning-gym": (("question", "answer", "metadata"), "math"),
 }
-DETECTED = ("pairs", "transcripts", "conversation", "instruction", "completion")  # detection tries these in order
+DETECTED = ("verl", "pairs", "transcripts", "conversation", "instruction", "completion")  # tried in this order
 SOURCE_SUFFIXES = (".jsonl", ".json", ".parquet", ".jsonl.gz", ".json.gz")
 SKIP_HINT = "pass --skip-bad-rows to skip such rows and count them"
 _SPLIT_NAME = re.compile(r"(train|test|validation|valid|dev|eval)(?![a-z])")
@@ -257,7 +261,7 @@ def _convert(rows: Iterable[tuple[str, dict]], fmt: str, max_samples: int | None
              skip_bad_rows: bool) -> tuple[list[dict], Counter]:
     """The converted rows and, with skip_bad_rows, the count of each reason a row was skipped for;
     without it, the first bad row is a DataError naming where it is."""
-    convert = {"gsm8k": _gsm8k, "reasoning-gym": _reasoning_gym}.get(fmt) or \
+    convert = {"gsm8k": _gsm8k, "reasoning-gym": _reasoning_gym, "verl": _verl}.get(fmt) or \
         {"preference": _preference, "sft": _sft}[FORMATS[fmt][1]]
     out, skipped = [], Counter()
     for where, row in rows:
@@ -310,6 +314,18 @@ def _gsm8k(row: dict, fmt: str) -> dict:
     if not _NUMBER.fullmatch(final):
         raise _Skip(f"the final answer after '####' is not a number: {final!r}")
     return {"prompt": question.strip(), "ground_truth": final, "solution": _CALCULATOR.sub("", steps).strip()}
+
+
+def _verl(row: dict, fmt: str) -> dict:
+    """verl's {data_source, prompt: [messages], reward_model: {ground_truth}, extra_info, ...} -> the
+    math task's {messages, ground_truth, ...} (`prompt_row`), its other columns kept as they are."""
+    try:
+        out = prompt_row(row)
+    except DataError as e:
+        raise _Skip(str(e)) from None
+    if "ground_truth" not in out:
+        raise _Skip("no ground truth (verl's reward_model.ground_truth)")
+    return out
 
 
 def _reasoning_gym(row: dict, fmt: str) -> dict:
@@ -410,14 +426,11 @@ def _local_files(root: Path, name: str, several: bool, split: str) -> list[Path]
 
 
 def _read_local(path: Path) -> list[tuple[str, dict]]:
-    """(where, row) for each row of a .parquet file, a JSON list (where: `path row i`), or JSON lines
-    (also in a .json file, as the hub has them; where: `path:line`), gzip-compressed or not."""
+    """(where, row) for each row of a .parquet file (`data.iter_parquet`, where: `path:row i`), a JSON list
+    (where: `path row i`), or JSON lines (also in a .json file, as the hub has them; where: `path:line`),
+    gzip-compressed or not."""
     if path.name.endswith(".parquet"):
-        try:
-            import pyarrow.parquet
-        except ImportError:
-            raise DataError(f"{path}: reading .parquet files needs pyarrow (pip install pyarrow)") from None
-        return [(f"{path} row {i}", row) for i, row in enumerate(pyarrow.parquet.read_table(path).to_pylist())]
+        return list(iter_parquet(path))
     if path.name.endswith((".json", ".json.gz")):
         try:
             data = json.loads(read_bytes(path))

@@ -1,6 +1,8 @@
 """Open prompts scored by a learned reward (RLHF's task) or by reward functions (TRL's GRPO on a
-prompt data set). Rows are `{"prompt": str}` or `{"messages": [...]}` (other columns reach reward
-functions, as in TRL, and are otherwise ignored); the reward of a completion is a reward model's
+prompt data set). Rows are `{"prompt": str}` or `{"messages": [...]}` in a JSONL or parquet file, or
+other layouts as `common.data.prompt_row` reads them (verl's message-list `prompt` and
+`reward_model.ground_truth`; `prompt_key` / `label_key`); other columns reach reward functions, as
+in TRL, and are otherwise ignored. The reward of a completion is a reward model's
 score of prompt + completion (`reward.model`), a custom reward (`reward.cls`), or the weighted sum
 of the trainer's reward functions (`score_with`, for training and held-out prompts alike).
 
@@ -16,7 +18,7 @@ from __future__ import annotations
 
 import torch
 
-from ..common.data import DataError, read_jsonl
+from ..common.data import LABEL_KEY, PROMPT_KEY, DataError, prompt_row, read_jsonl
 from .math_task import MathTask
 from .preference_data import iter_rows
 from .rewards import RewardFunctions, TrainerState, call_reward_fn
@@ -25,12 +27,12 @@ from .rewards import RewardFunctions, TrainerState, call_reward_fn
 class PromptTask(MathTask):
     def __init__(self, train_file: str, test_file: str, tokenizer, *, scorer, max_new_tokens: int = 64,
                  chat: bool = True, system_prompt: str = "", prompt_template: str = "{prompt}",
-                 max_prompt_length: int = 0):
+                 max_prompt_length: int = 0, prompt_key: str = PROMPT_KEY, label_key: str = LABEL_KEY):
         if "{prompt}" not in prompt_template:
             raise ValueError(f"task.prompt_template must contain {{prompt}}, got {prompt_template!r}")
-        alternatives = [["prompt"], ["messages"]]
-        train = read_jsonl(train_file, alternatives=alternatives)
-        test = read_jsonl(test_file, alternatives=alternatives)
+        alternatives, shape = [["prompt"], ["messages"]], lambda row: prompt_row(row, prompt_key, label_key)
+        train = read_jsonl(train_file, alternatives=alternatives, shape=shape)
+        test = read_jsonl(test_file, alternatives=alternatives, shape=shape)
         self.tokenizer, self.max_new_tokens = tokenizer, max_new_tokens
         self.chat, self.system_prompt, self.prompt_template = chat, system_prompt, prompt_template
         self.rows = train + test
@@ -64,17 +66,19 @@ class PromptTask(MathTask):
 
 def prompt_rows(source) -> list[dict]:
     """Rows of a prompt data set as TRL's GRPO takes them (a `datasets.Dataset`, a list of dicts or a
-    JSONL path) in the form the text tasks read: a conversational `prompt` (a message list) becomes
-    `messages`, rendered with the chat template; a text `prompt` is used as it is; every other
-    column is kept for the reward functions. Errors name the row and the field."""
+    JSONL path) in the form the text tasks read (`prompt_row`, the rule task files are read by): a
+    conversational `prompt` (a message list) becomes `messages`, rendered with the chat template; a
+    text `prompt` is used as it is; verl's `reward_model.ground_truth` becomes `ground_truth`; every
+    other column is kept for the reward functions. Errors name the row and the field."""
     rows = []
     for where, row in iter_rows(source):
         prompt = row.get("prompt", row.get("messages"))
-        if isinstance(prompt, list) and "messages" not in row:
-            row = {"messages": prompt, **{k: v for k, v in row.items() if k != "prompt"}}
-        elif not isinstance(prompt, (str, list)):
+        if not isinstance(prompt, (str, list)):
             got = "no 'prompt' column" if prompt is None else f"'prompt' is a {type(prompt).__name__}"
             raise DataError(f"{where}: a prompt data set needs a 'prompt' (text or a message list), {got} "
                             f"(the row has keys: {', '.join(map(repr, row))})")
-        rows.append(row)
+        try:
+            rows.append(prompt_row(row))
+        except DataError as e:
+            raise DataError(f"{where}: {e}") from None
     return rows

@@ -26,20 +26,39 @@ rewards count as None for that batch (`RewardFunctions`).
 
 lmrl's positional style, `f(prompts, completions, **columns)` called positionally with texts, is
 taken where one function is handed over on its own (`reward_fn=`, `reward.cls`): such a function
-is recognised by its signature (see `called_positionally`)."""
+is recognised by its signature (see `called_positionally`).
+
+Reward functions written for verl and OpenRLHF are taken as they are, wherever they are given, told
+by their first parameters (`foreign_style`):
+- verl's `compute_score(data_source, solution_str, ground_truth, extra_info=None, **kwargs)` is
+  called once per completion with keywords: the row's `data_source`, the completion's text, the
+  row's `ground_truth` (`common.data.prompt_row`: verl's `reward_model.ground_truth`) and a copy of
+  its `extra_info` (None where the row has none). It returns a number (a bool counts as 0/1, as in
+  verl) or a dict whose "score" is the reward; the dict's other numeric values are logged per
+  completion as `rewards/<name>/<key>`.
+- OpenRLHF's `reward_func(queries, prompts, labels, **kwargs)` is called once per batch,
+  positionally: each prompt as rendered for the model followed by its completion's text, the
+  rendered prompts, and the rows' ground truths (`task.label_key`). It returns one reward per
+  completion (a tensor or a list) or a dict {"rewards", "scores", "extra_logs": {name: values}}:
+  "rewards" is the reward, "scores" and each extra log are logged as `rewards/<name>/<key>`.
+`reward.funcs` names a function as `package.module:function` or `path/to/file.py:function` (verl's
+custom_reward_function.path / name, OpenRLHF's --remote_rm_url file.py). `overlong_penalty` is
+DAPO's overlong reward shaping as a TRL reward function."""
 
 from __future__ import annotations
 
 import asyncio
 import functools
+import importlib.util
 import inspect
 import logging
 import math
 import numbers
+import sys
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 import torch
@@ -120,6 +139,31 @@ def called_positionally(func) -> bool:
     return len(positional) >= 2 and positional[0].name != "completions"
 
 
+# The first parameters that tell a reward function written for verl (one completion a call) or for
+# OpenRLHF (one batch a call) from TRL's and lmrl's.
+FOREIGN_STYLES = {"verl": ("data_source", "solution_str"), "openrlhf": ("queries", "prompts", "labels")}
+# How each style is called, for the hint beside a TypeError it raises.
+CALLED_AS = {
+    "trl": "reward functions are called with keywords prompts=, completions=, completion_ids=, trainer_state=, "
+           "log_metric=, log_extra= and every column of the row: take **kwargs",
+    "verl": "verl's compute_score is called once per completion with keywords data_source=, solution_str=, "
+            "ground_truth= and extra_info= (when it takes them)",
+    "openrlhf": "OpenRLHF's reward_func is called once per batch as reward_func(queries, prompts, labels)",
+}
+
+
+def foreign_style(func) -> str | None:
+    """"verl" when `func`'s first positional parameters are (data_source, solution_str), as verl's
+    compute_score takes them; "openrlhf" when they are (queries, prompts, labels), as OpenRLHF's
+    reward_func; None otherwise (a TRL or lmrl function)."""
+    try:
+        params = inspect.signature(func).parameters.values()
+    except (TypeError, ValueError):  # no signature to read (some builtins)
+        return None
+    names = tuple(p.name for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD))
+    return next((style for style, first in FOREIGN_STYLES.items() if names[:len(first)] == first), None)
+
+
 def is_async_callable(func) -> bool:
     """Whether calling `func` gives a coroutine, as TRL tells: an async function, a functools.partial
     of one, or an object whose `__call__` is one."""
@@ -137,7 +181,9 @@ def function_name(func) -> str:
 class RewardFunctions:
     """Reward functions combined into one reward per completion, Σ_j w_j r_j over the functions that
     scored it. `positional[j]` says how function j is called: True, positionally with texts
-    (`called_positionally`), or False, with keywords as TRL calls it. Names are the functions' own, made unique.
+    (`called_positionally`), or False, with keywords as TRL calls it; a function written for verl or
+    OpenRLHF is called as they call it whatever it says (`foreign_style`, kept in `styles[j]`).
+    Names are the functions' own, made unique.
 
     As in TRL, plain functions are called one after another and async ones are then awaited side by
     side in one event loop. Each runs in a thread of its own for at most `timeout_s` seconds (0: no
@@ -168,6 +214,8 @@ class RewardFunctions:
                              f"got {timeout_s!r}")
         self.weights = [float(w) for w in weights]
         self.positional = [False] * len(self.funcs) if positional is None else list(positional)
+        # "verl" | "openrlhf" | "positional" | "trl": how function j is called and what it returns
+        self.styles = [foreign_style(f) or ("positional" if p else "trl") for f, p in zip(self.funcs, self.positional)]
         self.timeout_s = float(timeout_s)
         self.names = []
         for j, f in enumerate(self.funcs):
@@ -192,15 +240,25 @@ class RewardFunctions:
     def score(self, task, ids: torch.Tensor, rollout, trainer_state: TrainerState,
               log: RewardLog | None = None) -> tuple[torch.Tensor, dict]:
         """The combined rewards (B,) and each function's per-row rewards as
-        {"rewards/<name>/mean": (B,) float, NaN where it returned None}. A completion left unscored
-        because a function ran out of time has the reward NaN (`fill_unscored`); one that every
-        function declined (None) is an error. `log` collects what the functions logged."""
+        {"rewards/<name>/mean": (B,) float, NaN where it returned None}, with the values a verl or
+        OpenRLHF function returned beside its reward as {"rewards/<name>/<key>": (B,) float}. A
+        completion left unscored because a function ran out of time has the reward NaN
+        (`fill_unscored`); one that every function declined (None) is an error. `log` collects what
+        the functions logged."""
         log = RewardLog() if log is None else log
         p_txt, c_txt = task.texts(ids, rollout)
         columns = {k: v for k, v in task.reward_kwargs(ids).items() if k not in RESERVED}
         keywords = None  # built on first use: the TRL-style call's arguments
         calls = []
         for j, func in enumerate(self.funcs):
+            if self.styles[j] == "verl":
+                each = _verl_scores_async if is_async_callable(func) else _verl_scores
+                calls.append(functools.partial(each, func, c_txt, columns))
+                continue
+            if self.styles[j] == "openrlhf":  # queries are what the model read and wrote, as OpenRLHF decodes them
+                labels = columns.get("ground_truth", [None] * len(p_txt))
+                calls.append(functools.partial(func, [p + c for p, c in zip(p_txt, c_txt)], list(p_txt), list(labels)))
+                continue
             if self.positional[j]:
                 calls.append(functools.partial(func, p_txt, c_txt, **columns))
                 continue
@@ -218,18 +276,22 @@ class RewardFunctions:
         outcomes = {j: self._call(j, calls[j]) for j in range(len(calls)) if j not in asynchronous}
         if asynchronous:
             outcomes.update(self._await(asynchronous, calls))
-        per_function, timed_out = [], []
+        per_function, timed_out, logged = [], [], {}
         for j, name in enumerate(self.names):
             kind, value = outcomes[j]
             if kind == "raised":
-                raise _raised(name, value, p_txt, c_txt, trl=not self.positional[j]) from value
+                at, error = (value.index, value.error) if isinstance(value, _SampleError) else (None, value)
+                raise _raised(name, error, p_txt, c_txt, style=self.styles[j], at=at) from error
             if kind == "timed out":
                 running_on = " (the call runs on in the background)" if value.startswith("took") else ""
                 logger.warning(f"reward function {name} {value}: its rewards are left out of this batch{running_on}")
                 timed_out.append(name)
                 per_function.append([math.nan] * len(p_txt))
-            else:
-                per_function.append(_rewards(name, value, p_txt, c_txt))
+                continue
+            value, extras = _split_returns(self.styles[j], name, value, len(p_txt))
+            per_function.append(_rewards(name, value, p_txt, c_txt))
+            logged.update({f"rewards/{name}/{_extra_name(key)}": torch.tensor(values, dtype=torch.float32)
+                           for key, values in extras.items()})
         log.timed_out.extend(timed_out)
         table = torch.tensor(per_function, dtype=torch.float64).T  # (B, F), NaN where a function returned None
         unscored = torch.isnan(table).all(dim=1)
@@ -250,7 +312,8 @@ class RewardFunctions:
                               f"{c_txt[i]!r}) is {rewards[i].item():g}: beyond float32's range (±3.4e38), in which "
                               f"rewards are trained on; scale the reward functions or their weights down")
         rewards[unscored] = math.nan
-        return rewards.float(), {f"rewards/{name}/mean": table[:, j].float() for j, name in enumerate(self.names)}
+        return rewards.float(), {**{f"rewards/{name}/mean": table[:, j].float() for j, name in enumerate(self.names)},
+                                 **logged}
 
     def _limit(self) -> str:
         return f"reward.funcs_timeout_s={self.timeout_s:g}s"
@@ -367,13 +430,133 @@ def _batch_size(call) -> int:
     return len(kw["completions"]) if "completions" in kw else len(call.args[1])
 
 
-def _raised(name: str, e: Exception, p_txt: Sequence[str], c_txt: Sequence[str], trl: bool) -> RewardError:
-    hint = ""
-    if trl and isinstance(e, TypeError):
-        hint = (" (reward functions are called with keywords prompts=, completions=, completion_ids=, "
-                "trainer_state=, log_metric=, log_extra= and every column of the row: take **kwargs)")
+def _raised(name: str, e: Exception, p_txt: Sequence[str], c_txt: Sequence[str], style: str,
+            at: int | None = None) -> RewardError:
+    """The one-line error of function `name` (called in `style`) that raised `e`, on completion `at`
+    when it is known (a function called once per completion), else shown with the batch's first."""
+    hint = f" ({CALLED_AS[style]})" if isinstance(e, TypeError) and style in CALLED_AS else ""
+    sample = "first sample" if at is None else f"sample {at}"
+    i = at or 0
     return RewardError(f"reward function {name} raised {type(e).__name__}: {e}{hint} "
-                       f"(first sample: prompt {p_txt[0]!r}, completion {c_txt[0]!r})")
+                       f"({sample}: prompt {p_txt[i]!r}, completion {c_txt[i]!r})")
+
+
+class _SampleError(Exception):
+    """A reward function called once per completion (verl's) failed on completion `index` with `error`."""
+
+    def __init__(self, index: int, error: Exception):
+        super().__init__(index, error)
+        self.index, self.error = index, error
+
+
+def _verl_arguments(func, c_txt: Sequence[str], columns: dict) -> list[dict]:
+    """The keywords verl's reward managers call `compute_score` with, one dict per completion: the row's
+    data_source, the completion's text, the row's ground_truth and, when `func` takes it, a copy of the
+    row's extra_info (None where the row has none)."""
+    n = len(c_txt)
+    column = {key: columns.get(key) or [None] * n for key in ("data_source", "ground_truth", "extra_info")}
+    params = _parameters(func)
+    takes_extra = "extra_info" in params or any(p.kind is p.VAR_KEYWORD for p in params.values())
+    calls = []
+    for i in range(n):
+        kwargs = {"data_source": column["data_source"][i], "solution_str": c_txt[i],
+                  "ground_truth": column["ground_truth"][i]}
+        if takes_extra:
+            extra = column["extra_info"][i]
+            kwargs["extra_info"] = dict(extra) if isinstance(extra, dict) else extra
+        calls.append(kwargs)
+    return calls
+
+
+def _parameters(func) -> Mapping[str, inspect.Parameter]:
+    try:
+        return inspect.signature(func).parameters
+    except (TypeError, ValueError):
+        return {}
+
+
+def _verl_scores(func, c_txt: Sequence[str], columns: dict) -> list:
+    """What verl's `compute_score` returned for each completion, one call each; a _SampleError names the
+    completion whose call raised."""
+    results = []
+    for i, kwargs in enumerate(_verl_arguments(func, c_txt, columns)):
+        try:
+            results.append(func(**kwargs))
+        except Exception as e:
+            raise _SampleError(i, e) from e
+    return results
+
+
+async def _verl_scores_async(func, c_txt: Sequence[str], columns: dict) -> list:
+    """`_verl_scores` of an async `compute_score`: the completions' calls awaited side by side."""
+    async def one(i: int, kwargs: dict):
+        try:
+            return await func(**kwargs)
+        except Exception as e:
+            raise _SampleError(i, e) from e
+
+    return list(await asyncio.gather(*(one(i, kw) for i, kw in enumerate(_verl_arguments(func, c_txt, columns)))))
+
+
+def _split_returns(style: str, name: str, returned, n: int) -> tuple[Any, dict[str, list[float]]]:
+    """(the rewards, {key: n values to log}) in what function `name`, called in `style`, returned for
+    `n` completions: for verl, each completion's number or dict's "score" (a bool as 0/1) and the
+    dicts' other numbers (NaN where a completion's dict lacks the key); for OpenRLHF's dict, its
+    "rewards", and its "scores" and "extra_logs" values (one for the batch or one per completion);
+    anything else is the rewards as returned, checked by `_rewards`."""
+    if style == "verl":
+        rewards, extras = [], {}
+        for i, result in enumerate(returned):
+            if isinstance(result, dict):
+                if "score" not in result:
+                    keys = ", ".join(map(repr, result)) or "none"
+                    raise RewardError(f"reward function {name} returned a dict without 'score' at index {i} (keys: "
+                                      f"{keys}); verl's compute_score returns a number or a dict whose 'score' is "
+                                      f"the reward")
+                for key, value in result.items():
+                    number = _loggable(value)
+                    if key != "score" and number is not None:
+                        extras.setdefault(str(key), [math.nan] * n)[i] = number
+                result = result["score"]
+            rewards.append(float(result) if isinstance(result, (bool, np.bool_)) else result)
+        return rewards, extras
+    if style == "openrlhf" and isinstance(returned, dict):
+        if "rewards" not in returned:
+            keys = ", ".join(map(repr, returned)) or "none"
+            raise RewardError(f"reward function {name} returned a dict without 'rewards' (keys: {keys}); OpenRLHF's "
+                              f"reward_func returns the rewards or {{'rewards': ..., 'scores': ..., 'extra_logs': "
+                              f"{{name: values}}}}")
+        logs = returned.get("extra_logs") or {}
+        if not isinstance(logs, dict):
+            raise RewardError(f"reward function {name} returned 'extra_logs' as a {_type_name(logs)}; it must be a "
+                              f"dict of name: values")
+        named = [("scores", returned.get("scores")), *logs.items()]
+        return returned["rewards"], {str(k): rows for k, v in named if (rows := _per_row(v, n)) is not None}
+    return returned, {}
+
+
+def _loggable(value) -> float | None:
+    """`value` as a finite float to log (a bool as 0/1), or None."""
+    number = float(value) if isinstance(value, (bool, np.bool_)) else _as_number(value)
+    return number if number is not None and math.isfinite(number) else None
+
+
+def _per_row(value, n: int) -> list[float] | None:
+    """`value` as n numbers to log: one number repeated, or one per completion (NaN where one is not a
+    number); None when it is neither."""
+    if isinstance(value, (torch.Tensor, np.ndarray)):
+        value = value.tolist()  # a 0-d one becomes its number
+    one = _loggable(value)
+    if one is not None:
+        return [one] * n
+    if isinstance(value, (list, tuple)) and len(value) == n:
+        return [math.nan if (x := _loggable(v)) is None else x for v in value]
+    return None
+
+
+def _extra_name(key: str) -> str:
+    """The metric name of a value returned beside a reward; `mean` and `std` name the reward's own numbers."""
+    return f"extra_{key}" if key in ("mean", "std") else key
 
 
 def _as_number(v) -> float | None:
@@ -497,13 +680,44 @@ def call_reward_fn(reward_fn: RewardFn, p_txt: Sequence[str], c_txt: Sequence[st
     name = function_name(reward_fn)
     kind, value = _outcome(lambda: reward_fn(p_txt, c_txt, **columns))
     if kind == "raised":
-        raise _raised(name, value, p_txt, c_txt, trl=False) from value
+        raise _raised(name, value, p_txt, c_txt, style="positional") from value
     values = _rewards(name, value, p_txt, c_txt)
     for i, v in enumerate(values):
         if math.isnan(v):
             raise RewardError(f"reward function {name} returned None for prompt {p_txt[i]!r}, completion "
                               f"{c_txt[i]!r}; it is the only reward, so it must score every completion")
     return torch.tensor(values, dtype=torch.float32)
+
+
+def overlong_penalty(max_completion_length: int, buffer_len: int, penalty_factor: float = 1.0) -> RewardFn:
+    """DAPO's overlong reward shaping as a TRL reward function (verl's DAPORewardManager with
+    `reward_model.overlong_buffer.{len, penalty_factor}` and max_resp_len, OpenRLHF's
+    `--overlong_buffer_len --overlong_penalty_factor`). A completion of L tokens (its `completion_ids`,
+    the end-of-sequence token counted, as verl and OpenRLHF count a response) gets
+
+        -min(max(L - (max_completion_length - buffer_len), 0), buffer_len) / buffer_len * penalty_factor
+
+    0 up to max_completion_length - buffer_len tokens, then down linearly to -penalty_factor at
+    max_completion_length (task.max_new_tokens). DAPO adds it to the answer's score: list it beside
+    the function that scores the answer, `reward_funcs=[compute_score, overlong_penalty(512, 128)]`,
+    or from YAML bind its arguments in a module of your own (`overlong = overlong_penalty(512, 128)`
+    in my_rewards.py, then `reward.funcs: [my_rewards.py:overlong]`)."""
+    for name, value in (("max_completion_length", max_completion_length), ("buffer_len", buffer_len)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"overlong_penalty: {name} must be a whole number of tokens >= 1, got {value!r}")
+    if buffer_len > max_completion_length:
+        raise ValueError(f"overlong_penalty: buffer_len={buffer_len} is longer than max_completion_length="
+                         f"{max_completion_length}; the buffer is the last tokens before the length limit")
+    if isinstance(penalty_factor, bool) or not isinstance(penalty_factor, (int, float)) or \
+            not 0 <= penalty_factor < math.inf:
+        raise ValueError(f"overlong_penalty: penalty_factor must be a finite number >= 0, got {penalty_factor!r}")
+    expected = max_completion_length - buffer_len  # the longest completion with no penalty
+
+    def overlong_penalty(completion_ids, **kwargs) -> list[float]:
+        over = [min(max(len(ids) - expected, 0), buffer_len) for ids in completion_ids]  # tokens into the buffer
+        return [-k / buffer_len * penalty_factor if k else 0.0 for k in over]
+
+    return overlong_penalty
 
 
 def build_reward(cfg, *, reward_fn=None, reward_funcs=None, reward_weights=None) -> RewardFunctions | None:
@@ -534,17 +748,40 @@ def build_reward(cfg, *, reward_fn=None, reward_funcs=None, reward_weights=None)
 
 
 def _load(spec: str, key: str) -> Any:
-    """The object `spec` ("package.module:name") names, or a one-line RewardError naming `key`."""
-    module_name, _, attr = spec.partition(":")
+    """The object `spec` names, "package.module:name" (found on sys.path, then in the current directory)
+    or "path/to/file.py:name" (`load_file_module`), or a one-line RewardError naming `key`."""
+    module_name, _, attr = spec.rpartition(":")
     try:
-        return getattr(import_module(module_name), attr)  # sys.path, then the current directory
-    except (ImportError, AttributeError) as e:
+        module = load_file_module(module_name) if module_name.endswith(".py") else import_module(module_name)
+        return getattr(module, attr)
+    except Exception as e:  # whatever importing the user's module raised, said in one line
         raise RewardError(f"{key}={spec!r}: cannot load it ({type(e).__name__}: {e})") from None
 
 
+def load_file_module(path: str):
+    """The module a `.py` file defines, run once per process (as verl loads custom_reward_function.path
+    and OpenRLHF a --remote_rm_url file): a relative path is the current directory's; the module is
+    registered in sys.modules under a name made from its absolute path, so its functions pickle."""
+    file = Path(path).resolve()
+    if not file.is_file():
+        raise FileNotFoundError(f"no file {path} (from {Path.cwd()})")
+    name = "lmrl_file_" + "".join(c if c.isalnum() else "_" for c in str(file.with_suffix("")))
+    if name in sys.modules:
+        return sys.modules[name]
+    spec = importlib.util.spec_from_file_location(name, file)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    try:
+        spec.loader.exec_module(module)
+    except BaseException:
+        del sys.modules[name]
+        raise
+    return module
+
+
 def load_reward_function(spec: str) -> RewardFn:
-    """The reward function `spec` ("package.module:function") names; a class there is built with no
-    arguments and its instance is the function."""
+    """The reward function `spec` ("package.module:function" or "path/to/file.py:function") names; a
+    class there is built with no arguments and its instance is the function."""
     obj = _load(spec, "reward.funcs")
     if inspect.isclass(obj):
         try:
@@ -553,6 +790,10 @@ def load_reward_function(spec: str) -> RewardFn:
             raise RewardError(f"reward.funcs={spec!r}: {obj.__name__}() raised {type(e).__name__}: {e}") from None
     if not callable(obj):
         raise RewardError(f"reward.funcs={spec!r}: {type(obj).__name__} object is not callable")
+    if obj is overlong_penalty:  # a factory: its arguments make the function
+        raise RewardError(f"reward.funcs={spec!r} makes a reward function from its arguments: bind them in a module "
+                          f"of your own (overlong = overlong_penalty(max_completion_length, buffer_len, "
+                          f"penalty_factor)) and name that (my_rewards.py:overlong)")
     return obj
 
 

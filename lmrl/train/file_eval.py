@@ -1,4 +1,5 @@
-"""A model's answers to a JSONL test file, checked by the task that trains on such rows: `lmrl eval MODEL FILE`.
+"""A model's answers to a JSONL or parquet test file, checked by the task that trains on such rows:
+`lmrl eval MODEL FILE`.
 
     result = evaluate_file("smollm2-135m-instruct", "data/gsm8k-test/gsm8k.jsonl", limit=50,
                            out="gsm8k.completions.jsonl")
@@ -39,7 +40,7 @@ from typing import Mapping, Sequence
 import torch
 
 from ..config import Config
-from ..common.data import iter_jsonl, write_jsonl
+from ..common.data import iter_file_rows, write_jsonl
 from ..parallel.ddp import DistInfo, resolve_device
 from ..common.errors import ConfigError
 from ..models.hf import load_hf_policy
@@ -171,7 +172,7 @@ def evaluate_file(model: str | Path, test_file: str | Path, *, checkpoint: str =
     if not temperature >= 0:
         raise ConfigError(f"temperature must be >= 0 (0: greedy), got {temperature}")
     test_file = Path(test_file)
-    _, first = next(iter_jsonl(test_file))
+    _, first = next(iter_file_rows(test_file))
     file_format = test_file_format(first)
     file_format.check(test_file)  # a bad row fails here, naming it, before the model loads
     if adapter is not None and not (Path(adapter) / "adapter_config.json").is_file():

@@ -98,7 +98,7 @@ def _load(run_dir: Path, which: str, with_task: bool) -> tuple:
     run_dir = Path(run_dir)
     if not (run_dir / "config.yaml").exists():
         raise FileNotFoundError(f"{run_dir} is not a run dir (no config.yaml)")
-    cfg = load_config(run_dir / "config.yaml")
+    cfg = load_config(run_dir / "config.yaml", saved_run=True)
     if cfg.model.type == "hf":  # the base model from model.path, then the checkpoint's weights (or adapter)
         model = build_model(cfg.model, lora=cfg.lora)
         hold_template_kwargs(model.tokenizer, cfg.model.chat_template_kwargs)  # rendered as in training

@@ -127,17 +127,20 @@ def what_to_resume(ckpt_dir: Path) -> str:
             f"model.init_from={best} starts a new run from")
 
 
-def guarded_step(optimizer: torch.optim.Optimizer, params: Iterable[torch.Tensor], loss: torch.Tensor, state: dict, *,
-                 grad_clip: float, max_nonfinite: int, device, ckpt_dir, info: Callable[[str], None]) -> dict:
+def guarded_step(optimizer: torch.optim.Optimizer, loss: torch.Tensor, state: dict, *, grad_clip: float,
+                 max_nonfinite: int, device, ckpt_dir, info: Callable[[str], None]) -> dict:
     """Clip, then step — or skip the update when the loss or the gradient is not finite, counted in
     `state` ("step", "nonfinite_total", "nonfinite_run"), and raise `TrainingError` after
-    `max_nonfinite` skips in a row. Gradients are already accumulated; every rank takes the same
-    decision (the flag is all-reduced)."""
+    `max_nonfinite` skips in a row. Each of the optimizer's parameter groups is clipped to `grad_clip`
+    on its own (PPO's value function is a group of its own, as verl's and OpenRLHF's critic has its
+    own optimizer); "grad_norm" is the first group's, and a second group's is "value_grad_norm".
+    Gradients are already accumulated; every rank takes the same decision (the flag is all-reduced)."""
     clip = grad_clip if grad_clip > 0 else float("inf")
-    grad_norm = torch.nn.utils.clip_grad_norm_(list(params), clip)
-    if hasattr(grad_norm, "full_tensor"):  # FSDP: a DTensor over sharded gradients, made one number
-        grad_norm = grad_norm.full_tensor()
-    bad = torch.tensor([float(not (torch.isfinite(loss) and torch.isfinite(grad_norm)))], device=device)
+    norms = [torch.nn.utils.clip_grad_norm_([p for p in group["params"] if p.requires_grad], clip)
+             for group in optimizer.param_groups]
+    # FSDP: a DTensor over sharded gradients, made one number
+    norms = torch.stack([n.full_tensor() if hasattr(n, "full_tensor") else n for n in norms])
+    bad = torch.tensor([float(not (torch.isfinite(loss) and torch.isfinite(norms).all()))], device=device)
     if all_reduce_sum(bad).item() > 0:
         state["nonfinite_total"] += 1
         state["nonfinite_run"] += 1
@@ -149,7 +152,9 @@ def guarded_step(optimizer: torch.optim.Optimizer, params: Iterable[torch.Tensor
         optimizer.step()
         state["nonfinite_run"] = 0
     optimizer.zero_grad(set_to_none=True)
-    return {"grad_norm": grad_norm.item(), "nonfinite_skipped": state["nonfinite_total"]}
+    grad_norms = norms.tolist()
+    return {"grad_norm": grad_norms[0], **({"value_grad_norm": grad_norms[1]} if len(grad_norms) > 1 else {}),
+            "nonfinite_skipped": state["nonfinite_total"]}
 
 
 class Trainer:
@@ -385,11 +390,14 @@ class Trainer:
     # -- the optimizer (what an algorithm sees of the trainer: algos.base.Learner) ------------------
     def make_optimizer(self, module: torch.nn.Module, *, lr: float, weight_decay: float, steps: int,
                        schedule: str, warmup_steps: int, betas=(0.9, 0.99), eps: float = 1e-8,
-                       min_lr_ratio: float | None = None, ema_decay: float = 0.0) -> None:
+                       min_lr_ratio: float | None = None, ema_decay: float = 0.0,
+                       own_lr: dict[str, float] | None = None) -> None:
         """AdamW on `module`'s trainable parameters (a LoRA policy: its adapter), wrapped for DDP or
         sharded for FSDP, with the LR schedule `schedule` over `steps` steps down to `min_lr_ratio`
         (None: `schedule.min_lr_ratio`); the plateau's factor and patience come from the config's
-        `schedule`, and a plateau follows `train.best_metric` in its direction. After a resume, the
+        `schedule`, and a plateau follows `train.best_metric` in its direction. `own_lr` {name prefix:
+        lr}: the parameters under that prefix (PPO's "value.") are a group of their own at that peak
+        LR, on the same schedule, clipped on their own (`guarded_step`). After a resume, the
         checkpoint's optimizer, scheduler and RNG states are loaded into them. `ema_decay` > 0 starts
         an average of the model's trainable weights (`WeightAverage`) for the stage."""
         if self.fsdp:  # sharded in place: the module is its own wrapper, its parameters DTensor shards
@@ -401,12 +409,16 @@ class Trainer:
         else:
             self.train_model = DDP(module) if self.dist.enabled else module
         self.module = module
-        trainable = [p for p in module.parameters() if p.requires_grad]
+        named = [(name, p) for name, p in module.named_parameters() if p.requires_grad]
+        trainable = [p for _, p in named]
+        groups = [{"params": [p for name, p in named if not any(name.startswith(k) for k in own_lr or {})]}]
+        groups += [{"params": [p for name, p in named if name.startswith(prefix)], "lr": group_lr}
+                   for prefix, group_lr in (own_lr or {}).items()]
         # PyTorch's fused kernel updates every tensor in one pass: on a CPU several times faster than
         # its default per-tensor loop (benchmarks/gpt_step.py); sharded (DTensor) parameters keep the loop.
         fused = not self.fsdp and all(p.device.type in ("cpu", "cuda") for p in trainable)
-        self.optimizer = torch.optim.AdamW(trainable, lr=lr, weight_decay=weight_decay, betas=tuple(betas), eps=eps,
-                                           fused=fused)
+        self.optimizer = torch.optim.AdamW([g for g in groups if g["params"]], lr=lr, weight_decay=weight_decay,
+                                           betas=tuple(betas), eps=eps, fused=fused)
         s = self.config.schedule
         if schedule == "wsd" and warmup_steps + s.decay_steps > steps:  # the offline run's length is known only now
             raise ConfigError(f"schedule.warmup_steps={warmup_steps} and schedule.decay_steps={s.decay_steps} add up "
@@ -426,8 +438,7 @@ class Trainer:
     def optimizer_step(self, loss: torch.Tensor) -> dict:
         """Clip, then step — or skip a non-finite update (`guarded_step`). Gradients are already accumulated."""
         t = self.config.train
-        params = (p for p in self.module.parameters() if p.requires_grad)
-        stats = guarded_step(self.optimizer, params, loss, self.state, grad_clip=t.grad_clip,
+        stats = guarded_step(self.optimizer, loss, self.state, grad_clip=t.grad_clip,
                              max_nonfinite=t.max_nonfinite, device=self.device, ckpt_dir=self.ckpt_dir, info=self.info)
         if self.average is not None:
             self.average.update()

@@ -110,8 +110,8 @@ class EpisodeLearner(Callback):
         logp, _, _ = policy_forward(self.policy, seq, seq.size(1) - 1, cfg.temperature, attn, entropy_grad=False)
         loss = -aggregate(adv[:, None] * logp, loss_mask, "token")
         loss.backward()
-        stats = guarded_step(self.optimizer, (p for g in self.optimizer.param_groups for p in g["params"]),
-                             loss.detach(), self.state, grad_clip=cfg.grad_clip, max_nonfinite=cfg.max_nonfinite,
+        stats = guarded_step(self.optimizer, loss.detach(), self.state, grad_clip=cfg.grad_clip,
+                             max_nonfinite=cfg.max_nonfinite,
                              device=device, ckpt_dir=self.ckpt_dir, info=log.warning)
         if self.state["nonfinite_run"] == 0:  # a skipped update leaves the baseline as it was
             self.state["baseline"] = update_moving_baseline(old, rewards.mean().item(), cfg.baseline_decay)

@@ -318,8 +318,14 @@ def sequence_lengths(config: Config, tokenizer) -> Lengths:
         return Lengths(256, t.max_new_tokens, f"{why}: 256 prompt tokens assumed")
     from ..models.hf import apply_chat_template
 
+    from ..common.data import DataError, prompt_row
+
     longest = 0
     for row in rows:
+        try:
+            row = prompt_row(row, t.prompt_key, t.label_key)  # as the task reads it (verl's message-list prompt)
+        except DataError:  # a row the task refuses: its own error names it when the run starts
+            continue
         if "messages" in row:
             text = apply_chat_template(tokenizer, row["messages"])
         else:
@@ -372,10 +378,10 @@ def _offline_lengths(config: Config, tokenizer) -> Lengths:
 def _rows(path: str | None, limit: int = 256) -> list[dict]:
     if not path or not Path(path).is_file():
         return []
-    from ..common.data import iter_jsonl
+    from ..common.data import iter_file_rows
 
     rows = []
-    for _, row in iter_jsonl(path):
+    for _, row in iter_file_rows(path):
         rows.append(row)
         if len(rows) >= limit:
             break

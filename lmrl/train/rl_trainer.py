@@ -212,7 +212,8 @@ class RLTrainer(Trainer):
         self.build_rl_modules()
         self.make_optimizer(self.module, lr=cfg.optim.lr, weight_decay=cfg.optim.weight_decay, steps=cfg.train.steps,
                             schedule=cfg.schedule.name, warmup_steps=cfg.schedule.warmup_steps,
-                            betas=cfg.optim.betas, eps=cfg.optim.eps, ema_decay=cfg.train.ema_decay)
+                            betas=cfg.optim.betas, eps=cfg.optim.eps, ema_decay=cfg.train.ema_decay,
+                            own_lr={"value.": cfg.algo.critic_lr or cfg.optim.lr} if self.algo.uses_values else None)
         if self.state["warmup_accuracy"] is None:  # no warm-up: the starting point is the initial model
             self.state["start_eval"] = self.run_evaluation()
             self.state["warmup_accuracy"] = self.state["start_eval"]["eval/accuracy"]
