@@ -34,7 +34,10 @@ PPO = ["algo.name=ppo", "algo.value_model=head", "algo.ppo_epochs=2", "algo.mini
 GRPO = ["algo.name=grpo", "algo.group_size=4", "algo.kl_coef=0.1", "algo.ppo_epochs=2", "algo.minibatch_size=8"]
 
 
-@pytest.mark.parametrize("algo", [[], GRPO, PPO], ids=["reinforce", "grpo", "ppo"])
+DYNAMIC = [*GRPO, "algo.dynamic_sampling=true", "algo.max_sample_batches=3", "task.reward=digits"]
+
+
+@pytest.mark.parametrize("algo", [[], GRPO, PPO, DYNAMIC], ids=["reinforce", "grpo", "ppo", "grpo-dynamic-sampling"])
 def test_two_cpu_processes_keep_identical_parameters(tmp_path, algo):
     script = tmp_path / "worker.py"
     script.write_text(WORKER)

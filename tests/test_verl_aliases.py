@@ -176,6 +176,9 @@ TRANSLATED = [
     ("data.val_files", ["data.val_files=test.parquet"], {"task.test_file": "test.parquet"}),
     ("data.prompt_key", ["data.prompt_key=question"], {"task.prompt_key": "question"}),
     ("data.shuffle", ["data.shuffle=false"], {"train.prompt_order": "in_order"}),
+    ("algorithm.filter_groups.enable", ["algorithm.filter_groups.enable=true"], {"algo.dynamic_sampling": True}),
+    ("algorithm.filter_groups.max_num_gen_batches", ["algorithm.filter_groups.max_num_gen_batches=4"],
+     {"algo.max_sample_batches": 4}),
     ("actor_rollout_ref.rollout.n", ["actor_rollout_ref.rollout.n=8"], {"algo.group_size": 8}),
     ("actor_rollout_ref.rollout.n", ["rollout.n=8"], {"algo.group_size": 8}),
     ("actor_rollout_ref.actor.ppo_epochs", ["actor_rollout_ref.actor.ppo_epochs=2"], {"algo.ppo_epochs": 2}),
@@ -265,6 +268,7 @@ TRANSLATED = [
     ("trainer.project_name", ["trainer.project_name=proj"], {"run.wandb_project": "proj"}),
     # OpenRLHF
     ("n_samples_per_prompt", ["n_samples_per_prompt=8"], {"algo.group_size": 8}),
+    ("dynamic_filtering", ["dynamic_filtering=true"], {"algo.dynamic_sampling": True}),
     ("n_samples_per_prompt", ["rollout.n_samples_per_prompt=8"], {"algo.group_size": 8}),
     ("train_batch_size", ["train_batch_size=16"], {"algo.minibatch_size": 16}),
     ("max_epochs", ["max_epochs=2"], {"algo.ppo_epochs": 2}),
@@ -468,7 +472,7 @@ def test_what_a_verl_user_typed_is_refused_naming_the_key_meant(override, meant)
 
 @pytest.mark.parametrize("override, section", [
     ("actor_rollout_ref.actor.fsdp_config.param_offload=true", "verl's actor_rollout_ref is lmrl's model and lora"),
-    ("algorithm.filter_groups.metric=acc", "verl's algorithm is lmrl's algo"),
+    ("algorithm.pf_ppo.reweight_method=pow", "verl's algorithm is lmrl's algo"),
     ("trainer.logger_level=info", "verl's trainer is lmrl's train"),
     ("critic.ppo_epochs=2", "verl's and OpenRLHF's critic is lmrl's algo.value_model"),
     ("reward_model.enable=true", "verl's reward_model is lmrl's reward section"),
@@ -538,3 +542,9 @@ def test_an_openrlhf_flag_written_as_a_flag_is_shown_as_an_override(capsys):
     assert main(["config", RL, "n_samples_per_prompt=8"]) == 0
     assert capsys.readouterr().err == ("lmrl config: n_samples_per_prompt is OpenRLHF's name for algo.group_size: set "
                                        "algo.group_size=8\n")
+
+
+def test_dynamic_sampling_compares_rewards_whatever_verls_filter_metric_says():
+    assert load_config(RL, ["algorithm.filter_groups.metric=seq_reward"]).algo.dynamic_sampling is False
+    with pytest.raises(ConfigError, match="lmrl compares each completion's reward"):
+        load_config(RL, ["algorithm.filter_groups.metric=acc"])

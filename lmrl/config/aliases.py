@@ -244,9 +244,12 @@ VERL_ALIASES: dict[str, Alias] = {
     "critic.model.path": Alias(None, "verl", note=_CRITIC_MODEL),
     "algorithm.gamma": Alias("algo.gamma", "verl"),
     "algorithm.lam": Alias("algo.lam", "verl", note="lmrl's default is 0.95 (verl's 1.0)"),
-    "algorithm.filter_groups.enable": Alias(None, "verl", matches=(False,), missing=True, note=(
-        "resamples groups whose rewards tie; lmrl does not (algo.skip_zero_advantage leaves them out of the pass, "
-        "which keeps the gradient as it was)")),
+    "algorithm.filter_groups.enable": Alias("algo.dynamic_sampling", "verl"),
+    "algorithm.filter_groups.max_num_gen_batches": Alias("algo.max_sample_batches", "verl", note=(
+        "lmrl's is at least 1 (verl's 0 or less: no limit); once they are sampled, groups that tied fill the "
+        "batch where verl stops with an error")),
+    "algorithm.filter_groups.metric": Alias(None, "verl", matches=("seq_reward", "seq_final_reward", "score"), note=(
+        "picks what verl compares within a group; lmrl compares each completion's reward (verl's seq_reward)")),
     "custom_reward_function.path": Alias(None, "verl", note=(
         "names the file of a reward function; lmrl's reward.funcs names file and function at once: set "
         "reward.funcs=[{value}:compute_score] (verl's compute_score signature is taken as it is)")),
@@ -368,8 +371,9 @@ OPENRLHF_ALIASES: dict[str, Alias] = {
                               note="normalises rewards with running statistics; lmrl does not"),
     "reward_clip_range": Alias(None, "OpenRLHF", head="reward.clip_range", missing=True, note=(
         "clamps rewards (OpenRLHF's default to [-10, 10]); lmrl does not clamp them")),
-    "dynamic_filtering": Alias(None, "OpenRLHF", head="algo.dynamic_filtering_enable", matches=(False,), missing=True,
-                               note="resamples groups whose rewards tie; lmrl does not"),
+    "dynamic_filtering": Alias("algo.dynamic_sampling", "OpenRLHF", head="algo.dynamic_filtering_enable", note=(
+        "lmrl keeps the groups whose rewards differ, OpenRLHF those whose mean reward lies inside "
+        "dynamic_filtering_reward_range: the same for rewards of 0 or 1 and its default range (0, 1)")),
     "packing_samples": Alias(None, "OpenRLHF", head="ds.packing_samples", matches=(False,), missing=True, note=(
         "packs RL samples; lmrl packs only run.trainer=sft's rows (data.packing)")),
     "zero_stage": Alias(None, "OpenRLHF", head="ds.zero_stage", note=(

@@ -391,6 +391,13 @@ class AlgoConfig(Section):
     value_clip: float = _f(0.2, "ppo value clipping range (0 = off)", ge=0)
     gamma: float = _f(1.0, "ppo discount", ge=0, le=1)
     lam: float = _f(0.95, "ppo GAE lambda", ge=0, le=1)
+    dynamic_sampling: bool = _f(False, "DAPO's dynamic sampling (verl's algorithm.filter_groups, OpenRLHF's "
+                                       "--dynamic_filtering): keep only the groups whose rewards differ, sampling "
+                                       "more batches of prompts until train.rollout_size completions of them are "
+                                       "kept (groups that tied fill the batch once algo.max_sample_batches are "
+                                       "sampled); needs algo.group_size > 1")
+    max_sample_batches: int = _f(10, "algo.dynamic_sampling: the most batches one step samples (verl's "
+                                     "filter_groups.max_num_gen_batches)", ge=1)
     mask_truncated_completions: bool = _f(False, "leave completions cut off at the length limit (no end of sequence; "
                                                  "an agent episode: the turn or context limit) out of the loss (DAPO); "
                                                  "they still count in their group's reward statistics")
@@ -413,6 +420,9 @@ class AlgoConfig(Section):
                                            f"{ceiling:g}: it caps the ratio above the clip (TRL's delta)"),
             (not (self.kl_ratio_weighted and self.kl_in_reward),
              "algo.kl_ratio_weighted weights the KL in the loss; algo.kl_in_reward puts it in the reward: set one"),
+            (not self.dynamic_sampling or self.group_size > 1,
+             f"algo.dynamic_sampling keeps the groups whose rewards differ: it needs algo.group_size > 1, got "
+             f"{self.group_size}"),
         ] if not ok]
 
 
@@ -770,6 +780,9 @@ def _scale_rules(cfg: Config) -> list[tuple[bool, str]]:
                                                   "answers prompts over several turns: use rollout.engine=local"),
         (d.strategy != "fsdp" or cfg.model.type == "hf",
          "distributed.strategy=fsdp shards Hugging Face policies (model.type=hf); the built-in GPT uses ddp"),
+        (not (r.overlap and cfg.algo.dynamic_sampling),
+         "algo.dynamic_sampling samples more batches within a step; rollout.overlap samples the next step's "
+         "during this one's update: set one"),
         # a sampler other than the learner's own policy copies its weights, which FSDP holds in shards
         (d.strategy != "fsdp" or (r.engine == "local" and not r.overlap and d.backend == "torch"),
          "distributed.strategy=fsdp samples with the sharded policy itself: it needs rollout.engine=local, "

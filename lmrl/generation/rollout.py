@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import torch
@@ -41,6 +42,52 @@ class Rollout:
 
     def __len__(self) -> int:
         return self.prompts.size(0)
+
+
+LEFT_PADDED = ("prompts", "prompt_mask")  # a Rollout's (B, P) fields; its other (B, N) fields are right-padded
+
+
+def select_rows(ro: Rollout, rows: list[int]) -> Rollout:
+    """The rollout of rows `rows` of `ro` (a subclass keeps its type): every field that has one entry per
+    row (a tensor or a list of B) taken at those rows, the others (staleness) as they are."""
+    n, index = len(ro), torch.as_tensor(rows, dtype=torch.long)
+
+    def pick(value):
+        if isinstance(value, torch.Tensor) and value.dim() and value.size(0) == n:
+            return value[index.to(value.device)]
+        if isinstance(value, list) and len(value) == n:
+            return [value[i] for i in rows]
+        return value
+
+    return dataclasses.replace(ro, **{f.name: pick(getattr(ro, f.name)) for f in dataclasses.fields(ro)})
+
+
+def cat_rollouts(parts: list[Rollout]) -> Rollout:
+    """The rollouts `parts` (one type, rows of one task) as one, row after row: prompts left-padded to
+    the longest (a `prompt_mask` made where a part had none), completions and their per-token fields
+    right-padded with 0 (mask 0); per-row fields joined; the others (staleness) the first part's."""
+    if len(parts) == 1:
+        return parts[0]
+    prompt_len = max(p.prompts.size(1) for p in parts)
+    ragged = any(p.prompts.size(1) != prompt_len or p.prompt_mask is not None for p in parts)
+    completion_len = max(p.completions.size(1) for p in parts)
+    first, out = parts[0], {}
+    for f in dataclasses.fields(first):
+        values = [getattr(p, f.name) for p in parts]
+        if f.name == "prompt_mask" and ragged:
+            values = [torch.ones_like(p.prompts, dtype=torch.long) if v is None else v for p, v in zip(parts, values)]
+        if all(isinstance(v, torch.Tensor) and v.dim() and v.size(0) == len(p) for v, p in zip(values, parts)):
+            if values[0].dim() == 2:
+                width = prompt_len if f.name in LEFT_PADDED else completion_len
+                left = f.name in LEFT_PADDED
+                values = [torch.nn.functional.pad(v, (width - v.size(1), 0) if left else (0, width - v.size(1)))
+                          for v in values]
+            out[f.name] = torch.cat(values)
+        elif all(isinstance(v, list) and len(v) == len(p) for v, p in zip(values, parts)):
+            out[f.name] = [x for v in values for x in v]
+        else:
+            out[f.name] = values[0]
+    return dataclasses.replace(first, **out)
 
 
 @torch.no_grad()

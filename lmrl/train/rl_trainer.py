@@ -56,6 +56,7 @@ from ..tasks.rewards import RewardFn, RewardLog, build_reward, fill_unscored, fu
 from .build import build_run, build_worker_parts, own_config
 from .evaluate import evaluate
 from .lifecycle import Stage, Trainer, TrainingError
+from .dynamic_sampling import Scored, keep_informative, kept_groups
 from .prompt_order import PromptDraws
 from .replay import ReplayBuffer
 from .sft_trainer import sft_loss
@@ -276,6 +277,11 @@ class RLTrainer(Trainer):
         if cfg.train.replay_fraction:
             self.replay.add(ids, exact)
             state["replay"] = self.replay.ids  # in the trainer state: a resume continues the buffer
+        dynamic = {}
+        if cfg.algo.dynamic_sampling:  # more batches until one of groups whose rewards differ
+            kept, dynamic = self.sample_informative(Scored(ids, ro, rewards, exact, extras, reward_log.columns),
+                                                    n_prompts, stage, reward_log)
+            ids, ro, rewards, exact, extras = kept.ids, kept.rollout, kept.rewards, kept.exact, kept.extras
         self.callbacks.rollout_end(self, step, ids, ro, rewards)
         # decoded as sampled and scored, before the loss mask below drops unscored or truncated tokens
         completions = (completion_rows(self.task, step, ids, ro, rewards, extras, reward_log.columns)
@@ -283,6 +289,7 @@ class RLTrainer(Trainer):
         metrics = rollout_metrics(ro, rewards, exact, extras, self.device, group_size=self.algo.group_size,
                                   scale_rewards=cfg.algo.scale_rewards, logged=reward_log.metrics,
                                   tokens_seen=state.get("num_input_tokens_seen", 0))
+        metrics.update(dynamic)
         if metrics.get("env/errors") == 1.0:  # every episode of the step, on every rank: nothing to learn from
             raise TrainingError(every_episode_failed(step, ro))
         state["num_input_tokens_seen"] = metrics["num_tokens"]
@@ -308,6 +315,35 @@ class RLTrainer(Trainer):
         metrics.update({trl: metrics[name] for name, trl in TRL_METRIC_NAMES.items() if name in metrics})
         self.scheduler.step()
         self.end_step(stage, metrics, time.perf_counter() - t0, tokens=ro.sequences.numel())
+
+    def sample_informative(self, first: Scored, n_prompts: int, stage: Stage,
+                           reward_log: RewardLog) -> tuple[Scored, dict[str, float]]:
+        """`algo.dynamic_sampling`: batches of `n_prompts` prompts sampled and scored after `first` until
+        they hold `n_prompts` groups whose rewards differ (every rank samples while any rank is short, as
+        FSDP's sampling runs in step), at most `algo.max_sample_batches` in all; then one batch of them
+        (`keep_informative`), and its statistics. The reward functions' logged metrics of every batch
+        go to `reward_log`, and its completions-log columns become the kept rows'."""
+        cfg, group_size = self.config, self.algo.group_size
+        parts = [first]
+        while len(parts) < cfg.algo.max_sample_batches:
+            short = torch.tensor([float(kept_groups(parts, group_size) < n_prompts)], device=self.device)
+            if all_reduce_sum(short).item() == 0:
+                break
+            sampled = self._submit_rollout(n_prompts).result()
+            ids, ro = sampled.ids, self._on_learner(sampled)
+            log = RewardLog()
+            rewards, exact, extras = score_rollout(self.task, ids, ro, self.reward_fn, step=self.state["step"],
+                                                   max_steps=stage.last, epoch=self.prompt_epochs(), log=log)
+            if cfg.train.replay_fraction:
+                self.replay.add(ids, exact)
+                self.state["replay"] = self.replay.ids
+            for name, values in log.metrics.items():
+                reward_log.metrics.setdefault(name, []).extend(values)
+            reward_log.timed_out.extend(log.timed_out)
+            parts.append(Scored(ids, ro, rewards, exact, extras, log.columns))
+        kept, stats = keep_informative(parts, n_prompts, group_size)
+        reward_log.columns = kept.columns
+        return kept, stats
 
     def log_completions(self, stage: Stage, step: int, rows: list[dict]) -> None:
         """Every rank's completion rows, gathered to process 0, to the run's completions log (printed
