@@ -216,9 +216,11 @@ class RewardConfig(Section):
     cls: str = _f("", "a custom reward, pkg.module:Class; an instance is called as "
                       "reward(prompts, completions, ground_truth=[...]) -> list of floats (or as reward.funcs "
                       "are, when its signature is TRL's: reward(completions, **kwargs))")
-    funcs: list = _f([], "reward functions as TRL writes them, each pkg.module:function (a class there is built with "
-                         "no arguments), called f(prompts=, completions=, completion_ids=, trainer_state=, "
-                         "**columns) -> a float or None (not applicable) per completion; their weighted sum "
+    funcs: list = _f([], "reward functions, each pkg.module:function or path/to/file.py:function (a class there is "
+                         "built with no arguments): as TRL writes them, called f(prompts=, completions=, "
+                         "completion_ids=, trainer_state=, **columns) -> a float or None (not applicable) per "
+                         "completion; verl's compute_score(data_source, solution_str, ground_truth, extra_info) "
+                         "and OpenRLHF's reward_func(queries, prompts, labels) as they are; their weighted sum "
                          "replaces the task's reward")
     weights: list = _f([], "one weight per reward.funcs entry (empty: 1.0 each)")
     funcs_timeout_s: float = _f(300.0, "seconds one reward function (reward.funcs, reward.cls, reward_funcs=) may "
@@ -241,7 +243,8 @@ class RewardConfig(Section):
             (sum(map(bool, (self.model, self.cls, self.funcs))) <= 1,
              "set one of reward.model, reward.cls and reward.funcs"),
             (not self.cls or ":" in self.cls, f"reward.cls={self.cls!r} must look like package.module:ClassName"),
-            (not bad_funcs, f"reward.funcs entries must look like package.module:function, got {bad_funcs}"),
+            (not bad_funcs, f"reward.funcs entries must look like package.module:function or "
+                            f"path/to/file.py:function, got {bad_funcs}"),
             (not bad_weights, f"reward.weights must be finite numbers, got {bad_weights}"),
             (not self.weights or len(self.weights) == len(self.funcs),
              f"reward.weights has {len(self.weights)} weights for {len(self.funcs)} reward.funcs; "
