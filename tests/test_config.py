@@ -330,3 +330,13 @@ def test_a_saved_run_config_holding_keys_its_run_never_read_still_loads(tmp_path
         load_config(saved)
     cfg = load_config(saved, saved_run=True)  # lmrl eval / export / generate of that run
     assert cfg.sft.warmup_steps == SFTConfig().warmup_steps and cfg.data.max_length == DataConfig().max_length
+
+
+def test_a_preset_dataclass_edited_from_python_is_not_refused_for_the_keys_it_leaves_unread():
+    from lmrl.config import validate
+
+    cfg = AdderRLConfig()
+    cfg.sft.steps = 0  # the preset's label budget and warm-up LR stay as they were, unread: that is the user's call
+    validate(cfg)
+    with pytest.raises(ConfigError, match="sft.examples=7 sets the supervised warm-up before RL"):
+        load_config("adder", ["sft.steps=0", "sft.examples=7"])  # written in the same layer: refused

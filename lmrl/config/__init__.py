@@ -29,8 +29,8 @@ from typing import Any, Sequence
 import yaml
 
 from .schema import (  # noqa: F401  (re-exported: `from lmrl.config import TrainConfig`)
-    PRESET_DIR, PRESET_ALIASES, TRAINERS, WARMUP_KEYS, ConfigError, arithmetic_seq_len, suggest, unread_keys,
-    _bounds_text,
+    PRESET_DIR, PRESET_ALIASES, TRAINERS, WARMUP_KEYS, ConfigError, arithmetic_seq_len, suggest, unread_key_problem,
+    unread_keys, _bounds_text,
     RunConfig, ModelConfig, TaskConfig, EnvConfig, LoraConfig, RewardConfig,
     SFTConfig, DataConfig, DPOConfig, AlgoConfig, OptimConfig, ScheduleConfig,
     TrainConfig, EvalConfig, RolloutConfig, DistributedConfig, Config,
@@ -182,6 +182,9 @@ def load_config(source: str | Path | None = None, overrides: Sequence[str] = (),
             origin.pop(key, None)
     try:
         validate(cfg)
+        unread = unread_key_problem(cfg)  # a key set in a file or override that the run would ignore
+        if unread:
+            raise ConfigError(unread)
     except ConfigError as e:
         raise ConfigError(_with_source(str(e), origin)) from None
     cfg.aliases = tuple(notes)

@@ -619,8 +619,8 @@ def cross_section_problems(cfg: Config) -> list[str]:
               (not cfg.run.resume_from or cfg.run.resume == "auto",
                f"run.resume_from={cfg.run.resume_from} resumes a run: set run.resume=auto too "
                f"(--resume_from_checkpoint PATH sets both)")]
-    sft_only, unread = _sft_only_problem(cfg), unread_key_problem(cfg)
-    common += [(sft_only is None, sft_only), (unread is None, unread)]
+    sft_only = _sft_only_problem(cfg)
+    common.append((sft_only is None, sft_only))
     if cfg.run.trainer != "rl":
         rules = common + _offline_rules(cfg)
     else:
