@@ -278,7 +278,7 @@ class RLTrainer(Trainer):
             self.replay.add(ids, exact)
             state["replay"] = self.replay.ids  # in the trainer state: a resume continues the buffer
         dynamic = {}
-        if cfg.algo.dynamic_sampling:  # more batches until one of groups whose rewards differ
+        if cfg.algo.dynamic_sampling:  # more batches until enough groups whose rewards differ
             kept, dynamic = self.sample_informative(Scored(ids, ro, rewards, exact, extras, reward_log.columns),
                                                     n_prompts, stage, reward_log)
             ids, ro, rewards, exact, extras = kept.ids, kept.rollout, kept.rewards, kept.exact, kept.extras
@@ -434,7 +434,7 @@ class RLTrainer(Trainer):
 
 def prompt_order(config: Config, task) -> str:
     """`train.prompt_order` for a task with a training set of rows (`n_train`); `random` for one without
-    (arithmetic draws generated problems), where setting another order is a ConfigError."""
+    (arithmetic draws generated problems), where `in_order` is a ConfigError."""
     order = config.train.prompt_order
     if getattr(task, "n_train", None) is not None:
         return order
