@@ -25,6 +25,10 @@ ALGOS = {
     "ppo": ["algo.name=ppo", "algo.value_model=head", "algo.ppo_epochs=2", "algo.minibatch_size=8",
             "algo.kl_coef=0.05", "algo.kl_in_reward=true"],
     "ppo-separate": ["algo.name=ppo", "algo.value_model=separate", "algo.ent_coef=0.01", "task.reward=digits"],
+    "reinforce_plus_plus": ["algo.name=reinforce_plus_plus", "algo.kl_coef=0.05", "algo.kl_in_reward=true",
+                            "algo.kl_estimator=k1"],
+    "reinforce_plus_plus_baseline": ["algo.name=reinforce_plus_plus_baseline", "algo.group_size=4",
+                                     "algo.ppo_epochs=2", "algo.minibatch_size=8"],
 }
 
 

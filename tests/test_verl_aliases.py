@@ -184,6 +184,12 @@ TRANSLATED = [
     ("actor_rollout_ref.actor.ppo_epochs", ["actor_rollout_ref.actor.ppo_epochs=2"], {"algo.ppo_epochs": 2}),
     ("algorithm.adv_estimator", ["algorithm.adv_estimator=grpo"], {"algo.name": "grpo", "algo.adv_eps": 1e-6}),
     ("algorithm.adv_estimator", ["algorithm.adv_estimator=rloo"], {"algo.name": "rloo", "algo.adv_eps": 1e-4}),
+    ("algorithm.adv_estimator", ["algorithm.adv_estimator=reinforce_plus_plus"], {"algo.name": "reinforce_plus_plus"}),
+    ("algorithm.adv_estimator", ["algorithm.adv_estimator=reinforce_plus_plus_baseline"],
+     {"algo.name": "reinforce_plus_plus_baseline"}),
+    ("advantage_estimator", ["advantage_estimator=reinforce"], {"algo.name": "reinforce_plus_plus"}),
+    ("advantage_estimator", ["advantage_estimator=reinforce_baseline", "n_samples_per_prompt=4"],
+     {"algo.name": "reinforce_plus_plus_baseline", "algo.group_size": 4}),
     ("algorithm.adv_estimator", ["algorithm.adv_estimator=gae"],
      {"algo.name": "ppo", "algo.value_model": "separate", "algo.normalize_advantages": True}),
     ("algorithm.adv_estimator", ["algorithm.adv_estimator=gae", "algo.value_model=head"],  # a key written wins
@@ -379,13 +385,6 @@ REFUSED = [
      "minibatch's completions x algo.loss_constant"),
     (["actor_rollout_ref.actor.kl_loss_type=abs"], "is |log ratio|, which lmrl does not estimate"),
     (["algorithm.kl_penalty=low_var_kl+"], "is a straight-through estimate (its value, k2's gradient)"),
-    (["algorithm.adv_estimator=reinforce_plus_plus"],
-     "verl's algorithm.adv_estimator=reinforce_plus_plus is REINFORCE++ (the reward minus a per-token KL, whitened "
-     "over the batch's tokens); lmrl's algo.name=reinforce is REINFORCE with a moving-average baseline, another "
-     "estimator. Nearest: algo.name=grpo algo.group_size=1 algo.adv_mode=raw algo.normalize_advantages=true"),
-    (["advantage_estimator=reinforce"], "OpenRLHF's advantage_estimator=reinforce is REINFORCE++"),
-    (["advantage_estimator=reinforce_baseline"], "Nearest: algo.name=grpo algo.adv_mode=grpo_no_std "
-                                                 "algo.normalize_advantages=true"),
     (["algorithm.adv_estimator=remax"], "has no lmrl estimator"),
     (["algorithm.kl_ctrl.target_kl=0.1"],
      "verl's algorithm.kl_ctrl.target_kl=0.1 is a per-token mean of the KL; lmrl's algo.kl_target is a "
@@ -403,7 +402,8 @@ REFUSED = [
     (["trainer.test_freq=-1"], "turns evaluation off"),
     (["actor_rollout_ref.rollout.name=sglang"], "is not an lmrl engine"),
     (["trainer.resume_mode=resume_path"], "set run.resume=auto run.resume_from=PATH"),
-    (["algorithm.adv_estimator=foo"], "algorithm.adv_estimator='foo' is not one of grpo, rloo, gae (verl's "
+    (["algorithm.adv_estimator=foo"], "algorithm.adv_estimator='foo' is not one of grpo, rloo, gae, reinforce_plus_plus, "
+                                      "reinforce_plus_plus_baseline (verl's "
                                       "algorithm.adv_estimator, which sets algo.name; from override "
                                       "algorithm.adv_estimator=foo)"),
     (["eps_clip_low_high=0.2"], "OpenRLHF's eps_clip_low_high=0.2 takes two numbers, [algo.clip_range_left, "
@@ -509,7 +509,7 @@ def test_every_alias_sets_lmrl_keys_and_every_name_is_its_own_spelling():
 # -- help texts and docs ---------------------------------------------------------------------------
 def test_help_texts_say_where_lmrl_differs_from_verl_and_openrlhf():
     helps = {f.name: f.metadata["help"] for f in dataclasses.fields(Config().algo)}
-    assert "not OpenRLHF's reinforce (REINFORCE++)" in helps["name"]
+    assert "reinforce_plus_plus is REINFORCE++ (OpenRLHF's reinforce)" in helps["name"]
     assert "per-completion sum" in helps["kl_target"] and "per-token mean" in helps["kl_target"]
     assert "verl's 1e-6" in helps["adv_eps"]
     assert "verl, OpenRLHF and TRL whiten PPO's advantages" in helps["normalize_advantages"]

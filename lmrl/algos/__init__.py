@@ -1,6 +1,6 @@
 """Policy-gradient algorithms on one loop: pure advantage and loss functions (`advantages`,
-`losses`) and thin classes that combine them (`reinforce`, `grpo`, `ppo`), each registered by name
-in `ALGORITHMS` (a new algorithm is a module with an `@register_algorithm("name")` class)."""
+`losses`) and thin classes that combine them (`reinforce`, `grpo`, `ppo`, `reinforce_pp`), each
+registered by name in `ALGORITHMS` (a new algorithm is a module with an `@register_algorithm("name")` class)."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ from .base import ALGORITHMS, Algorithm, register_algorithm
 from .reinforce import Reinforce  # registration order is the order `algo.name`'s choices are listed in
 from .grpo import GRPO, RLOO
 from .ppo import PPO
+from .reinforce_pp import ReinforcePlusPlus, ReinforcePlusPlusBaseline
 
 
 def build_algorithm(cfg, *, temperature: float = 1.0, ga_steps: int = 1, max_new_tokens: int = 1) -> Algorithm:
@@ -17,4 +18,5 @@ def build_algorithm(cfg, *, temperature: float = 1.0, ga_steps: int = 1, max_new
     return ALGORITHMS[cfg.name](cfg, temperature=temperature, ga_steps=ga_steps, max_new_tokens=max_new_tokens)
 
 
-__all__ = ["ALGORITHMS", "Algorithm", "GRPO", "PPO", "RLOO", "Reinforce", "build_algorithm", "register_algorithm"]
+__all__ = ["ALGORITHMS", "Algorithm", "GRPO", "PPO", "RLOO", "Reinforce", "ReinforcePlusPlus",
+           "ReinforcePlusPlusBaseline", "build_algorithm", "register_algorithm"]

@@ -104,12 +104,26 @@ def leave_one_out_advantages(rewards: torch.Tensor, group_size: int) -> torch.Te
     return (g - others).reshape(rewards.shape)
 
 
-def normalize_advantages(advantages: torch.Tensor, mask: torch.Tensor | None = None, eps: float = 1e-8) -> torch.Tensor:
+def masked_moments(x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+    """(Σ x, Σ x², n) over the entries where mask is 1, in float64: sums that add up across
+    processes, so `normalize_advantages` can whiten with the statistics of every rank's batch."""
+    x = x.detach().double()
+    m = torch.ones_like(x) if mask is None else mask.to(x.device, torch.float64).expand_as(x)
+    return torch.stack([(x * m).sum(), (x * x * m).sum(), m.sum()])
+
+
+def normalize_advantages(advantages: torch.Tensor, mask: torch.Tensor | None = None, eps: float = 1e-8,
+                         moments: torch.Tensor | None = None) -> torch.Tensor:
     """Batch whitening: (A − mean) / (std + eps) over valid entries (population std); masked
-    entries come out 0. Works for (B,) and (B, T). Not TRL's RLOO `normalize_advantages`, which
-    divides by the sample std (Bessel) + 1e-4: the two differ by the factor sqrt((B − 1)/B) and eps."""
-    mean, std = masked_mean(advantages, mask), masked_var(advantages, mask).sqrt()
-    out = (advantages - mean) / (std + eps)
+    entries come out 0. Works for (B,) and (B, T). `moments` (`masked_moments`, summed over the
+    processes) gives the mean and std of the whole batch; None: those of `advantages` itself.
+    Not TRL's RLOO `normalize_advantages`, which divides by the sample std (Bessel) + 1e-4: the two
+    differ by the factor sqrt((B − 1)/B) and eps."""
+    total, squares, n = masked_moments(advantages, mask) if moments is None else moments
+    n = n.clamp(min=1)
+    mean = total / n
+    std = (squares / n - mean * mean).clamp(min=0).sqrt()
+    out = ((advantages.double() - mean) / (std + eps)).to(advantages.dtype)
     return out if mask is None else out * mask
 
 
@@ -124,6 +138,14 @@ def token_level_rewards(rewards: torch.Tensor, mask: torch.Tensor) -> torch.Tens
     out = torch.zeros_like(mask, dtype=rewards.dtype)
     out[torch.arange(len(rewards)), last] = rewards * (mask.sum(1) > 0)
     return out
+
+
+def discounted_returns(rewards: torch.Tensor, mask: torch.Tensor, gamma: float = 1.0) -> torch.Tensor:
+    """R_t = Σ_k γ^k r_{t_k} over the valid tokens t_k from t on (REINFORCE++'s returns), 0 where
+    mask is 0; tokens between an agent's turns are stepped over, as in `gae`, which this is with
+    V = 0 and λ = 1. rewards, mask (B, T)."""
+    returns, _ = gae(rewards, torch.zeros_like(rewards, dtype=torch.float32), mask, gamma, 1.0)
+    return returns
 
 
 @torch.no_grad()

@@ -34,7 +34,7 @@ from typing import Protocol
 import torch
 import torch.nn as nn
 
-from .advantages import masked_mean
+from .advantages import masked_mean, masked_moments, normalize_advantages
 from .losses import aggregate, high_entropy_mask, importance_ratio, kl_estimate, off_policy_mask
 from ..generation.token_logprobs import token_logprobs
 
@@ -125,7 +125,7 @@ SURROGATE_KEYS = ("ratio_level", "clip_ratio_max", "top_entropy_quantile", "off_
 VALUE_KEYS = {"vf_coef": "the weight of ppo's value loss",
               "value_clip": "the clip range of ppo's value loss (the policy ratio's is algo.clip_range_left and "
                             "algo.clip_range_right)",
-              "gamma": "the discount of ppo's GAE", "lam": "the lambda of ppo's GAE"}
+              "gamma": "the discount of ppo's GAE (and of reinforce_plus_plus's returns)", "lam": "the lambda of ppo's GAE"}
 
 # name -> Algorithm subclass: what `algo.name` may be (the config check reads this dict).
 ALGORITHMS: dict[str, type[Algorithm]] = {}
@@ -153,6 +153,8 @@ class Algorithm:
     advantage_weighted = False
     # True: `policy_loss` is the clipped surrogate, with the options of `surrogate_options`
     clips_ratio = False
+    # True: the advantages are returns discounted by `algo.gamma` without a value model (REINFORCE++)
+    discounts = False
 
     @classmethod
     def check_config(cls, cfg) -> list[str]:
@@ -166,7 +168,8 @@ class Algorithm:
         defaults = {f.name: f.default for f in fields(cfg)}
         valued = [] if cls.uses_values else [
             f"algo.{key}={getattr(cfg, key)} sets {what}; algo.name={cfg.name} has no value model (leave it at "
-            f"{defaults[key]})" for key, what in VALUE_KEYS.items() if getattr(cfg, key) != defaults[key]]
+            f"{defaults[key]})" for key, what in VALUE_KEYS.items()
+            if getattr(cfg, key) != defaults[key] and not (key == "gamma" and cls.discounts)]
         return valued + ([] if cls.clips_ratio else [
             f"algo.{key}={getattr(cfg, key)} shapes the clipped ratio of grpo, rloo and ppo; algo.name={cfg.name} "
             f"has none (leave it at {defaults[key]})" for key in SURROGATE_KEYS if getattr(cfg, key) != defaults[key]])
@@ -220,6 +223,12 @@ class Algorithm:
             return rewards
         kl = kl_estimate(logprobs, ref_logprobs, self.cfg.kl_estimator) * mask
         return rewards - self.kl_coef * (kl if rewards.dim() == 2 else kl.sum(1))
+
+    @staticmethod
+    def whiten(learner: Learner, advantages: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+        """`normalize_advantages` with the mean and std of every process's batch (the same
+        advantages however the batch is split over ranks)."""
+        return normalize_advantages(advantages, mask, moments=learner.all_reduce_sum(masked_moments(advantages, mask)))
 
     def aggregate(self, per_token: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         return aggregate(per_token, mask, self.cfg.loss_level, self.loss_constant)

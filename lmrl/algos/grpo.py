@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import torch
 
-from .advantages import group_advantages, leave_one_out_advantages, normalize_advantages
+from .advantages import group_advantages, leave_one_out_advantages
 from .base import Algorithm, PreparedBatch, register_algorithm, score_sequences
 from .losses import clipped_surrogate_loss
 
@@ -55,8 +55,8 @@ class GRPO(Algorithm):
         behaviour = old if old is not None else rollout.logprobs
         rewards = self.kl_shaped_rewards(rewards.to(rollout.mask.device), behaviour, ref, rollout.mask)
         advantages = self.group_advantages(rewards.float())
-        if self.cfg.normalize_advantages:
-            advantages = normalize_advantages(advantages, rollout.mask if advantages.dim() == 2 else None)
+        if self.cfg.normalize_advantages:  # over every rank's batch
+            advantages = self.whiten(learner, advantages, rollout.mask if advantages.dim() == 2 else None)
         batch = PreparedBatch(rollout.sequences, rollout.mask, advantages, old_logprobs=old, ref_logprobs=ref,
                               attention_mask=rollout.attention_mask)
         return batch, {"train/advantage_mean": advantages.mean().item(), **self.rollout_kl(behaviour, ref, rollout.mask)}

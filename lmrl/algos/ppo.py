@@ -17,7 +17,7 @@ import math
 
 import torch
 
-from .advantages import gae, normalize_advantages, token_level_rewards
+from .advantages import gae, token_level_rewards
 from .base import Algorithm, PreparedBatch, register_algorithm, score_sequences
 from .losses import clipped_surrogate_loss, explained_variance, value_loss
 
@@ -35,8 +35,8 @@ class PPO(Algorithm):
         token_rewards = token_level_rewards(rewards.float().to(mask.device), mask)
         token_rewards = self.kl_shaped_rewards(token_rewards, old, ref, mask)
         advantages, returns = gae(token_rewards, values, mask, self.cfg.gamma, self.cfg.lam)
-        if self.cfg.normalize_advantages:
-            advantages = normalize_advantages(advantages, mask)
+        if self.cfg.normalize_advantages:  # over every rank's tokens
+            advantages = self.whiten(learner, advantages, mask)
         batch = PreparedBatch(rollout.sequences, mask, advantages, old_logprobs=old, ref_logprobs=ref,
                               old_values=values, returns=returns, attention_mask=rollout.attention_mask)
         metrics = {"train/advantage_mean": advantages.mean().item(),

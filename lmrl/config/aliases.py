@@ -114,13 +114,6 @@ _GA_STEPS = ("is a micro-batch's size, lmrl's train.ga_steps a count of micro-ba
 _KL_SUM = ("is a per-token mean of the KL; lmrl's algo.kl_target is a per-completion sum (the KL summed over a "
            "completion's tokens): set algo.kl_target = {value} x the mean completion length in tokens")
 _WARMUP_RATIO = "is a fraction of the run; lmrl counts warm-up steps: set schedule.warmup_steps = {value} x train.steps"
-_RF_PLUS_PLUS = ("is REINFORCE++ (the reward minus a per-token KL, whitened over the batch's tokens); lmrl's "
-                 "algo.name=reinforce is REINFORCE with a moving-average baseline, another estimator. Nearest: "
-                 "algo.name=grpo algo.group_size=1 algo.adv_mode=raw algo.normalize_advantages=true (lmrl whitens "
-                 "per completion, not per token)")
-_RF_PLUS_PLUS_BASELINE = ("is REINFORCE++ with the group's mean as baseline, whitened over the batch's tokens. "
-                          "Nearest: algo.name=grpo algo.adv_mode=grpo_no_std algo.normalize_advantages=true (lmrl "
-                          "whitens per completion, not per token)")
 _GAE = {"algo.name": "ppo", "algo.value_model": "separate", "algo.normalize_advantages": True}
 _STRAIGHT_THROUGH = ("is a straight-through estimate (its value, k2's gradient), which lmrl does not have: "
                      "algo.kl_estimator=k2 has k2's value and gradient")
@@ -166,14 +159,15 @@ VERL_ALIASES: dict[str, Alias] = {
         "sizes micro-batches by tokens; lmrl's are train.ga_steps equal shares of the minibatch")),
     "actor_rollout_ref.actor.ppo_epochs": Alias("algo.ppo_epochs", "verl"),
     "algorithm.adv_estimator": Alias("algo.name", "verl", values={
-        "grpo": {"algo.name": "grpo", "algo.adv_eps": 1e-6}, "rloo": "rloo", "gae": _GAE}, refused={
-        "reinforce_plus_plus": _RF_PLUS_PLUS,
-        "reinforce_plus_plus_baseline": _RF_PLUS_PLUS_BASELINE,
-        **{name: "has no lmrl estimator (lmrl has reinforce, rloo, grpo and ppo: algo.name)"
+        "grpo": {"algo.name": "grpo", "algo.adv_eps": 1e-6}, "rloo": "rloo", "gae": _GAE,
+        "reinforce_plus_plus": "reinforce_plus_plus", "reinforce_plus_plus_baseline": "reinforce_plus_plus_baseline"},
+        refused={**{name: "has no lmrl estimator (lmrl has reinforce, rloo, grpo and ppo: algo.name)"
            for name in ("remax", "grpo_passk", "opo", "gpg", "optimal_token_baseline", "rloo_vectorized",
                         "grpo_vectorized")}},
         note="grpo with verl's eps, 1e-6 (lmrl's default 1e-4); gae is ppo with a critic of its own and whitened "
-             "advantages, as verl's"),
+             "advantages, as verl's; reinforce_plus_plus_baseline centres the reward on its group before the "
+             "per-token KL is subtracted (as OpenRLHF's), where verl centres the KL-shaped sum, the same without "
+             "algo.kl_in_reward"),
     "algorithm.norm_adv_by_std_in_grpo": Alias("algo.scale_rewards", "verl", values={True: "group", False: "none"}),
     "actor_rollout_ref.actor.use_kl_loss": Alias("algo.kl_in_reward", "verl", values={True: False}, refused={
         False: "has no lmrl switch: the KL is in the loss while algo.kl_coef > 0 (kl_loss_coef) and off at "
@@ -303,10 +297,11 @@ OPENRLHF_ALIASES: dict[str, Alias] = {
     "num_episodes": Alias(None, "OpenRLHF", head="train.num_episodes", note=_EPOCHS),
     "advantage_estimator": Alias("algo.name", "OpenRLHF", head="algo.advantage.estimator", values={
         "gae": _GAE, "rloo": "rloo", "group_norm": {"algo.name": "grpo", "algo.adv_eps": 1e-9},
-        "dr_grpo": {"algo.name": "grpo", "algo.scale_rewards": "none"}}, refused={
-        "reinforce": _RF_PLUS_PLUS, "reinforce_baseline": _RF_PLUS_PLUS_BASELINE},
+        "dr_grpo": {"algo.name": "grpo", "algo.scale_rewards": "none"}, "reinforce": "reinforce_plus_plus",
+        "reinforce_baseline": "reinforce_plus_plus_baseline"},
         note="gae is ppo with a critic of its own and whitened advantages, group_norm grpo with OpenRLHF's eps "
-             "1e-9, dr_grpo grpo without the std"),
+             "1e-9, dr_grpo grpo without the std, reinforce REINFORCE++ (lmrl's algo.name=reinforce is REINFORCE "
+             "with a moving-average baseline, another estimator)"),
     "no_advantage_std_norm": Alias(None, "OpenRLHF", head="algo.advantage.no_std_norm", matches=(False,),
                                    missing=True, note=(
         "whitens without the std; lmrl's algo.normalize_advantages divides by it (grpo's algo.scale_rewards=none "

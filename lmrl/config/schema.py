@@ -340,14 +340,16 @@ class DPOConfig(Section):
 
 @dataclass
 class AlgoConfig(Section):
-    name: str = _f("reinforce", "RL algorithm: reinforce | rloo | grpo | ppo, or one registered with "
+    name: str = _f("reinforce", "RL algorithm: reinforce | rloo | grpo | ppo | reinforce_plus_plus | "
+                                    "reinforce_plus_plus_baseline, or one registered with "
                                     "lmrl.algos.register_algorithm. reinforce is REINFORCE with a moving-average "
-                                    "baseline, not OpenRLHF's reinforce (REINFORCE++), whose nearest here is grpo "
-                                    "with group_size=1, adv_mode=raw, normalize_advantages=true (whitened per "
-                                    "completion, where REINFORCE++ whitens per token)", choices=ALGORITHMS)
+                                    "baseline; reinforce_plus_plus is REINFORCE++ (OpenRLHF's reinforce): returns of "
+                                    "the KL-shaped token rewards whitened over the batch's tokens",
+                   choices=ALGORITHMS)
     baseline_decay: float = _f(0.9, "reinforce: moving-average baseline b <- decay*b + (1-decay)*mean reward",
                                ge=0, lt=1)
-    group_size: int = _f(1, "completions sampled per prompt (G); rloo and grpo need >= 2", ge=1)
+    group_size: int = _f(1, "completions sampled per prompt (G); rloo, grpo and reinforce_plus_plus_baseline "
+                            "need >= 2", ge=1)
     adv_mode: str = _f("grpo", "grpo group advantage: raw (A=r) | grpo ((r-mean)/(std+eps)) | grpo_no_std (r-mean)",
                        choices=GROUP_MODES)
     adv_eps: float = _f(1e-4, "eps in the grpo advantage's denominator (TRL's 1e-4; verl's 1e-6, OpenRLHF's "
@@ -392,7 +394,7 @@ class AlgoConfig(Section):
                                        "on their own, as verl's critic.optim.lr and OpenRLHF's "
                                        "--critic_learning_rate; null: optim.lr)", gt=0)
     value_clip: float = _f(0.2, "ppo value clipping range (0 = off)", ge=0)
-    gamma: float = _f(1.0, "ppo discount", ge=0, le=1)
+    gamma: float = _f(1.0, "discount of ppo's GAE and of reinforce_plus_plus's returns", ge=0, le=1)
     lam: float = _f(0.95, "ppo GAE lambda", ge=0, le=1)
     dynamic_sampling: bool = _f(False, "DAPO's dynamic sampling (verl's algorithm.filter_groups, OpenRLHF's "
                                        "--dynamic_filtering): keep only the groups whose rewards differ, sampling "

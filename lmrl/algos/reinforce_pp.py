@@ -1,0 +1,72 @@
+"""REINFORCE++ (Hu et al. 2025): the clipped surrogate of PPO without a value model, on advantages
+that are returns of token rewards whitened over every valid token of the batch (all ranks').
+
+    reinforce_plus_plus            r_t = the completion's reward on its last sampled token
+                                         − β·KL_t on every token (with `kl_in_reward`)
+                                   R_t = Σ_k γ^k r_{t_k} over the sampled tokens from t on
+                                   A_t = (R_t − mean R) / (std R + 1e-8), over the batch's tokens
+    reinforce_plus_plus_baseline   the same, the reward first centred on its group's mean
+                                   (`algo.group_size` ≥ 2): REINFORCE++-baseline
+
+These are OpenRLHF's `reinforce` and `reinforce_baseline`, and verl's `reinforce_plus_plus` and
+`reinforce_plus_plus_baseline`; verl's baseline variant takes the group mean of the KL-shaped
+reward's sum and gives every token of a completion one advantage, which is the same unless
+the KL is in the reward. The whitening is global: under torchrun the mean and std are those of
+every rank's tokens, so the advantages do not depend on how the batch is split.
+"""
+
+from __future__ import annotations
+
+from dataclasses import fields
+
+import torch
+
+from .advantages import discounted_returns, group_advantages, masked_mean, token_level_rewards
+from .base import PreparedBatch, register_algorithm, score_sequences
+from .grpo import GRPO
+
+# GRPO's keys for its group advantage, which REINFORCE++ (whitened over tokens, no std per group) has no use for.
+GROUP_ADVANTAGE_KEYS = ("adv_mode", "adv_eps", "scale_rewards", "normalize_advantages")
+
+
+@register_algorithm("reinforce_plus_plus")
+class ReinforcePlusPlus(GRPO):
+    discounts = True
+    centres_on_group = False
+
+    @classmethod
+    def check_config(cls, cfg) -> list[str]:
+        defaults = {f.name: f.default for f in fields(cfg)}
+        problems = [f"algo.{key}={getattr(cfg, key)} sets grpo's group advantage; algo.name={cfg.name} whitens its "
+                    f"returns over the batch's tokens (leave it at {defaults[key]})"
+                    for key in GROUP_ADVANTAGE_KEYS if getattr(cfg, key) != defaults[key]]
+        if cls.centres_on_group and cfg.group_size < 2:
+            problems.append(f"algo.name={cfg.name} centres each reward on its group's mean: algo.group_size must be "
+                            f">= 2, got {cfg.group_size} (algo.name=reinforce_plus_plus has no baseline)")
+        return super(GRPO, cls).check_config(cfg) + problems
+
+    def prepare(self, learner, rollout, rewards: torch.Tensor) -> tuple[PreparedBatch, dict]:
+        n, mask = rollout.completions.size(1), rollout.mask
+        old = None
+        if self.needs_old_logprobs(len(rollout)):
+            old, _ = score_sequences(learner.module, rollout.sequences, n, self.temperature, self.ga_steps,
+                                     rollout.attention_mask)
+        ref = self.reference_logprobs(learner, rollout)
+        if old is None and rollout.staleness:  # sampled by older weights: the ratio is against them
+            old = rollout.logprobs
+        behaviour = old if old is not None else rollout.logprobs
+        rewards = rewards.float().to(mask.device)
+        if self.centres_on_group:
+            rewards = group_advantages(rewards, self.group_size, "grpo_no_std")
+        token_rewards = self.kl_shaped_rewards(token_level_rewards(rewards, mask), behaviour, ref, mask)
+        returns = discounted_returns(token_rewards, mask, self.cfg.gamma)
+        advantages = self.whiten(learner, returns, mask)
+        batch = PreparedBatch(rollout.sequences, mask, advantages, old_logprobs=old, ref_logprobs=ref,
+                              attention_mask=rollout.attention_mask)
+        return batch, {"train/advantage_mean": advantages.mean().item(),
+                       "train/return_mean": masked_mean(returns, mask).item(), **self.rollout_kl(behaviour, ref, mask)}
+
+
+@register_algorithm("reinforce_plus_plus_baseline")
+class ReinforcePlusPlusBaseline(ReinforcePlusPlus):
+    centres_on_group = True
