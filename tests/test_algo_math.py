@@ -412,6 +412,18 @@ def test_kl_estimators_by_hand():
         kl_estimate(logp, ref, "k4")
 
 
+def test_a_kl_clamp_bounds_each_estimate_and_stops_its_gradient_there():
+    logp = T([-1.0, -30.0, -1.0, -1.0]).requires_grad_()
+    ref = T([-1.5, -1.0, -1.5, -100.0])  # log r = 0.5, -29 (k3 = e^29 - 30: 3.9e12), 0.5, 99
+    k3 = kl_estimate(logp, ref, "k3", clamp=10.0)
+    assert_close(k3, T([0.1065307, 10.0, 0.1065307, 10.0]))  # e^-99 - 1 + 99 = 98 > 10
+    k3.sum().backward()
+    assert_close(logp.grad, T([1 - 0.6065307, 0.0, 1 - 0.6065307, 0.0]))
+    assert_close(kl_estimate(logp, ref, "k1", clamp=10.0), T([0.5, -10.0, 0.5, 10.0]))
+    # no clamp: e^-log r overflows nowhere here, and the estimate is the unbounded one
+    assert kl_estimate(logp, ref, "k3")[1].item() > 1e12
+
+
 def test_kl_gradient_flows_through_the_policy_only():
     logp, ref = T([-1.0, -2.0]).requires_grad_(), T([-1.5, -1.0]).requires_grad_()
     kl_estimate(logp, ref, "k3").sum().backward()

@@ -221,7 +221,7 @@ class Algorithm:
         over the completion for sequence rewards (B,). Unchanged otherwise."""
         if not (self.cfg.kl_in_reward and ref_logprobs is not None and self.kl_coef > 0):
             return rewards
-        kl = kl_estimate(logprobs, ref_logprobs, self.cfg.kl_estimator) * mask
+        kl = kl_estimate(logprobs, ref_logprobs, self.cfg.kl_estimator, self.cfg.kl_clamp) * mask
         return rewards - self.kl_coef * (kl if rewards.dim() == 2 else kl.sum(1))
 
     @staticmethod
@@ -267,7 +267,7 @@ class Algorithm:
         stats["entropy"] = mean_entropy.item()
         stats["token_entropy"] = masked_mean(entropy.detach(), batch.mask).item()
         if batch.ref_logprobs is not None:
-            per_token_kl = kl_estimate(logprobs, batch.ref_logprobs, self.cfg.kl_estimator)
+            per_token_kl = kl_estimate(logprobs, batch.ref_logprobs, self.cfg.kl_estimator, self.cfg.kl_clamp)
             if self.cfg.kl_ratio_weighted and not self.cfg.kl_in_reward:
                 old = logprobs.detach() if batch.old_logprobs is None else batch.old_logprobs
                 log_ratio = torch.where(batch.mask.bool(), logprobs - old, torch.zeros_like(logprobs))

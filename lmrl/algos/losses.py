@@ -187,7 +187,8 @@ def _nan_extreme(x: torch.Tensor, extreme) -> torch.Tensor:
     return extreme(kept) if kept.numel() else x.new_zeros(())
 
 
-def kl_estimate(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, estimator: str = "k3") -> torch.Tensor:
+def kl_estimate(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, estimator: str = "k3",
+                clamp: float | None = None) -> torch.Tensor:
     """Per-token estimates of KL(π ‖ π_ref) from tokens sampled from π (Schulman, "Approximating
     KL divergence", 2020), with log r = log π − log π_ref:
 
@@ -195,15 +196,21 @@ def kl_estimate(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, estimator: s
         k2 = ½ (log r)²            biased, low variance, ≥ 0
         k3 = exp(−log r) − 1 + log r   unbiased, ≥ 0 (GRPO's choice)
 
-    Gradients flow through `logprobs`; the reference is a constant."""
+    `clamp` bounds each estimate to [−clamp, clamp] (no gradient where it binds), and k3's log r to
+    [−20, 20] first so its exp cannot overflow: verl's low_var_kl with clamp 10. Gradients flow
+    through `logprobs`; the reference is a constant."""
     log_ratio = logprobs - ref_logprobs.detach()
     if estimator == "k1":
-        return log_ratio
-    if estimator == "k2":
-        return 0.5 * log_ratio**2
-    if estimator == "k3":
-        return torch.exp(-log_ratio) - 1 + log_ratio
-    raise ValueError(f"KL estimator must be one of {', '.join(KL_ESTIMATORS)}, got {estimator!r}")
+        kl = log_ratio
+    elif estimator == "k2":
+        kl = 0.5 * log_ratio**2
+    elif estimator == "k3":
+        if clamp is not None:
+            log_ratio = log_ratio.clamp(-20.0, 20.0)
+        kl = torch.exp(-log_ratio) - 1 + log_ratio
+    else:
+        raise ValueError(f"KL estimator must be one of {', '.join(KL_ESTIMATORS)}, got {estimator!r}")
+    return kl if clamp is None else kl.clamp(-clamp, clamp)
 
 
 def value_loss(values: torch.Tensor, old_values: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor | None = None,

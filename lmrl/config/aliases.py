@@ -117,14 +117,15 @@ _WARMUP_RATIO = "is a fraction of the run; lmrl counts warm-up steps: set schedu
 _GAE = {"algo.name": "ppo", "algo.value_model": "separate", "algo.normalize_advantages": True}
 _STRAIGHT_THROUGH = ("is a straight-through estimate (its value, k2's gradient), which lmrl does not have: "
                      "algo.kl_estimator=k2 has k2's value and gradient")
-_KL_NAMES = {"kl": "k1", "k1": "k1", "mse": "k2", "k2": "k2", "low_var_kl": "k3", "k3": "k3"}
+_VERL_K3 = {"algo.kl_estimator": "k3", "algo.kl_clamp": 10.0}  # verl bounds its k3 (low_var_kl) to [-10, 10]
+_KL_NAMES = {"kl": "k1", "k1": "k1", "mse": "k2", "k2": "k2", "low_var_kl": _VERL_K3, "k3": _VERL_K3}
 _OVERLONG = ("is DAPO's overlong penalty, which lmrl has as a reward function: bind "
              "lmrl.tasks.rewards.overlong_penalty(max_completion_length, buffer_len, penalty_factor) in a module of "
              "your own and list it in reward.funcs beside the answer's reward")
 _VERL_KL = dict(values=_KL_NAMES, refused={
     "abs": "is |log ratio|, which lmrl does not estimate: algo.kl_estimator is k1, k2 or k3",
     **{f"{name}+": _STRAIGHT_THROUGH for name in ("kl", "k1", "low_var_kl", "k3")}},
-    caveat="verl clamps its k3 (low_var_kl) to [-10, 10]; lmrl's k3 is not clamped")
+    note="low_var_kl and k3 are lmrl's k3 bounded to [-10, 10] (algo.kl_clamp=10), as verl's")
 _CRITIC_CLIP = ("is the critic's own clip; lmrl clips the critic's gradients on their own to the policy's "
                 "train.grad_clip")
 _CRITIC_MODEL = ("names the critic's own model; lmrl's algo.value_model=separate starts the critic as a copy of the "
@@ -307,12 +308,13 @@ OPENRLHF_ALIASES: dict[str, Alias] = {
         "whitens without the std; lmrl's algo.normalize_advantages divides by it (grpo's algo.scale_rewards=none "
         "leaves a group's std out)")),
     "init_kl_coef": Alias("algo.kl_coef", "OpenRLHF", head="algo.kl.init_coef",
-                          implies={"algo.kl_in_reward": True, "algo.kl_estimator": "k1"},
-                          note="in the reward and k1, as OpenRLHF's without use_kl_loss and kl_estimator",
+                          implies={"algo.kl_in_reward": True, "algo.kl_estimator": "k1", "algo.kl_clamp": 10.0},
+                          note="in the reward, k1 and bounded to [-10, 10], as OpenRLHF's without use_kl_loss and "
+                               "kl_estimator",
                           caveat="OpenRLHF's default 0.01 is lmrl's 0 (no KL)"),
     "use_kl_loss": Alias("algo.kl_in_reward", "OpenRLHF", head="algo.kl.use_loss", values={True: False, False: True}),
-    "kl_estimator": Alias("algo.kl_estimator", "OpenRLHF", head="algo.kl.estimator",
-                          caveat="OpenRLHF clamps every estimate to [-10, 10]; lmrl's are not clamped"),
+    "kl_estimator": Alias("algo.kl_estimator", "OpenRLHF", head="algo.kl.estimator", implies={"algo.kl_clamp": 10.0},
+                          note="bounded to [-10, 10] (algo.kl_clamp=10), as OpenRLHF bounds every estimate"),
     "kl_target": Alias(None, "OpenRLHF", head="algo.kl.target", note=_KL_SUM),
     "kl_horizon": Alias("algo.kl_horizon", "OpenRLHF", head="algo.kl.horizon"),
     "eps_clip": Alias("algo.clip_range_left", "OpenRLHF", head="actor.eps_clip", also="algo.clip_range_right"),

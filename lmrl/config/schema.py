@@ -374,6 +374,8 @@ class AlgoConfig(Section):
     minibatch_size: int = _f(0, "completions per optimizer step within a pass (0 = the whole rollout)", ge=0)
     kl_coef: float = _f(0.0, "beta: weight of KL(policy || reference); > 0 loads a frozen reference", ge=0)
     kl_estimator: str = _f("k3", "KL estimator: k1 | k2 | k3", choices=KL_ESTIMATORS)
+    kl_clamp: float | None = _f(None, "bound each token's KL estimate to [-kl_clamp, kl_clamp] (verl's low_var_kl: 10; "
+                                      "null = unbounded, as TRL)", gt=0)
     kl_in_reward: bool = _f(False, "subtract beta*KL from the reward (PPO/RLHF style) instead of adding it to the loss")
     kl_ratio_weighted: bool = _f(False, "weight the loss's per-token KL by the importance ratio (at algo.ratio_level) so "
                                         "its gradient is the unbiased reverse-KL one (DeepSeek-V3.2; TRL's "
