@@ -16,6 +16,7 @@ import torch
 
 from lmrl.cli import main
 from lmrl.common.data import DataError, iter_jsonl
+from lmrl.common.errors import ConfigError
 from lmrl.tasks.reasoning_gym import generate
 from lmrl.train.file_eval import (Tally, difference_interval, evaluate_file, paired_difference_interval,
                                   wilson_interval)
@@ -138,7 +139,7 @@ def test_a_registered_test_file_format_plays_files_whose_first_row_has_its_keys(
                     + json.dumps({"question": "1 + 1 = 3", "answer": "2"}) + "\n")
     assert test_file_format({"question": "q", "answer": "a"}).name == "math"  # no keys: takes any file
     assert test_file_format({"description": "", "label": [], "table": {}}).name == "dbbench"
-    register_test_file_format("qa", keys=("question", "answer"), check=lambda path: None,
+    register_test_file_format("qa", keys=("question", "answer"), check=lambda path, config: None,
                               row=lambda task, i: (task.rows[i]["prompt"], task.ground_truths[i], "qa"))(build)
     try:
         result = evaluate_file(parrot, path, max_new_tokens=1)
@@ -276,3 +277,82 @@ def test_an_adapter_needs_a_peft_dir_and_a_bare_model(parrot, test_file, tmp_pat
     (tmp_path / "run" / "config.yaml").write_text("{}\n")
     assert main(["eval", str(tmp_path / "run"), str(test_file), "--adapter", str(adapter)]) == 2
     assert "an adapter goes on a bare model" in capsys.readouterr().err
+
+
+# -- rows under other keys (task.prompt_key / task.label_key), parquet, verl's layout -----------------------------
+
+KEYED = [{"question": "3 + 4 = 7", "answer": {"value": "7"}, "type": "sums"},   # answered " 7": right
+         {"question": "2 + 2 = 5", "answer": {"value": "4"}, "type": "sums"}]   # answered " 5": wrong
+
+
+def write_rows(path: Path, rows: list[dict]) -> Path:
+    """`rows` as JSONL, or as parquet (a column per key, as pandas writes them) when the name ends in .parquet."""
+    if path.suffix == ".parquet":
+        import pyarrow
+        import pyarrow.parquet
+
+        keys = list(dict.fromkeys(k for row in rows for k in row))
+        pyarrow.parquet.write_table(pyarrow.Table.from_pydict({k: [row.get(k) for row in rows] for k in keys}), path)
+    else:
+        path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+@pytest.mark.parametrize("name", ["keyed.jsonl", "keyed.parquet"])
+def test_eval_reads_rows_under_other_keys_with_prompt_key_and_label_key(parrot, tmp_path, capsys, name):
+    path = write_rows(tmp_path / name, KEYED)
+    where = f"{path}:1" if name.endswith(".jsonl") else f"{path}:row 0"
+    assert main(["eval", str(parrot), str(path), "--no-chat", "--max-new-tokens", "1"]) == 1  # the default keys
+    assert capsys.readouterr().err.startswith(f"lmrl eval: error: {where}: needs one of 'prompt' | 'messages' "
+                                              f"(the row has keys: 'question', 'answer', 'type')")
+    out = tmp_path / "completions.jsonl"
+    assert main(["eval", str(parrot), str(path), "--no-chat", "--max-new-tokens", "1", "--prompt-key", "question",
+                 "--label-key", "answer.value", "--out", str(out)]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert (report["rows"], report["correct"]) == (2, 1) and report["by_type"] == {"sums": Tally(1, 2).as_dict()}
+    records = [row for _, row in iter_jsonl(out)]
+    assert [(r["prompt"], r["completion"], r["ground_truth"], r["correct"]) for r in records] == [
+        ("3 + 4 = 7", " 7", "7", True), ("2 + 2 = 5", " 5", "4", False)]
+
+
+def test_eval_reads_verl_parquet_rows_as_training_reads_them(parrot, tmp_path):
+    messages = [{"role": "user", "content": "What is 3 + 4?"}]
+    path = write_rows(tmp_path / "test.parquet", [{"data_source": "openai/gsm8k", "prompt": messages,
+                                                   "reward_model": {"style": "rule", "ground_truth": "7"}}])
+    result = evaluate_file(parrot, path, max_new_tokens=1)
+    assert [(r["prompt"], r["ground_truth"]) for r in result.records] == [(messages, "7")]
+
+
+def test_a_key_given_to_eval_must_name_one(parrot, test_file):
+    for name in ("prompt_key", "label_key"):
+        with pytest.raises(ConfigError, match=f"^{name} must name a key of the test file's rows, got ' '$"):
+            evaluate_file(parrot, test_file, **{name: " "})
+
+
+def test_eval_of_a_run_reads_the_file_with_the_runs_keys_unless_told_others(parrot, test_file, tmp_path, capsys):
+    from lmrl.config import load_config
+    from lmrl.train.rl_trainer import RLTrainer
+
+    train = write_rows(tmp_path / "train.parquet", KEYED * 4)
+    test = write_rows(tmp_path / "keyed.parquet", KEYED)
+    run = tmp_path / "run"
+    RLTrainer(load_config("math-grpo-smollm2", [
+        f"model.path={parrot}", f"task.train_file={train}", f"task.test_file={test}", "task.generate=",
+        "task.prompt_key=question", "task.label_key=answer.value", f"run.dir={run}", "lora.r=2", "task.chat=false",
+        "task.max_new_tokens=1", "train.steps=1", "train.rollout_size=4", "algo.group_size=2", "eval.size=2",
+        "eval.batch_size=2", "run.progress=false", "run.tensorboard=false", "run.threads=1", "optim.lr=0"])).train()
+
+    assert main(["eval", str(run), str(test), "--prompt-template", "{prompt}"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert (report["rows"], report["correct"]) == (2, 1)  # lr 0: the checkpoint is still the parrot
+    assert report["completions"] == str(run / "eval" / "keyed.completions.jsonl")
+    records = [row for _, row in iter_jsonl(run / "eval" / "keyed.completions.jsonl")]
+    assert [(r["prompt"], r["ground_truth"]) for r in records] == [("3 + 4 = 7", "7"), ("2 + 2 = 5", "4")]
+
+    # a file under the default keys is read with the run's, and so needs --prompt-key / --label-key
+    assert main(["eval", str(run), str(test_file), "--prompt-template", "{prompt}"]) == 1
+    err = capsys.readouterr().err
+    assert f"{test_file}:1: missing key 'question' (task.prompt_key)" in err and len(err.splitlines()) == 1
+    assert main(["eval", str(run), str(test_file), "--prompt-template", "{prompt}", "--prompt-key", "prompt",
+                 "--label-key", "ground_truth", "--out", str(tmp_path / "mixed.jsonl")]) == 0
+    assert json.loads(capsys.readouterr().out)["correct"] == 2

@@ -13,6 +13,7 @@ import pyarrow
 import pyarrow.parquet
 import pytest
 import torch
+import yaml
 
 from lmrl.common.data import DataError, iter_file_rows, prompt_row, read_jsonl
 from lmrl.config import ConfigError, load_config
@@ -21,8 +22,9 @@ from lmrl.tasks.math_task import read_rows
 from lmrl.tasks.prepare_data import prepare
 from lmrl.tasks.prompt_task import PromptTask, prompt_rows
 from lmrl.tasks.rewards import (RewardError, RewardFunctions, build_reward, foreign_style, load_file_module,
-                                load_reward_function, overlong_penalty, score_rollout)
+                                load_reward_class, load_reward_function, overlong_penalty, score_rollout)
 from lmrl.train.callbacks import Callback
+from lmrl.train.inspect import load_run
 from lmrl.train.rl_trainer import RLTrainer
 from tests.test_hf import save_tiny_llama
 
@@ -451,3 +453,95 @@ def test_openrlhf_rows_and_reward_func_train_grpo_as_they_are(tiny_model, tmp_pa
     steps = [r for r in _metrics(tmp_path / "run") if "train/loss" in r]
     assert len(steps) == 2 and all("rewards/reward_func/dummy_scores" in r for r in steps)
     assert all(r["rewards/reward_func/scores"] == r["rewards/reward_func/mean"] for r in steps)
+    # `lmrl eval RUN_DIR` scores the held-out prompts with the run's own reward.funcs, as training did
+    module.CALLS.clear()
+    metrics = load_run(tmp_path / "run").evaluate()
+    assert metrics["heldout_problems"] == 2 and "eval/rewards/reward_func/dummy_scores" in metrics
+    assert [labels for _, _, labels in module.CALLS] == [[answers[q] for q, _ in QUESTIONS[:2]]]
+    saved = tmp_path / "run" / "config.yaml"  # as a run scored by reward_funcs= from Python saves it: no funcs
+    config = yaml.safe_load(saved.read_text())
+    config["reward"]["funcs"] = []
+    saved.write_text(yaml.safe_dump(config))
+    with pytest.raises(ConfigError, match=r"scored by reward functions passed from Python, which its config.yaml does "
+                                          r"not name; to evaluate it, set reward.funcs there"):
+        load_run(tmp_path / "run")
+
+
+# -- reward.cls: a class whose instance is a verl or OpenRLHF reward function -----------------------------------
+
+REWARD_CLASSES = '''"""verl's and OpenRLHF's reward functions, and classes whose instances call them (reward.cls)."""
+import torch
+
+CALLS = []
+
+
+def compute_score(data_source, solution_str, ground_truth, extra_info=None):
+    CALLS.append((data_source, solution_str, ground_truth, extra_info))
+    return {"score": float(len(solution_str) % 3) / 10, "length": len(solution_str)}
+
+
+def reward_func(queries, prompts, labels):
+    CALLS.append((queries, prompts, labels))
+    reward = torch.tensor([float(len(q) % 3) for q in queries])
+    return {"rewards": reward, "scores": reward, "extra_logs": {"dummy_scores": reward}}
+
+
+class VerlScore:
+    def __call__(self, data_source, solution_str, ground_truth, extra_info=None):
+        return compute_score(data_source, solution_str, ground_truth, extra_info)
+
+
+class OpenRLHFReward:
+    def __call__(self, queries, prompts, labels):
+        return reward_func(queries, prompts, labels)
+
+
+class NoCall:
+    pass
+'''
+
+
+@pytest.mark.parametrize("function, cls, extra", [("compute_score", "VerlScore", "length"),
+                                                  ("reward_func", "OpenRLHFReward", "dummy_scores")])
+def test_a_verl_or_openrlhf_reward_cls_scores_open_prompts_as_reward_funcs_does(tiny_model, tmp_path, function, cls,
+                                                                                 extra):
+    rows = [verl_row(i, q, a) for i, (q, a) in enumerate(QUESTIONS)]
+    train, test = write_parquet(tmp_path / "train.parquet", rows), write_parquet(tmp_path / "test.parquet", rows[:2])
+    (tmp_path / "reward_classes.py").write_text(REWARD_CLASSES)
+    module = load_file_module(str(tmp_path / "reward_classes.py"))
+    seen = {}
+    for key, spec, name in (("funcs", f"[{tmp_path}/reward_classes.py:{function}]", function),
+                            ("cls", f"{tmp_path}/reward_classes.py:{cls}", cls)):
+        module.CALLS.clear()
+        RLTrainer(_config(tiny_model, tmp_path / key, train, test, "task.name=prompts", "train.best_metric=eval/reward",
+                          f"reward.{key}={spec}")).train()
+        rewards = [{k.replace(f"/{name}/", "/NAME/"): v for k, v in row.items() if "reward" in k}
+                   for row in _metrics(tmp_path / key)]
+        seen[key] = (list(module.CALLS), rewards)
+    assert seen["cls"] == seen["funcs"]  # the same calls, with the same arguments, and the same numbers logged
+
+    calls, rewards = seen["cls"]
+    scored = sum(len(call[0]) for call in calls) if function == "reward_func" else len(calls)
+    assert scored == 2 * 8 + 2 * 2  # once per completion: 8 a step, 2 held-out prompts at the start and at step 2
+    steps = [r for r in rewards if "rewards/NAME/mean" in r]
+    assert len(steps) == 2 and all(f"rewards/NAME/{extra}" in r for r in steps)
+    evaluations = [r for r in rewards if "eval/reward" in r]
+    assert evaluations and all(f"eval/rewards/NAME/{extra}" in r for r in evaluations)
+
+
+def test_reward_cls_refuses_a_reward_function_and_names_reward_funcs(tmp_path):
+    (tmp_path / "reward_classes.py").write_text(REWARD_CLASSES)
+    spec = f"{tmp_path}/reward_classes.py:compute_score"
+    with pytest.raises(RewardError) as e:
+        build_reward(load_config(None, [f"reward.cls={spec}"]).reward)
+    assert str(e.value) == (f"reward.cls={spec!r} names a reward function, compute_score(data_source, "
+                            f"solution_str, ground_truth, extra_info=None), not a class: name it in reward.funcs "
+                            f"(reward.funcs=[{spec}])")
+    with pytest.raises(RewardError, match=r"reward_len\(completions, \*\*kwargs\), not a class: name it in reward"):
+        load_reward_class("tests.trl_rewards:reward_len")
+    for cls, style in (("VerlScore", "verl"), ("OpenRLHFReward", "openrlhf")):  # a class's instance is told as they are
+        reward = build_reward(load_config(None, [f"reward.cls={tmp_path}/reward_classes.py:{cls}"]).reward)
+        assert reward.styles == [style]
+    with pytest.raises(RewardError, match=r"reward_classes.py:NoCall': a NoCall instance is not callable; the class "
+                                          r"needs a __call__"):
+        load_reward_class(f"{tmp_path}/reward_classes.py:NoCall")

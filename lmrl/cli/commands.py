@@ -6,7 +6,8 @@
     lmrl config [PRESET] [key=value ...]                 every key with the preset's value and help text (YAML)
     lmrl eval RUN_DIR [--checkpoint best|latest|step_N] [--size N]
     lmrl eval RUN_DIR|MODEL TEST_FILE [--limit N] [--max-new-tokens N] [--batch-size N] [--out FILE] [--no-chat]
-                                      [--system-prompt S] [--prompt-template T] [--require-format] [--temperature T]
+                                      [--system-prompt S] [--prompt-template T] [--prompt-key K] [--label-key K]
+                                      [--require-format] [--temperature T]
                                       [--adapter DIR]      a PEFT LoRA adapter on MODEL (a TRL run's output)
     lmrl generate RUN_DIR "123+456=" [...] [--checkpoint ...] [--temperature T]
     lmrl export RUN_DIR [--out DIR] [--checkpoint ...]   a merged model transformers loads
@@ -67,8 +68,9 @@ def _parser(key_reference: bool = False) -> argparse.ArgumentParser:
     e.add_argument("source", metavar="RUN_DIR|MODEL", help="a run dir; with TEST_FILE also any Hugging Face model: a "
                                                            "local dir, a .gguf file, smollm2-135m-instruct")
     e.add_argument("test_file", nargs="?", type=Path, default=None, metavar="TEST_FILE",
-                   help="JSONL rows to answer and check: math {prompt, ground_truth} (e.g. prepare-data --datasets "
-                        "gsm8k), reasoning-gym rows (prepare-data --rg-tasks), DBBench records (SQL episodes)")
+                   help="JSONL or parquet rows to answer and check: math {prompt, ground_truth} (e.g. prepare-data "
+                        "--datasets gsm8k; verl's rows; other keys: --prompt-key, --label-key), reasoning-gym rows "
+                        "(prepare-data --rg-tasks), DBBench records (SQL episodes)")
     e.add_argument("--checkpoint", default="latest", help="latest (default), best, step_N, or a checkpoint path")
     e.add_argument("--size", type=int, default=None, help="without TEST_FILE: number of held-out problems "
                                                           "(default: eval.size)")
@@ -84,6 +86,12 @@ def _parser(key_reference: bool = False) -> argparse.ArgumentParser:
                    help="wrap each prompt as a user message in the model's chat template")
     f.add_argument("--system-prompt", default=None, metavar="TEXT", help="system message before each chat prompt")
     f.add_argument("--prompt-template", default=None, metavar="TEXT", help="how a row's prompt is asked; holds {prompt}")
+    f.add_argument("--prompt-key", default=None, metavar="KEY",
+                   help="the key holding a math row's prompt, a dotted path allowed (default: the run's "
+                        "task.prompt_key, else prompt)")
+    f.add_argument("--label-key", default=None, metavar="KEY",
+                   help="the key holding a math row's ground truth, a dotted path allowed (default: the run's "
+                        "task.label_key, else ground_truth or verl's reward_model.ground_truth)")
     f.add_argument("--require-format", action=argparse.BooleanOptionalAction, default=None,
                    help="count an answer only inside a well-formed <think>...</think> <answer>...</answer>")
     f.add_argument("--temperature", type=float, default=None, help="0 = greedy (default)")
@@ -275,7 +283,7 @@ def _config(args) -> int:
 
 # `lmrl eval` options that need a TEST_FILE, and their evaluate_file keywords
 _FILE_OPTIONS = ("limit", "max_new_tokens", "batch_size", "out", "chat", "system_prompt", "prompt_template",
-                 "require_format", "temperature", "seed", "device", "adapter")
+                 "prompt_key", "label_key", "require_format", "temperature", "seed", "device", "adapter")
 
 
 def _eval(args) -> int:

@@ -213,9 +213,11 @@ class LoraConfig(Section):
 
 @dataclass
 class RewardConfig(Section):
-    cls: str = _f("", "a custom reward, pkg.module:Class; an instance is called as "
-                      "reward(prompts, completions, ground_truth=[...]) -> list of floats (or as reward.funcs "
-                      "are, when its signature is TRL's: reward(completions, **kwargs))")
+    cls: str = _f("", "a custom reward, pkg.module:Class or path/to/file.py:Class, built with no arguments; its "
+                      "instance is called as reward(prompts, completions, **columns) -> list of floats, or as "
+                      "reward.funcs entries are when its __call__'s signature is TRL's (completions, **kwargs), "
+                      "verl's (data_source, solution_str, ground_truth, extra_info) or OpenRLHF's (queries, "
+                      "prompts, labels); a function goes in reward.funcs")
     funcs: list = _f([], "reward functions, each pkg.module:function or path/to/file.py:function (a class there is "
                          "built with no arguments): as TRL writes them, called f(prompts=, completions=, "
                          "completion_ids=, trainer_state=, **columns) -> a float or None (not applicable) per "

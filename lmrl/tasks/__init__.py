@@ -55,10 +55,10 @@ def _math_task(config, *, tokenizer, **_):
                     max_prompt_length=t.max_prompt_length, prompt_key=t.prompt_key, label_key=t.label_key)
 
 
-def _read_math_rows(path) -> None:
+def _read_math_rows(path, config) -> None:
     from .math_task import read_rows
 
-    read_rows(str(path))
+    read_rows(str(path), config.task.prompt_key, config.task.label_key)
 
 
 def _math_row(task, i: int) -> tuple:
@@ -78,7 +78,7 @@ def _math_file(config, *, tokenizer, test_file, max_new_tokens):
                         require_format=r.require_format, timeout_s=r.timeout_s)
     return MathTask(None, str(test_file), tokenizer, max_new_tokens=max_new_tokens, chat=t.chat,
                     system_prompt=t.system_prompt, prompt_template=t.prompt_template, reward=scorer,
-                    max_prompt_length=t.max_prompt_length)
+                    max_prompt_length=t.max_prompt_length, prompt_key=t.prompt_key, label_key=t.label_key)
 
 
 @register_task("prompts", help="open JSONL or parquet prompts scored by reward.model, reward.cls or reward functions",
@@ -100,9 +100,9 @@ def _prompt_task(config, *, tokenizer, device="cpu", **_):
                               f"({len(scorer.tokenizer)} vs {len(tokenizer)} tokens, or other ids): train the reward "
                               f"model from the policy's own base model (model.path)")
     elif r.cls:
-        from .rewards import load_reward_class
+        from .rewards import RewardFunctions, load_reward_class
 
-        scorer = load_reward_class(r.cls)
+        scorer = RewardFunctions.of(load_reward_class(r.cls), r.funcs_timeout_s)
     else:  # scored by the trainer's reward functions (`PromptTask.score_with`)
         scorer = None
     task = PromptTask(t.train_file, t.test_file, tokenizer, scorer=scorer, max_new_tokens=t.max_new_tokens,

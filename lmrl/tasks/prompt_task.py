@@ -3,8 +3,11 @@ prompt data set). Rows are `{"prompt": str}` or `{"messages": [...]}` in a JSONL
 other layouts as `common.data.prompt_row` reads them (verl's message-list `prompt` and
 `reward_model.ground_truth`; `prompt_key` / `label_key`); other columns reach reward functions, as
 in TRL, and are otherwise ignored. The reward of a completion is a reward model's
-score of prompt + completion (`reward.model`), a custom reward (`reward.cls`), or the weighted sum
-of the trainer's reward functions (`score_with`, for training and held-out prompts alike).
+score of prompt + completion (`reward.model`), a custom reward (`reward.cls`: an instance that is a
+reward function, called as `reward.funcs` entries are in whichever style its signature shows, TRL's,
+lmrl's positional, verl's compute_score or OpenRLHF's reward_func, its extra values logged alike), or
+the weighted sum of the trainer's reward functions (`score_with`, for training and held-out prompts
+alike).
 
     task = PromptTask("prompts/train.jsonl", "prompts/test.jsonl", tokenizer,
                       scorer=RewardModelScorer("runs/rm-smollm2/reward_model"))
@@ -21,7 +24,7 @@ import torch
 from ..common.data import LABEL_KEY, PROMPT_KEY, DataError, prompt_row, read_jsonl
 from .math_task import MathTask
 from .preference_data import iter_rows
-from .rewards import RewardFunctions, TrainerState, call_reward_fn
+from .rewards import RewardFunctions, RewardModelScorer, TrainerState, call_reward_fn
 
 
 class PromptTask(MathTask):
@@ -40,11 +43,12 @@ class PromptTask(MathTask):
         self.prompt_texts = [self._render(row) for row in self.rows]
         self.notes = self._cut_long_prompts(max_prompt_length, train_file, test_file)
         self.heldout_ids = torch.arange(len(train), len(self.rows))
-        self.reward = scorer
+        # any scorer but a reward model is a reward function (reward.cls), called as reward.funcs are
+        self.reward = scorer if scorer is None or isinstance(scorer, RewardModelScorer) else RewardFunctions.of(scorer)
 
     @property
     def reward_model(self) -> torch.nn.Module | None:
-        """The reward model that scores completions (None for a custom `reward.cls`)."""
+        """The reward model that scores completions (None for reward functions or a custom `reward.cls`)."""
         return getattr(self.reward, "model", None)
 
     def score_with(self, reward_fn) -> None:
@@ -54,7 +58,8 @@ class PromptTask(MathTask):
 
     def score_rollout(self, ids: torch.Tensor, rollout) -> tuple[torch.Tensor, torch.Tensor, dict]:
         """Rewards (B,) from the scorer, checked like any reward function's; no exact match (zeros); extras:
-        with reward functions, each one's rewards as "rewards/<name>/mean" (evaluation's eval/rewards/...)."""
+        with reward functions (or `reward.cls`), each one's rewards as "rewards/<name>/mean" and the values a
+        verl or OpenRLHF one returned beside them as "rewards/<name>/<key>" (evaluation's eval/rewards/...)."""
         if self.reward is None:
             raise RuntimeError("PromptTask has no reward: give it a scorer, or reward functions with score_with")
         if isinstance(self.reward, RewardFunctions):

@@ -102,11 +102,13 @@ def build_task(config, *, tokenizer=None, device="cpu", env_factory=None):
 # -- test-file formats (`lmrl eval MODEL FILE`) -------------------------------------------------------------
 @dataclass(frozen=True)
 class TestFileFormat:
-    """How `lmrl eval` plays a JSONL test file whose first row holds all of `keys`: `check(path)` reads
-    every row (a bad row fails, naming it, before a model loads), `build(config, *, tokenizer, test_file,
+    """How `lmrl eval` plays a test file whose first row holds all of `keys`: `check(path, config)` reads
+    every row as the task built from `config` will (a bad row fails, naming it, before a model loads;
+    prompt rows through `config.task.prompt_key` / `label_key`), `build(config, *, tokenizer, test_file,
     max_new_tokens)` returns the task that answers and checks its rows (its `heldout_ids` are the file's
-    rows), and `row(task, i) -> (prompt as the file has it, ground truth, type or None)` describes row i
-    for the completions file."""
+    rows), and `row(task, i) -> (prompt as the task read it, ground truth, type or None)` describes row i
+    for the completions file. `config` is the run's (a bare model's: the defaults), with `lmrl eval`'s
+    options applied."""
 
     name: str
     keys: tuple[str, ...]

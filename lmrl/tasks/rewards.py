@@ -651,7 +651,8 @@ def score_rollout(task, ids: torch.Tensor, rollout, reward_fn=None, *, step: int
     """Rewards (B,) (or (B, N) per token), exact-match flags (B,) and extra per-row metrics
     {name: (B,)} for a rollout of problems `ids`.
 
-    Exact match always comes from the task's verifier (it is the accuracy we report); the reward is
+    Exact match always comes from the task's verifier (it is the accuracy we report; a task scored
+    by reward functions alone, open prompts, has none: zeros, and is not scored twice); the reward is
     the task's unless `reward_fn` is given: RewardFunctions, a list of functions (called as TRL calls
     them) or one function (either style; see the module docstring). Their weighted sum replaces the
     task's reward (NaN where a function's time ran out and no other scored the completion:
@@ -662,9 +663,10 @@ def score_rollout(task, ids: torch.Tensor, rollout, reward_fn=None, *, step: int
     from ..generation.agent import leave_out_failed
 
     state = TrainerState(step, max_steps, epoch)
-    if reward_fn is not None and getattr(task, "reward", None) is reward_fn:
-        # open prompts scored by these very functions (`PromptTask.score_with`): no verifier, nothing to add
-        rewards, per_function = reward_fn.score(task, ids, rollout, state, log)
+    if reward_fn is not None and isinstance(getattr(task, "reward", None), RewardFunctions):
+        # open prompts scored by reward functions alone (`PromptTask`: the run's own after `score_with`, or
+        # reward.cls's instance, from which the run's are built too): no verifier, so scored once, by the run's
+        rewards, per_function = RewardFunctions.of(reward_fn).score(task, ids, rollout, state, log)
         episode = task.episode_metrics(rollout) if hasattr(task, "episode_metrics") else {}
         return leave_out_failed(rollout, rewards, torch.zeros(len(ids)), {**episode, **per_function})
     rewards, exact, extras = task.score_rollout(ids, rollout)
@@ -798,12 +800,35 @@ def load_reward_function(spec: str) -> RewardFn:
 
 
 def load_reward_class(spec: str):
-    """An instance of the class `spec` names ("package.module:ClassName"), built with no arguments."""
+    """An instance of the class `spec` names ("package.module:ClassName" or "path/to/file.py:ClassName"),
+    built with no arguments: a reward function, called in the style its `__call__` shows (TRL's,
+    lmrl's positional, verl's compute_score, OpenRLHF's reward_func; `RewardFunctions.of`). A function
+    that takes arguments is not a class: it is refused, naming `reward.funcs`, where reward functions go
+    (built with no arguments, it would fail on its own missing parameters)."""
     obj = _load(spec, "reward.cls")
+    name = spec.rpartition(":")[2]
+    if not inspect.isclass(obj) and callable(obj) and _needs_arguments(obj):
+        raise RewardError(f"reward.cls={spec!r} names a reward function, {name}{inspect.signature(obj)}, not a "
+                          f"class: name it in reward.funcs (reward.funcs=[{spec}])")
     try:
-        return obj()
+        instance = obj()
     except Exception as e:
-        raise RewardError(f"reward.cls={spec!r}: {spec.partition(':')[2]}() raised {type(e).__name__}: {e}") from None
+        raise RewardError(f"reward.cls={spec!r}: {name}() raised {type(e).__name__}: {e}") from None
+    if not callable(instance):
+        raise RewardError(f"reward.cls={spec!r}: a {type(instance).__name__} instance is not callable; the class "
+                          f"needs a __call__ that scores completions (as a reward.funcs entry does)")
+    return instance
+
+
+def _needs_arguments(func) -> bool:
+    """Whether `func` has a parameter without a default (a reward function, not a class or a factory)."""
+    try:
+        inspect.signature(func).bind()
+    except TypeError:
+        return True
+    except ValueError:  # no signature to read (some builtins)
+        return False
+    return False
 
 
 class RewardModelScorer:

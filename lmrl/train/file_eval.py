@@ -20,9 +20,11 @@ is told by the keys of its first row:
     DBBench records {description, label, table, type}  SQLAgentTask: multi-turn SQL episodes in the sandbox,
                                                        correct when the answer (or the table) matches
 
-The prompt settings (chat template, system prompt, prompt template, max new tokens), the math
-reward's format rule and an environment's settings (turns, context, the `sql` section) come from the
-run's config; for a bare model from the config defaults, except `require_format`, which is off: a
+The prompt settings (chat template, system prompt, prompt template, max new tokens), where a row
+holds its prompt and its ground truth (`task.prompt_key` / `task.label_key`: the file's rows are read
+as the run read its training rows, verl's layout and parquet included), the math reward's format rule
+and an environment's settings (turns, context, the `sql` section) come from the run's config; for a
+bare model from the config defaults, except `require_format`, which is off: a
 completion's answer is its `<answer>` block if it has one, else its last number (math) or its last
 line (reasoning-gym). Decoding is greedy unless `temperature` > 0. Accuracy comes with its 95% Wilson
 score interval, overall and per type; two models' verdicts on the same rows compare with
@@ -39,7 +41,7 @@ from typing import Mapping, Sequence
 
 import torch
 
-from ..config import Config
+from ..config import Config, load_config
 from ..common.data import iter_file_rows, write_jsonl
 from ..parallel.ddp import DistInfo, resolve_device
 from ..common.errors import ConfigError
@@ -158,35 +160,46 @@ def evaluate_file(model: str | Path, test_file: str | Path, *, checkpoint: str =
                   chat: bool | None = None, system_prompt: str | None = None, prompt_template: str | None = None,
                   require_format: bool | None = None, temperature: float = 0.0, seed: int = 0,
                   device: str = "auto", dtype: str = "fp32", adapter: str | Path | None = None,
-                  sections: Mapping[str, Section] | None = None) -> FileEvaluation:
+                  sections: Mapping[str, Section] | None = None, prompt_key: str | None = None,
+                  label_key: str | None = None) -> FileEvaluation:
     """Answers of `model` (a Hugging Face model or a run dir, see the module docstring) to the first
     `limit` rows of `test_file` (all when None), `batch_size` rows at a time, checked by the rows'
     task; every row's record is written to `out` as JSONL when given. None settings take the run's
-    (or the defaults'); `dtype` and `adapter` are a bare model's (a run keeps its own). `sections`
-    replace the run's config sections by name (e.g. {"env": cfg.env, "sql": cfg.sql}: the limits and
-    environment episodes are played in), so models compared on one file are scored alike, whatever
-    their runs said."""
+    (or the defaults'): `prompt_key` / `label_key` are where a row holds its prompt and its ground
+    truth (`task.prompt_key` / `task.label_key`, dotted paths allowed), so a run trained on other keys
+    reads its test file as it read its training file; `dtype` and `adapter` are a bare model's (a run
+    keeps its own). `sections` replace the run's config sections by name (e.g. {"env": cfg.env, "sql":
+    cfg.sql}: the limits and environment episodes are played in), so models compared on one file are
+    scored alike, whatever their runs said."""
     for name, value, low in (("limit", limit, 1), ("batch_size", batch_size, 1), ("max_new_tokens", max_new_tokens, 1)):
         if value is not None and value < low:
             raise ConfigError(f"{name} must be at least {low}, got {value}")
     if not temperature >= 0:
         raise ConfigError(f"temperature must be >= 0 (0: greedy), got {temperature}")
+    for name, key in (("prompt_key", prompt_key), ("label_key", label_key)):
+        if key is not None and not (isinstance(key, str) and key.strip()):
+            raise ConfigError(f"{name} must name a key of the test file's rows, got {key!r}")
+    if adapter is not None and _is_run_dir(model):
+        raise ConfigError(f"{model} is a run dir, which evaluates its own checkpoint (--checkpoint); an adapter "
+                          f"goes on a bare model: lmrl eval MODEL FILE --adapter DIR")
     test_file = Path(test_file)
     _, first = next(iter_file_rows(test_file))
     file_format = test_file_format(first)
-    file_format.check(test_file)  # a bad row fails here, naming it, before the model loads
-    if adapter is not None and not (Path(adapter) / "adapter_config.json").is_file():
-        raise FileNotFoundError(f"adapter {str(adapter)!r} holds no adapter_config.json (a PEFT adapter dir: what "
-                                f"TRL's trainer.save_model or an lmrl LoRA checkpoint writes)")
-    policy, checkpoint_dir, cfg = _load(model, checkpoint, dtype, adapter)
+    cfg = _config(model)
     unknown = sorted(set(sections or {}) - {f.name for f in fields(cfg)})
     if unknown:
         raise ConfigError(f"sections={unknown} are not config sections")
     task_options = {k: v for k, v in (("chat", chat), ("system_prompt", system_prompt),
-                                      ("prompt_template", prompt_template)) if v is not None}
+                                      ("prompt_template", prompt_template), ("prompt_key", prompt_key),
+                                      ("label_key", label_key)) if v is not None}
     cfg = replace(cfg, **{**(sections or {}), "task": replace(cfg.task, **task_options),
                           "reward": replace(cfg.reward, require_format=cfg.reward.require_format
                                             if require_format is None else require_format)})
+    file_format.check(test_file, cfg)  # a bad row fails here, naming it, before the model loads
+    if adapter is not None and not (Path(adapter) / "adapter_config.json").is_file():
+        raise FileNotFoundError(f"adapter {str(adapter)!r} holds no adapter_config.json (a PEFT adapter dir: what "
+                                f"TRL's trainer.save_model or an lmrl LoRA checkpoint writes)")
+    policy, checkpoint_dir = _load(model, checkpoint, dtype, adapter)
     policy.to(resolve_device(device, DistInfo()))
     task = file_format.build(cfg, tokenizer=policy.tokenizer, test_file=test_file,
                              max_new_tokens=max_new_tokens or cfg.task.max_new_tokens)
@@ -218,7 +231,7 @@ def default_completions_path(model: str | Path, test_file: str | Path) -> Path:
     """Where `lmrl eval` writes completions when not told: RUN_DIR/eval/<file>.completions.jsonl for a
     run, ./<model>-<file>.completions.jsonl for a model."""
     stem = Path(test_file).name
-    for suffix in (".gz", ".jsonl", ".json"):
+    for suffix in (".gz", ".jsonl", ".json", ".parquet"):
         stem = stem.removesuffix(suffix)
     if _is_run_dir(model):
         return Path(model) / "eval" / f"{stem}.completions.jsonl"
@@ -254,18 +267,24 @@ def _answer(policy, task, ids: torch.Tensor, batch_size: int, temperature: float
     return records, sums
 
 
-def _load(model: str | Path, checkpoint: str, dtype: str, adapter: str | Path | None = None) -> tuple:
-    """(policy, checkpoint dir or None, config) for a run dir or a bare model (with its adapter merged in,
-    if given; the default config with the format rule off)."""
+def _config(model: str | Path) -> Config:
+    """The config a test file is played in: a run dir's own (its saved config.yaml, read before its
+    model loads), or for a bare model the default config with the format rule off."""
     if _is_run_dir(model):
-        if adapter is not None:
-            raise ConfigError(f"{model} is a run dir, which evaluates its own checkpoint (--checkpoint); an adapter "
-                              f"goes on a bare model: lmrl eval MODEL FILE --adapter DIR")
-        cfg, path, policy = load_run_model(Path(model), checkpoint)
+        cfg = load_config(Path(model) / "config.yaml", saved_run=True)
         if cfg.model.type != "hf":
-            raise ConfigError(f"{model}: its model is the built-in GPT (model.type: gpt); evaluating a JSONL file "
+            raise ConfigError(f"{model}: its model is the built-in GPT (model.type: gpt); evaluating a test file "
                               f"needs a Hugging Face model (model.type: hf)")
-        return policy, path, cfg
+        return cfg
+    cfg = Config()
+    return replace(cfg, reward=replace(cfg.reward, require_format=False))
+
+
+def _load(model: str | Path, checkpoint: str, dtype: str, adapter: str | Path | None = None) -> tuple:
+    """(policy, checkpoint dir or None) for a run dir, or a bare model with its adapter merged in, if given."""
+    if _is_run_dir(model):
+        _, path, policy = load_run_model(Path(model), checkpoint)
+        return policy, path
     policy, _ = load_hf_policy(str(model), dtype=dtype)
     if adapter is not None:
         from ..models.lora import load_adapter
@@ -273,8 +292,7 @@ def _load(model: str | Path, checkpoint: str, dtype: str, adapter: str | Path | 
         load_adapter(policy, adapter, trainable=False)
         policy.model = policy.model.merge_and_unload()  # plain linear layers: the sampling loop's fast path
     policy.eval()
-    cfg = Config()
-    return policy, None, replace(cfg, reward=replace(cfg.reward, require_format=False))
+    return policy, None
 
 
 def _is_run_dir(model: str | Path) -> bool:

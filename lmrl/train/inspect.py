@@ -16,6 +16,7 @@ from ..models import build_model
 from ..generation.rollout import sample, sample_text
 from ..tasks.math_reward import parse_completion
 from ..tasks import build_task
+from ..tasks.rewards import build_reward
 from .. import checkpoint as ckpt
 from .evaluate import evaluate
 from .weight_average import FILE as AVERAGE_FILE, load_average
@@ -103,6 +104,8 @@ def _load(run_dir: Path, which: str, with_task: bool) -> tuple:
         model = build_model(cfg.model, lora=cfg.lora)
         hold_template_kwargs(model.tokenizer, cfg.model.chat_template_kwargs)  # rendered as in training
         task = build_task(cfg, tokenizer=model.tokenizer) if with_task else None
+        if getattr(task, "reward", True) is None:  # open prompts scored by the run's reward functions
+            _score_with_run_rewards(task, cfg, run_dir)
     else:  # the GPT's vocabulary is its task's
         task = build_task(cfg)
         model = build_model(cfg.model, task.tokenizer.vocab_size)
@@ -113,6 +116,17 @@ def _load(run_dir: Path, which: str, with_task: bool) -> tuple:
         load_average(model, average)
     model.eval()
     return cfg, path, model, task
+
+
+def _score_with_run_rewards(task, cfg: Config, run_dir: Path) -> None:
+    """Gives a task that training scored with its reward functions (open prompts) the functions of
+    the run's `reward` section, or refuses in one line when they were passed from Python."""
+    reward = build_reward(cfg.reward)
+    if reward is None:
+        raise ConfigError(f"{run_dir}: its prompts were scored by reward functions passed from Python, which its "
+                          f"config.yaml does not name; to evaluate it, set reward.funcs there (package.module:function "
+                          f"or path/to/file.py:function each)")
+    task.score_with(reward)
 
 
 def export_run(run_dir: Path, out_dir: Path | None = None, which: str = "latest") -> Path:

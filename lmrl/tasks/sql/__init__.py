@@ -50,12 +50,16 @@ def _sql_env(config, **_):
     return lambda: SQLEpisodes(o, train, heldout)
 
 
+def _check_dbbench(path, config) -> None:
+    load_dbbench(path)
+
+
 def _dbbench_row(task, i: int) -> tuple:
     sql = task.tasks[i]
     return sql.description, list(sql.label), sql.skill
 
 
-@register_test_file_format("dbbench", keys=("description", "label", "table"), check=load_dbbench, row=_dbbench_row)
+@register_test_file_format("dbbench", keys=("description", "label", "table"), check=_check_dbbench, row=_dbbench_row)
 def _dbbench_file(config, *, tokenizer, test_file, max_new_tokens):
     """DBBench records {description, label, table, type}: multi-turn episodes in the `sql` section's sandbox,
     correct when the answer (or the table) matches."""
