@@ -43,16 +43,22 @@ class GRPO(Algorithm):
     def group_advantages(self, rewards: torch.Tensor) -> torch.Tensor:
         return group_advantages(rewards, self.group_size, self.cfg.adv_mode, self.cfg.adv_eps, self.cfg.scale_rewards)
 
-    def prepare(self, learner, rollout, rewards: torch.Tensor) -> tuple[PreparedBatch, dict]:
-        n = rollout.completions.size(1)
+    def old_and_reference_logprobs(self, learner, rollout) -> tuple[torch.Tensor | None, torch.Tensor | None,
+                                                                    torch.Tensor]:
+        """(old, reference, behaviour) log-probs: old for the ratio (None: the policy does not move before
+        the batch is used up, so the ratio is 1), the reference's for the KL (None without one), and those
+        of the weights that sampled the rollout, which the KL shaping reads."""
         old = None
         if self.needs_old_logprobs(len(rollout)):
-            old, _ = score_sequences(learner.module, rollout.sequences, n, self.temperature, self.ga_steps,
-                                     rollout.attention_mask)
+            old, _ = score_sequences(learner.module, rollout.sequences, rollout.completions.size(1),
+                                     self.temperature, self.ga_steps, rollout.attention_mask)
         ref = self.reference_logprobs(learner, rollout)
         if old is None and rollout.staleness:  # sampled by older weights: the ratio is against them
             old = rollout.logprobs
-        behaviour = old if old is not None else rollout.logprobs
+        return old, ref, old if old is not None else rollout.logprobs
+
+    def prepare(self, learner, rollout, rewards: torch.Tensor) -> tuple[PreparedBatch, dict]:
+        old, ref, behaviour = self.old_and_reference_logprobs(learner, rollout)
         rewards = self.kl_shaped_rewards(rewards.to(rollout.mask.device), behaviour, ref, rollout.mask)
         advantages = self.group_advantages(rewards.float())
         if self.cfg.normalize_advantages:  # over every rank's batch

@@ -22,7 +22,7 @@ from dataclasses import fields
 import torch
 
 from .advantages import discounted_returns, group_advantages, masked_mean, token_level_rewards
-from .base import PreparedBatch, register_algorithm, score_sequences
+from .base import PreparedBatch, register_algorithm
 from .grpo import GRPO
 
 # GRPO's keys for its group advantage, which REINFORCE++ (whitened over tokens, no std per group) has no use for.
@@ -46,15 +46,8 @@ class ReinforcePlusPlus(GRPO):
         return super(GRPO, cls).check_config(cfg) + problems
 
     def prepare(self, learner, rollout, rewards: torch.Tensor) -> tuple[PreparedBatch, dict]:
-        n, mask = rollout.completions.size(1), rollout.mask
-        old = None
-        if self.needs_old_logprobs(len(rollout)):
-            old, _ = score_sequences(learner.module, rollout.sequences, n, self.temperature, self.ga_steps,
-                                     rollout.attention_mask)
-        ref = self.reference_logprobs(learner, rollout)
-        if old is None and rollout.staleness:  # sampled by older weights: the ratio is against them
-            old = rollout.logprobs
-        behaviour = old if old is not None else rollout.logprobs
+        mask = rollout.mask
+        old, ref, behaviour = self.old_and_reference_logprobs(learner, rollout)
         rewards = rewards.float().to(mask.device)
         if self.centres_on_group:
             rewards = group_advantages(rewards, self.group_size, "grpo_no_std")
