@@ -7,7 +7,9 @@ model, early stopping, checkpoints, exact resume, export, summary.json).
 
 Rows come from `data.train_file` / `data.eval_file`, or from `train_dataset=` / `eval_dataset=`
 handed to the constructor (a `datasets.Dataset`, a list of dicts), in TRL's formats (see
-`lmrl.tasks.preference_data`). The model is `build_run`'s for the trainer's run.trainer (see
+`lmrl.tasks.preference_data`); `eval_dataset={"a": rows, "b": rows}` holds several held-out sets, each
+evaluated on its own and reported as eval/<set>_<metric> (transformers' names for several sets), the
+default best metric being the first set's. The model is `build_run`'s for the trainer's run.trainer (see
 `lmrl.train.build`), unless one is handed in; a subclass says what a row and its loss are:
 `read(source) -> rows` (checked before any model loads),
 `encoder(rows, codec, max_length, counter) -> examples` (token ids and loss masks),
@@ -109,10 +111,18 @@ class OfflineTrainer(Trainer):
             raise ConfigError(f"run.trainer={self.trainer_key} reads data.train_file (JSONL): set it (data.generate="
                               f"preferences writes synthetic pairs offline), or pass train_dataset=")
         held_out = eval_dataset if eval_dataset is not None else cfg.data.eval_file
+        # the held-out sets by name: {name: rows} as transformers takes several, or one set named ""
+        sources = dict(held_out) if isinstance(held_out, dict) else {} if held_out is None else {"": held_out}
         # every row is read and checked before a model loads: a bad row costs no model load
-        train_rows, eval_rows = self.read(train), self.read(held_out) if held_out is not None else []
+        train_rows = self.read(train)
+        eval_rows = {name: self.read(source) for name, source in sources.items()}
         if not train_rows:
             raise ValueError(f"{source_name(train)} holds no rows")
+        empty = [name for name, rows in eval_rows.items() if name and not rows]
+        if empty:
+            raise ValueError(f"eval_dataset[{empty[0]!r}] holds no rows")
+        if any(sources):
+            self.best_metric = held_out_best_metric(cfg.train.best_metric, self.best_metric, list(sources))
         if model is None:
             model, tokenizer = self.build_model()
         tokenizer = tokenizer if tokenizer is not None else getattr(model, "tokenizer", None)
@@ -123,9 +133,9 @@ class OfflineTrainer(Trainer):
         self.codec = TextCodec(tokenizer, chat=cfg.data.chat)
         self.pad_id = getattr(tokenizer, "pad_token_id", None) or 0
         self.train_rows = self.encode(train_rows, source_name(train))
-        self.eval_rows = self.encode(eval_rows, source_name(held_out)) if eval_rows else []
-        if cfg.data.eval_size:
-            self.eval_rows = self.eval_rows[: cfg.data.eval_size]
+        self.eval_sets = {name: self.encode(rows, source_name(sources[name]) + (f" ({name})" if name else ""))
+                          [: cfg.data.eval_size or None] for name, rows in eval_rows.items() if rows}
+        self.eval_rows = [row for rows in self.eval_sets.values() for row in rows]  # every set's
         self.init_state()
 
     # -- what a subclass provides ------------------------------------------------------------------
@@ -255,11 +265,24 @@ class OfflineTrainer(Trainer):
     def evaluate(self) -> dict:
         """The training metrics averaged over the held-out rows (weighted by rows; a `TokenMean` over
         their tokens), as eval/<name>, plus eval/accuracy from `accuracy_key` and, as TRL logs it,
-        eval/num_tokens: the training tokens so far."""
+        eval/num_tokens: the training tokens so far. Several named held-out sets (eval_dataset=
+        {"a": rows, ...}) are evaluated one by one, each set's metrics as eval/<set>_<name>
+        (transformers' eval_<set>_<name>)."""
+        if not self.eval_sets:
+            raise ValueError(f"{type(self).__name__}.evaluate() needs held-out rows: pass eval_dataset= (or set "
+                             f"data.eval_file)")
+        out = {}
+        for name, rows in self.eval_sets.items():
+            prefix = f"eval/{name}_" if name else "eval/"
+            out.update({prefix + key.removeprefix("eval/"): v for key, v in self.evaluate_rows(rows).items()})
+        return out
+
+    def evaluate_rows(self, rows: list) -> dict:
+        """`evaluate`'s metrics over one held-out set's `rows`."""
         self.model.eval()
         size = max(1, self.config.data.batch_size // self.config.train.ga_steps)
         sums = {}
-        rows = self.ordered(self.eval_rows)
+        rows = self.ordered(rows)
         for i in range(0, len(rows), size):
             chunk = rows[i:i + size]
             loss, metrics = self.compute_loss(self.collate(chunk))
@@ -322,6 +345,27 @@ class PairTrainer(OfflineTrainer):
         pairs = [self.pair(row) for row in rows]
         layout = pair_rows if self.uses_pair_rows() else pair_batch
         return layout(pairs, self.pad_id, self.device)
+
+
+def held_out_set(metric: str, sets) -> str | None:
+    """The held-out set among `sets` (names) whose metric `metric` (eval/<set>_<name>, or TRL's
+    eval_<set>_<name>) is: the longest name it starts with; None for none."""
+    bare = metric.removeprefix("eval/").removeprefix("eval_")
+    return max((name for name in sets if name and bare.startswith(f"{name}_")), key=len, default=None)
+
+
+def held_out_best_metric(asked: str, default: str, sets: list[str]) -> str:
+    """train.best_metric with several named held-out sets: `asked` when it names one of `sets`' metrics,
+    else (none asked) `default` on the first set; one that names no set is a ConfigError."""
+    if not asked:
+        return f"eval/{sets[0]}_{default.removeprefix('eval/')}"
+    if held_out_set(asked, sets) is None:
+        metric = asked.removeprefix("eval/")
+        raise ConfigError(f"train.best_metric={asked!r} names no held-out set: with eval_dataset={{"
+                          f"{', '.join(f'{s!r}: ...' for s in sets)}}} each set's metrics are eval/<set>_<metric> "
+                          f"(TRL's metric_for_best_model: eval_<set>_<metric>), e.g. eval/{sets[0]}_{metric} "
+                          f"(eval_{sets[0]}_{metric})")
+    return asked
 
 
 def source_name(source) -> str:

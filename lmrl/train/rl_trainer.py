@@ -95,6 +95,7 @@ class RLTrainer(Trainer):
     name = "rl"
     trainer_key = "rl"  # its run.trainer value
     algorithm = ""  # the algorithm-named subclasses (GRPOTrainer, ...) set algo.name to theirs
+    eval_spread = False  # evaluation also reports the rewards' and lengths' spread (TRL's names; lmrl.trl sets it)
 
     def __init__(self, config: Config, *, model=None, task: Task | None = None, reward_fn: RewardFn | None = None,
                  reward_funcs=None, reward_weights=None, train_dataset=None, eval_dataset=None, callbacks=None,
@@ -389,7 +390,7 @@ class RLTrainer(Trainer):
         with self.model.gathered() if self.fsdp else nullcontext():
             return evaluate(self.model, self.task, self.task.heldout_ids[: cfg.eval.size],
                             batch_size=cfg.eval.batch_size, device=self.device, rank=self.dist.rank,
-                            world_size=self.dist.world_size)
+                            world_size=self.dist.world_size, spread=self.eval_spread)
 
     def checkpoint_modules(self) -> dict[str, torch.nn.Module]:
         extra = {}

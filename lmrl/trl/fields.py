@@ -64,14 +64,16 @@ COMMON: dict[str, Rule] = {
                                    "held-out prompts at its start and end only; steps: every eval_steps; epoch: "
                                    "once per pass over the data"),
     "eval_steps": Rule(CARRIED, "train.eval_every with eval_strategy=steps (unset: logging_steps)"),
-    "save_strategy": Rule(CARRIED, "steps: every save_steps; no: only the last step; other values are refused"),
+    "save_strategy": Rule(CARRIED, "steps: every save_steps and the last step; no: only the last step, lmrl's "
+                                   "resume point (no on_save: transformers saves nothing); other values are refused"),
     "save_steps": Rule(CARRIED, "train.ckpt_every (a value below 1 is a fraction of the steps)"),
     "save_total_limit": Rule(CARRIED, "train.keep_checkpoints (unset: all)"),
     "report_to": Rule(CARRIED, "run.tensorboard / run.wandb (trackio, mlflow, ... are refused)"),
     "run_name": Rule(CARRIED, "run.name"),
     "disable_tqdm": Rule(CARRIED, "run.progress"),
     "per_device_eval_batch_size": Rule(CARRIED, "eval.batch_size"),
-    "metric_for_best_model": Rule(CARRIED, "train.best_metric (eval_x is eval/x)"),
+    "metric_for_best_model": Rule(CARRIED, "train.best_metric (eval_x is eval/x; with eval_dataset={name: ...}, "
+                                           "eval_<name>_x names one set's)"),
     "greater_is_better": Rule(CARRIED, "checked against train.best_metric's direction (a loss is minimised, "
                                        "anything else maximised); the other direction is refused"),
     "resume_from_checkpoint": Rule(CARRIED, "what TRL's scripts pass to train(resume_from_checkpoint=): True "

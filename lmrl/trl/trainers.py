@@ -9,8 +9,10 @@ over an lmrl trainer built from the translated config (`trainer.config`, `traine
 - `transformers.TrainerCallback`s, called with `(args, state, control)` at `on_init_end`,
   `on_train_begin`, `on_epoch_begin`, `on_step_begin`, `on_step_end`, `on_log`, `on_evaluate`, `on_save`,
   `on_epoch_end` and `on_train_end` (`control.should_training_stop` ends the run after the step,
-  `control.should_save` writes a checkpoint); lmrl's own `Callback`s go to the lmrl trainer;
-- `evaluate()` (`eval_*` names), `save_model(dir)` (a directory `from_pretrained` loads, a PEFT
+  `control.should_save` writes a checkpoint; `on_save` follows the checkpoints transformers would
+  write); lmrl's own `Callback`s go to the lmrl trainer;
+- `evaluate()` (`eval_*` names; with eval_dataset={"a": ..., "b": ...} (SFT, DPO, reward model) one entry
+  per set, `eval_a_loss`, ...), `save_model(dir)` (a directory `from_pretrained` loads, a PEFT
   adapter for LoRA, with the tokenizer), `push_to_hub()` (uploads output_dir; a one-line error
   without network), `log(logs)`, `accelerator.print`, `is_world_process_zero()`, `end()`;
 - `processing_class` is the tokenizer used (also when the model is a path); `quantization_config`
@@ -31,11 +33,12 @@ from transformers.trainer_utils import TrainOutput
 from ..common.errors import ConfigError
 from ..train.callbacks import Callback
 from ..train.dpo_trainer import DPOTrainer as _LmrlDPOTrainer
+from ..train.offline import held_out_set
 from ..train.reward_trainer import RewardTrainer as _LmrlRewardTrainer
 from ..train.run_dir import holds_a_run
 from ..train.sft_trainer import SFTTrainer as _LmrlSFTTrainer
 from ..train.trainers import GRPOTrainer as _LmrlGRPOTrainer
-from .configs import DPOConfig, GRPOConfig, RewardConfig, SFTConfig
+from .configs import DPOConfig, GRPOConfig, RewardConfig, SFTConfig, _text
 
 _PREFIXES = ("train/", "sft/", "dpo/", "rm/")  # lmrl's per-trainer prefixes; TRL's names have none
 _HF_NAMES = {"lr": "learning_rate"}
@@ -107,6 +110,7 @@ class _TRLTrainer:
         self.processing_class = processing_class
         self.train_rows = train_rows
         self.callbacks: list[TrainerCallback] = []
+        self._save_asked = False  # the checkpoint being written is one control.should_save asked for
         for cb in callbacks:
             self.add_callback(cb)
         inner.callbacks.callbacks.append(_Bridge(self))
@@ -255,15 +259,18 @@ class _TRLTrainer:
         return TrainOutput(self.state.global_step, metrics["train_loss"], metrics)
 
     def evaluate(self, eval_dataset=None, ignore_keys=None, metric_key_prefix: str = "eval") -> dict:
-        """The held-out evaluation of the model as it is now, under `eval_*` names."""
+        """The held-out evaluation of the model as it is now, under `eval_*` names: with several held-out
+        sets, one log entry and on_evaluate per set, the returned dict holding them all (see `_eval_entries`)."""
         if eval_dataset is not None:
             raise ValueError("evaluate(eval_dataset=) is not supported: pass eval_dataset= to the trainer")
         with torch.no_grad():
             metrics = self.inner.evaluate()
-        logs = {f"{metric_key_prefix}_{k[5:]}": v for k, v in metrics.items() if k.startswith("eval/")}
-        self.log(logs)
-        self._event("on_evaluate", metrics=logs)
-        return logs
+        out = {}
+        for entry in self._eval_entries(metrics, metric_key_prefix):
+            self.log(entry)
+            self._event("on_evaluate", metrics=entry)
+            out.update(entry)
+        return out
 
     def log(self, logs: dict, start_time: float | None = None) -> None:
         entry = {**logs, "epoch": self.state.epoch, "step": self.state.global_step}
@@ -271,10 +278,13 @@ class _TRLTrainer:
         self._event("on_log", logs=entry)
 
     def save_model(self, output_dir: str | None = None, _internal_call: bool = False) -> None:
-        """Writes the model `from_pretrained` loads and its tokenizer to `output_dir` (default:
-        args.output_dir): a policy with LoRA as its PEFT adapter, as TRL does; a reward model whole, the
-        adapter merged (where TRL writes the adapter), so `AutoModelForSequenceClassification` and lmrl's
-        `reward.model` load it without peft."""
+        """Writes what transformers' Trainer.save_model writes to `output_dir` (default: args.output_dir): the
+        model `from_pretrained` loads (with LoRA its PEFT adapter, adapter_config.json + adapter_model.safetensors;
+        a reward model's trained score head among the adapter's modules_to_save, as peft saves a SEQ_CLS
+        adapter), the tokenizer, and the arguments as training_args.bin. A LoRA reward model loads back as
+        TRL's does: `AutoModelForSequenceClassification.from_pretrained(output_dir, num_labels=1)`, or as a
+        GRPOTrainer reward_funcs path; lmrl's `reward.model` reads the merged one the run exports
+        (<output_dir>/reward_model)."""
         if not self.inner.dist.is_main:
             return
         if getattr(self.inner, "fsdp", False):
@@ -282,12 +292,10 @@ class _TRLTrainer:
                                       f"({self.inner.run_dir}/model)")
         out = Path(output_dir or self.args.output_dir)
         out.mkdir(parents=True, exist_ok=True)
-        if callable(getattr(self.inner.model, "save", None)):  # lmrl's reward model: a sequence classifier, merged
-            self.inner.model.save(out)
-            return
         self.model.save_pretrained(str(out))
         if self.processing_class is not None and hasattr(self.processing_class, "save_pretrained"):
             self.processing_class.save_pretrained(str(out))
+        torch.save(self.args, out / "training_args.bin")
 
     def push_to_hub(self, commit_message: str | None = "End of training", blocking: bool = True,
                     token: str | None = None, revision: str | None = None, **kwargs) -> str:
@@ -324,13 +332,12 @@ class _TRLTrainer:
         every = self.inner.config.train.log_every
         evaluated = any(k.startswith("eval/") for k in metrics)
         if step % every == 0 or step == 1 or step == self.state.max_steps or evaluated:
-            logs = trl_logs(metrics)
-            self.log({k: v for k, v in logs.items() if not k.startswith("eval_")})
-            if evaluated:
-                evals = {k: v for k, v in logs.items() if k.startswith("eval_")}
-                self.log(evals)
-                self._event("on_evaluate", metrics=evals)
+            self.log({k: v for k, v in trl_logs(metrics).items() if not k.startswith("eval_")})
+            for entry in self._eval_entries(metrics) if evaluated else ():
+                self.log(entry)
+                self._event("on_evaluate", metrics=entry)
         if self.control.should_save:
+            self._save_asked = True
             self.inner.save_checkpoint()
         if self.control.should_training_stop and step < self.state.max_steps:
             self.inner.state["stopped_early"] = True
@@ -339,8 +346,43 @@ class _TRLTrainer:
         if step < self.state.max_steps and not self.control.should_training_stop:
             self._event("on_step_begin")
 
+    def _eval_entries(self, metrics: dict, prefix: str = "eval") -> list[dict]:
+        """One evaluation's lmrl metrics (eval/...) as transformers logs them, `prefix`_<name>: one entry for
+        a single held-out set; with several (eval_dataset={"a": ..., "b": ...}), one per set in the dict's
+        order, each metric as <prefix>_<set>_<name> (transformers' names for a set) and, all but the loss, also
+        as <prefix>_<name>, as TRL's trainers log their own metrics beside <prefix>_<set>_loss (so the
+        returned dict of evaluate() holds the last set's under those names, as TRL's does)."""
+        values = {k[5:]: v for k, v in metrics.items()
+                  if k.startswith("eval/") and isinstance(v, (int, float)) and not isinstance(v, bool)}
+        values.update(self._eval_extras())
+        sets = self._eval_sets()
+        if not sets:
+            return [{f"{prefix}_{k}": v for k, v in values.items()}]
+        entries = []
+        for name in sets:
+            own = {k[len(name) + 1:]: v for k, v in values.items() if held_out_set(k, sets) == name}
+            entries.append({**{f"{prefix}_{name}_{k}": v for k, v in own.items()},
+                            **{f"{prefix}_{k}": v for k, v in own.items() if k != "loss"}})
+        return entries
+
+    def _eval_extras(self) -> dict:
+        """What TRL logs with an evaluation that the lmrl trainer's evaluation does not report (bare names)."""
+        return {}
+
+    def _eval_sets(self) -> list[str]:
+        """The names of the held-out sets, where eval_dataset was a dict of them; [] for one set."""
+        return [name for name in getattr(self.inner, "eval_sets", {}) if name]
+
     def _saved(self, path: Path) -> None:
-        self._event("on_save")
+        """transformers' on_save, after the checkpoints transformers writes: one a callback asked for
+        (control.should_save), and with save_strategy steps (or epoch) every save_steps and the last step.
+        lmrl's other checkpoints (save_strategy no's last step, the last step of a run stopped between saves,
+        Ctrl-C's) are its resume points, which no callback hears of."""
+        asked, self._save_asked = self._save_asked, False
+        step, every = self.state.global_step, max(int(self.state.save_steps), 1)
+        due = _text(self.args.save_strategy) != "no" and (step % every == 0 or step >= self.state.max_steps)
+        if asked or due:
+            self._event("on_save")
 
     def _best(self, summary: dict) -> None:
         best = self.inner.state.get("best", {})
@@ -378,6 +420,9 @@ class _TRLTrainer:
         """metric_for_best_model, TRL's name or lmrl's, checked as the trainer is built rather than at the
         first evaluation."""
         known, metric = self._eval_names(), self.inner.config.train.best_metric
+        sets = self._eval_sets()
+        if known is not None and sets:  # several held-out sets: each set's names
+            known = {f"eval/{name}_{k[5:]}" for name in sets for k in known}
         if self.args.metric_for_best_model and known is not None and metric not in known:
             names = ", ".join(sorted(f"eval_{k[5:]}" for k in known))
             raise ConfigError(f"metric_for_best_model={self.args.metric_for_best_model!r} is not an evaluation "
@@ -525,6 +570,11 @@ class GRPOTrainer(_TRLTrainer):
         if reward_funcs is None and environment_factory is None:
             raise ValueError("no reward source: pass reward_funcs=, or an environment_factory whose class defines "
                              "get_reward()")
+        if isinstance(eval_dataset, dict):
+            named = ", ".join(f"{name!r}: ..." for name in eval_dataset)
+            raise ValueError(f"eval_dataset={{{named}}}: several held-out sets are not supported by lmrl's GRPO, which "
+                             f"evaluates one set of prompts; pass one data set (datasets.concatenate_datasets joins "
+                             f"them)")
         args = args if args is not None else GRPOConfig(output_dir="trainer_output")
         _require(args, GRPOConfig)
         if train_dataset is None and environment_factory is not None:
@@ -540,6 +590,7 @@ class GRPOTrainer(_TRLTrainer):
                                  environment_factory=environment_factory)
         for scorer in scorers:
             scorer.to(inner.device)
+        inner.eval_spread = True  # TRL's evaluation statistics: eval_reward_std, eval_completions/..., ...
         self._held_a_run = held
         super().__init__(inner, args, processing_class=processing_class, callbacks=hf_callbacks, train_rows=rows)
 
@@ -553,11 +604,17 @@ class GRPOTrainer(_TRLTrainer):
     def _eval_names(self) -> set[str] | None:
         from ..tasks.prompt_task import PromptTask
         from ..tasks.rewards import RewardFunctions
+        from ..train.evaluate import SPREAD_METRICS
 
         reward = getattr(self.inner.task, "reward", None)
         if type(self.inner.task) is not PromptTask or not isinstance(reward, RewardFunctions):
             return None
-        return {"eval/accuracy", "eval/reward", "eval/length_mean", *(f"eval/rewards/{n}/mean" for n in reward.names)}
+        return {"eval/accuracy", "eval/reward", "eval/length_mean", *(f"eval/{n}" for n in SPREAD_METRICS),
+                *(f"eval/rewards/{n}/{s}" for n in reward.names for s in ("mean", "std"))}
+
+    def _eval_extras(self) -> dict:
+        """TRL's eval_num_tokens: the training tokens so far."""
+        return {"num_tokens": self.inner.state.get("num_input_tokens_seen", 0)}
 
 
 def _reward_models(reward_funcs, train_dataset, config) -> tuple:
@@ -572,9 +629,23 @@ def _reward_models(reward_funcs, train_dataset, config) -> tuple:
     if not models:
         return reward_funcs, []
     chat = train_dataset is not None and _conversational(_first_row(train_dataset))
-    scorers = {id(m): RewardModelScorer(m, batch_size=config.reward.model_batch_size, chat=chat,
+    scorers = {id(m): RewardModelScorer(_adapter_loaded(m), batch_size=config.reward.model_batch_size, chat=chat,
                                         chat_template_kwargs=config.model.chat_template_kwargs) for m in models}
     return [scorers.get(id(f), f) for f in funcs], list(scorers.values())
+
+
+def _adapter_loaded(entry):
+    """A reward_funcs entry that is a PEFT adapter's directory (what RewardTrainer.save_model writes with LoRA),
+    loaded as TRL loads a reward_funcs path: `AutoModelForSequenceClassification.from_pretrained(path,
+    num_labels=1)`, which loads the adapter's base model and puts the adapter on it; any other entry as it is."""
+    if not isinstance(entry, (str, os.PathLike)):
+        return entry
+    path = Path(entry)
+    if not (path / "adapter_config.json").is_file() or (path / "config.json").is_file():
+        return entry
+    from transformers import AutoModelForSequenceClassification
+
+    return AutoModelForSequenceClassification.from_pretrained(path, num_labels=1)
 
 
 def _environment_prompts(args: GRPOConfig) -> list[dict]:
