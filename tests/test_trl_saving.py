@@ -14,6 +14,7 @@ from datasets import Dataset
 from safetensors import safe_open
 from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification, TrainerCallback
 
+from lmrl.models.reward_model import load_reward_model
 from lmrl.trl import (DPOConfig, DPOTrainer, GRPOConfig, GRPOTrainer, RewardConfig, RewardTrainer, SFTConfig,
                       SFTTrainer)
 from tests.test_hf import save_tiny_llama
@@ -89,6 +90,10 @@ def test_a_lora_reward_model_is_saved_as_its_peft_adapter_as_trls(model_dir, trl
     torch.testing.assert_close(loaded, trained, rtol=0, atol=1e-5)
     assert not torch.allclose(trained, AutoModelForSequenceClassification.from_pretrained(
         model_dir, num_labels=1)(input_ids=ids).logits, atol=1e-3)  # the adapter and head are the trained ones
+    # lmrl's reward.model (PPO's reward, `lmrl train ... reward.model=DIR`) loads the adapter directory too
+    rm, _ = load_reward_model(out)
+    with torch.no_grad():
+        torch.testing.assert_close(rm.model(input_ids=ids).logits, trained, rtol=0, atol=1e-5)
 
 
 def test_the_saved_reward_adapter_scores_grpo_completions_as_trls_reward_funcs_path(model_dir, tmp_path):

@@ -92,6 +92,16 @@ def is_reward_model_dir(path: str | Path) -> bool:
     return any(a.endswith("ForSequenceClassification") for a in archs)
 
 
+def is_reward_adapter_dir(path: str | Path) -> bool:
+    """A PEFT adapter of a sequence classifier without the model it goes on (what TRL's
+    RewardTrainer.save_model writes with LoRA: adapter_config.json naming its base model)."""
+    path = Path(path)
+    adapter = path / "adapter_config.json"
+    if not adapter.is_file() or (path / "config.json").is_file():
+        return False
+    return json.loads(adapter.read_text()).get("task_type") == "SEQ_CLS"
+
+
 def build_reward_model(path: str, *, gguf_file: str | None = None, dtype: str = "fp32", lora=None,
                        device="cpu") -> tuple[RewardModel, object]:
     """A reward model on the trunk of the causal LM at `path` (a directory, GGUF, or a packaged name;
@@ -128,16 +138,23 @@ def build_reward_model(path: str, *, gguf_file: str | None = None, dtype: str = 
 
 def load_reward_model(path: str | Path, device="cpu") -> tuple[RewardModel, object]:
     """A saved reward model (what the reward trainer exports, or any local
-    `AutoModelForSequenceClassification` with num_labels=1)."""
+    `AutoModelForSequenceClassification` with num_labels=1), or a PEFT adapter of one, loaded as TRL
+    loads it: its base model (adapter_config.json's) with the adapter and its trained score head."""
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
     path = Path(path)
-    if not is_reward_model_dir(path):
+    adapter = is_reward_adapter_dir(path)
+    if not (adapter or is_reward_model_dir(path)):
         raise FileNotFoundError(f"reward model {path}: no sequence-classification model there (expected config.json "
-                                f"naming a *ForSequenceClassification architecture, as the reward trainer writes)")
+                                f"naming a *ForSequenceClassification architecture, as the reward trainer writes, or "
+                                f"a SEQ_CLS adapter_config.json, as TRL's RewardTrainer writes with LoRA)")
     tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
-    model, loading = AutoModelForSequenceClassification.from_pretrained(path, local_files_only=True,
-                                                                        output_loading_info=True)
+    if adapter:
+        model, loading = AutoModelForSequenceClassification.from_pretrained(path, num_labels=1,
+                                                                            local_files_only=True), {}
+    else:
+        model, loading = AutoModelForSequenceClassification.from_pretrained(path, local_files_only=True,
+                                                                            output_loading_info=True)
     missing = sorted(loading.get("missing_keys") or [])
     if missing:  # transformers initializes them at random: a reward model whose scores mean nothing
         raise ConfigError(f"reward model {path}: its weights lack {', '.join(missing[:3])}"

@@ -282,9 +282,8 @@ class _TRLTrainer:
         model `from_pretrained` loads (with LoRA its PEFT adapter, adapter_config.json + adapter_model.safetensors;
         a reward model's trained score head among the adapter's modules_to_save, as peft saves a SEQ_CLS
         adapter), the tokenizer, and the arguments as training_args.bin. A LoRA reward model loads back as
-        TRL's does: `AutoModelForSequenceClassification.from_pretrained(output_dir, num_labels=1)`, or as a
-        GRPOTrainer reward_funcs path; lmrl's `reward.model` reads the merged one the run exports
-        (<output_dir>/reward_model)."""
+        TRL's does: `AutoModelForSequenceClassification.from_pretrained(output_dir, num_labels=1)`, as a
+        GRPOTrainer reward_funcs path, or as lmrl's `reward.model` (`load_reward_model`)."""
         if not self.inner.dist.is_main:
             return
         if getattr(self.inner, "fsdp", False):
@@ -629,23 +628,9 @@ def _reward_models(reward_funcs, train_dataset, config) -> tuple:
     if not models:
         return reward_funcs, []
     chat = train_dataset is not None and _conversational(_first_row(train_dataset))
-    scorers = {id(m): RewardModelScorer(_adapter_loaded(m), batch_size=config.reward.model_batch_size, chat=chat,
+    scorers = {id(m): RewardModelScorer(m, batch_size=config.reward.model_batch_size, chat=chat,
                                         chat_template_kwargs=config.model.chat_template_kwargs) for m in models}
     return [scorers.get(id(f), f) for f in funcs], list(scorers.values())
-
-
-def _adapter_loaded(entry):
-    """A reward_funcs entry that is a PEFT adapter's directory (what RewardTrainer.save_model writes with LoRA),
-    loaded as TRL loads a reward_funcs path: `AutoModelForSequenceClassification.from_pretrained(path,
-    num_labels=1)`, which loads the adapter's base model and puts the adapter on it; any other entry as it is."""
-    if not isinstance(entry, (str, os.PathLike)):
-        return entry
-    path = Path(entry)
-    if not (path / "adapter_config.json").is_file() or (path / "config.json").is_file():
-        return entry
-    from transformers import AutoModelForSequenceClassification
-
-    return AutoModelForSequenceClassification.from_pretrained(path, num_labels=1)
 
 
 def _environment_prompts(args: GRPOConfig) -> list[dict]:
