@@ -52,6 +52,8 @@ class LoadedRun:
         """Held-out metrics of the first `size` held-out problems (None: eval.size)."""
         if size is not None and (isinstance(size, bool) or not isinstance(size, int) or size < 1):
             raise ConfigError(f"size (held-out problems to evaluate) must be at least 1, got {size}")
+        if getattr(self.task, "reward", True) is None:  # open prompts scored by the run's reward functions
+            _score_with_run_rewards(self.task, self.config)
         ids = self.task.heldout_ids[: self.config.eval.size if size is None else size]
         metrics = evaluate(self.model, self.task, ids, batch_size=self.config.eval.batch_size)
         return {"checkpoint": str(self.checkpoint), "heldout_problems": len(ids), **metrics}
@@ -104,8 +106,6 @@ def _load(run_dir: Path, which: str, with_task: bool) -> tuple:
         model = build_model(cfg.model, lora=cfg.lora)
         hold_template_kwargs(model.tokenizer, cfg.model.chat_template_kwargs)  # rendered as in training
         task = build_task(cfg, tokenizer=model.tokenizer) if with_task else None
-        if getattr(task, "reward", True) is None:  # open prompts scored by the run's reward functions
-            _score_with_run_rewards(task, cfg, run_dir)
     else:  # the GPT's vocabulary is its task's
         task = build_task(cfg)
         model = build_model(cfg.model, task.tokenizer.vocab_size)
@@ -118,12 +118,12 @@ def _load(run_dir: Path, which: str, with_task: bool) -> tuple:
     return cfg, path, model, task
 
 
-def _score_with_run_rewards(task, cfg: Config, run_dir: Path) -> None:
+def _score_with_run_rewards(task, cfg: Config) -> None:
     """Gives a task that training scored with its reward functions (open prompts) the functions of
     the run's `reward` section, or refuses in one line when they were passed from Python."""
     reward = build_reward(cfg.reward)
     if reward is None:
-        raise ConfigError(f"{run_dir}: its prompts were scored by reward functions passed from Python, which its "
+        raise ConfigError(f"{cfg.run.dir}: its prompts were scored by reward functions passed from Python, which its "
                           f"config.yaml does not name; to evaluate it, set reward.funcs there (package.module:function "
                           f"or path/to/file.py:function each)")
     task.score_with(reward)
