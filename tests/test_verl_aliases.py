@@ -9,7 +9,7 @@ import pytest
 from lmrl.algos.base import VALUE_KEYS
 from lmrl.config import (OPENRLHF_ALIASES, TRL_ALIASES, VERL_ALIASES, Config, ConfigError, config_to_dict,
                          list_presets, load_config)
-from lmrl.config.aliases import DOC, SPELLINGS, all_keys, markdown_tables, with_tables
+from lmrl.config.aliases import DOC, RL_SPELLINGS, SPELLINGS, all_keys, markdown_tables, spelling, with_tables
 from lmrl.config.schema import OFFLINE_SECTIONS, WARMUP_KEYS, unread_keys
 
 RL = "math-grpo-smollm2"  # GRPO on an hf model, no warm-up (sft.steps: 0)
@@ -28,11 +28,14 @@ def _refused(overrides, preset=RL) -> str:
 
 
 # -- keys a run does not read --------------------------------------------------------------------
-# A value away from the default for every key of the offline trainers' sections.
+# A value away from the default for every key of the offline trainers' sections but data.prompt_key, which
+# in an RL run is verl's name for task.prompt_key (TRANSLATED).
 OFFLINE_VALUES = {
     "data.train_file": "x.jsonl", "data.eval_file": "y.jsonl", "data.generate": "preferences",
     "data.generate_train": 10, "data.generate_test": 10, "data.max_length": 3, "data.batch_size": 2,
     "data.epochs": 2.0, "data.chat": False, "data.eval_size": 4, "data.text_field": "body",
+    "data.response_key": "answer", "data.messages_key": "dialog", "data.chosen_key": "better",
+    "data.rejected_key": "worse",
     "data.truncation_mode": "keep_end", "data.packing": True, "data.packing_strategy": "wrapped",
     "data.padding_free": True, "dpo.beta": 0.2, "dpo.loss_type": "ipo", "dpo.label_smoothing": 0.1,
     "dpo.ipo_length_normalize": False,
@@ -41,7 +44,7 @@ OFFLINE_VALUES = {
 
 def test_every_offline_key_has_a_refusal_case():
     offline = {f"{s}.{f.name}" for s in OFFLINE_SECTIONS for f in dataclasses.fields(getattr(Config(), s))}
-    assert set(OFFLINE_VALUES) == offline
+    assert set(OFFLINE_VALUES) == offline - set(RL_SPELLINGS) and set(RL_SPELLINGS) == {"data.prompt_key"}
 
 
 @pytest.mark.parametrize("key", sorted(OFFLINE_VALUES))
@@ -315,6 +318,7 @@ TRANSLATED = [
     ("prompt_data", ["prompt_data=train.jsonl"], {"task.train_file": "train.jsonl"}),
     ("eval_dataset", ["eval.dataset=test.jsonl"], {"task.test_file": "test.jsonl"}),
     ("input_key", ["input_key=question"], {"task.prompt_key": "question"}),
+    ("prompt_key", ["prompt_key=question"], {"task.prompt_key": "question"}),
     ("label_key", ["data.label_key=answer"], {"task.label_key": "answer"}),
     ("apply_chat_template", ["apply_chat_template=false"], {"task.chat": False}),
     ("lora_rank", ["lora_rank=32"], {"lora.r": 32}),
@@ -331,21 +335,60 @@ TRANSLATED = [
 ]
 
 
+# The names of the offline trainers' data columns, on an offline preset: (name, preset, overrides, the lmrl keys
+# and their values after). A name of the prompt's column sets task.prompt_key in an RL run (TRANSLATED) and
+# data.prompt_key here.
+OFFLINE_TRANSLATED = [
+    ("input_key", "sql-sft-smollm2", ["input_key=question"],
+     {"data.prompt_key": "question", "task.prompt_key": "prompt"}),
+    ("input_key", "dpo-smollm2", ["data.input_key=question"], {"data.prompt_key": "question"}),
+    ("prompt_key", "rm-smollm2", ["prompt_key=question"], {"data.prompt_key": "question", "task.prompt_key": "prompt"}),
+    ("output_key", "sql-sft-smollm2", ["output_key=answer"], {"data.response_key": "answer"}),
+    ("output_key", "sql-sft-smollm2", ["data.output_key=answer"], {"data.response_key": "answer"}),
+    ("chosen_key", "dpo-smollm2", ["chosen_key=better"], {"data.chosen_key": "better"}),
+    ("rejected_key", "rm-smollm2", ["rejected_key=worse"], {"data.rejected_key": "worse"}),
+    ("data.multiturn.messages_key", "sql-sft-smollm2", ["data.multiturn.messages_key=dialog"],
+     {"data.messages_key": "dialog"}),
+    ("data.multiturn.messages_key", "sql-sft-smollm2", ["multiturn.messages_key=dialog"],
+     {"data.messages_key": "dialog"}),
+]
+
+
+def _note_of(cfg, name: str, overrides: list[str], offline: bool) -> str:
+    written = next(o.partition("=")[0] for o in overrides
+                   if (spelling(o.partition("=")[0], offline) or (None,))[0] == name)
+    note = next(n for n in cfg.aliases if n.startswith(f"{written} is "))
+    owner = spelling(written, offline)[1].owner  # TRL's temperature and OpenRLHF's are one name
+    assert note.startswith(f"{written} is {owner}'s name for ")
+    return note
+
+
 @pytest.mark.parametrize("name, overrides, expected", TRANSLATED)
 def test_a_verl_or_openrlhf_name_sets_the_lmrl_key_it_stands_for(name, overrides, expected):
     cfg = load_config(RL, overrides)
     assert {key: _value(cfg, key) for key in expected} == expected
     alias = VERL_ALIASES.get(name) or OPENRLHF_ALIASES[name]
-    written = next(o.partition("=")[0] for o in overrides if SPELLINGS.get(o.partition("=")[0], (None,))[0] == name)
-    note = next(n for n in cfg.aliases if n.startswith(f"{written} is "))
-    owner = SPELLINGS[written][1].owner  # TRL's temperature and OpenRLHF's are one name
-    assert note.startswith(f"{written} is {owner}'s name for ")
-    assert f"set {alias.key}=" in note  # says what it became
+    assert f"set {alias.key}=" in _note_of(cfg, name, overrides, offline=False)  # says what it became
+
+
+@pytest.mark.parametrize("name, preset, overrides, expected", OFFLINE_TRANSLATED)
+def test_a_data_column_name_sets_the_offline_trainers_key(name, preset, overrides, expected):
+    cfg = load_config(preset, overrides)
+    assert {key: _value(cfg, key) for key in expected} == expected
+    alias = VERL_ALIASES.get(name) or OPENRLHF_ALIASES[name]
+    assert f"set {alias.offline or alias.key}=" in _note_of(cfg, name, overrides, offline=True)
 
 
 def test_every_translated_verl_and_openrlhf_name_has_a_case():
     mapped = {name for table in (VERL_ALIASES, OPENRLHF_ALIASES) for name, a in table.items() if a.key is not None}
-    assert mapped == {name for name, _, _ in TRANSLATED}
+    rl = {name for name, _, _ in TRANSLATED}
+    offline = {name for name, _, _, _ in OFFLINE_TRANSLATED}
+    assert mapped == rl | offline
+    # a name for the prompt's column has a case in each kind of run, but verl's data.prompt_key, which in an
+    # offline run is lmrl's own key (tests/test_offline_keys.py)
+    by_kind = {name for table in (VERL_ALIASES, OPENRLHF_ALIASES) for name, a in table.items() if a.offline}
+    assert by_kind == {"data.prompt_key", "input_key", "prompt_key"}
+    assert by_kind <= rl and by_kind - set(RL_SPELLINGS) <= offline
 
 
 def test_verl_sections_nested_in_yaml_are_its_dotted_names(tmp_path):
@@ -499,12 +542,13 @@ def test_every_alias_sets_lmrl_keys_and_every_name_is_its_own_spelling():
     keys = set(all_keys())
     for table in (TRL_ALIASES, VERL_ALIASES, OPENRLHF_ALIASES):
         for name, alias in table.items():
-            sets = [alias.key, alias.also, *(alias.implies or {})]
+            sets = [alias.key, alias.also, alias.offline, *(alias.implies or {})]
             sets += [k for v in (alias.values or {}).values() if isinstance(v, dict) for k in v]
             assert {k for k in sets if k} <= keys, name
             if alias.bare:
-                assert SPELLINGS[name][1].key == alias.key, name
+                assert (SPELLINGS.get(name) or RL_SPELLINGS[name])[1].key == alias.key, name
     assert not keys & set(SPELLINGS)
+    assert set(RL_SPELLINGS) <= keys  # an offline trainer's key, another tool's name in an RL run
 
 
 # -- help texts and docs ---------------------------------------------------------------------------

@@ -69,8 +69,8 @@ def prompt_row(row: dict, prompt_key: str = PROMPT_KEY, label_key: str = LABEL_K
     is a DataError for the caller to put the row's place in front of."""
     out = dict(row)
     if prompt_key != PROMPT_KEY:
-        prompt = _at(row, prompt_key)
-        if prompt is _ABSENT:
+        prompt = value_at(row, prompt_key)
+        if prompt is ABSENT:
             raise DataError(f"missing key {prompt_key!r} (task.prompt_key) {_has(row)}")
         out = {k: v for k, v in out.items() if k not in ("prompt", "messages", prompt_key)}
         out["prompt"] = prompt
@@ -84,11 +84,11 @@ def prompt_row(row: dict, prompt_key: str = PROMPT_KEY, label_key: str = LABEL_K
         out = {("messages" if k == "prompt" else k): v for k, v in out.items()}
     source = label_key
     if label_key != LABEL_KEY:
-        label = _at(row, label_key)
-        if label is _ABSENT:
+        label = value_at(row, label_key)
+        if label is ABSENT:
             raise DataError(f"missing key {label_key!r} (task.label_key) {_has(row)}")
-    elif "ground_truth" not in out and _at(row, "reward_model.ground_truth") is not _ABSENT:
-        source, label = "reward_model.ground_truth", _at(row, "reward_model.ground_truth")
+    elif "ground_truth" not in out and value_at(row, "reward_model.ground_truth") is not ABSENT:
+        source, label = "reward_model.ground_truth", value_at(row, "reward_model.ground_truth")
     else:
         return out
     if not isinstance(label, str):
@@ -97,17 +97,17 @@ def prompt_row(row: dict, prompt_key: str = PROMPT_KEY, label_key: str = LABEL_K
     return out
 
 
-_ABSENT = object()  # what `_at` finds where a row has no such key
+ABSENT = object()  # what `value_at` finds where a row has no such key
 
 
-def _at(row: dict, key: str):
-    """The value at `key` in `row`: a top-level key of that name, else the dotted path's (`a.b`), else _ABSENT."""
+def value_at(row: dict, key: str):
+    """The value at `key` in `row`: a top-level key of that name, else the dotted path's (`a.b`), else ABSENT."""
     if key in row:
         return row[key]
     value = row
     for part in key.split("."):
         if not isinstance(value, dict) or part not in value:
-            return _ABSENT
+            return ABSENT
         value = value[part]
     return value
 

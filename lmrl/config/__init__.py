@@ -37,7 +37,7 @@ from .schema import (  # noqa: F401  (re-exported: `from lmrl.config import Trai
 )
 from .aliases import (  # noqa: F401  (re-exported)
     OPENRLHF_ALIASES, SPELLINGS as _ALIAS_SPELLINGS, TRL_ALIASES, VERL_ALIASES, Alias, all_keys as _all_keys,
-    suggest_key as _suggest, foreign_section_problem, translate as _translate,
+    spelling as _spelling, suggest_key as _suggest, foreign_section_problem, translate as _translate,
 )
 from ..tasks import task_spec
 
@@ -324,11 +324,14 @@ def _items_of(data: dict, where: str, lines: dict[str, int] | None = None) -> li
             out += flat(dotted, value) if deeper else [(dotted, value, at(dotted))]
         return out
 
-    items = []
+    items, keys = [], set(_all_keys())
     for section, values in data.items():
         if isinstance(values, dict) and section not in _ALIAS_SPELLINGS:
-            if section in sections:
-                items += [(f"{section}.{key}", value, at(f"{section}.{key}")) for key, value in values.items()]
+            if section in sections:  # a mapping under a name that is no key is verl's (data: {multiturn: ...})
+                for key, value in values.items():
+                    dotted = f"{section}.{key}"
+                    deeper = isinstance(value, dict) and dotted not in keys and dotted not in _ALIAS_SPELLINGS
+                    items += flat(dotted, value) if deeper else [(dotted, value, at(dotted))]
             else:
                 items += flat(str(section), values)
         else:
@@ -340,9 +343,14 @@ def _apply_items(cfg: Config, items: list[tuple[str, Any, str]], notes: list[str
     """Sets the items of one source (a YAML file, or the command line's overrides), other tools'
     names translated (a note each in `notes`); returns each lmrl key set with where it was set. A
     name's further keys (TRL's epsilon's upper clip, verl's gae's value model) give way to the same
-    source setting them otherwise; two names that set one key to different values are refused."""
-    translated = {i: _translate(key, value, where) for i, (key, value, where) in enumerate(items)
-                  if key in _ALIAS_SPELLINGS}
+    source setting them otherwise; two names that set one key to different values are refused. A name
+    verl or OpenRLHF give an RL key and an offline trainer's alike (the prompt's column) sets the one of
+    the run's kind as far as it is known here: the run.trainer this source sets, else the one before."""
+    trainer = next((value for key, value, _ in reversed(items) if key == "run.trainer"), cfg.run.trainer)
+    offline, written = trainer != "rl", {key for key, _, _ in items}
+    names = {i: found for i, (key, _, _) in enumerate(items) if (found := _spelling(key, offline, written))}
+    translated = {i: _translate(key, value, where, offline) for i, (key, value, where) in enumerate(items)
+                  if i in names}
     firsts = {pairs[0][0] for pairs, _ in translated.values() if pairs}
     named = {key for i, (key, _, _) in enumerate(items) if i not in translated} | firsts
     by_alias: dict[str, tuple[str, Any]] = {}  # lmrl key -> (the name, as written, that set it, its value)
@@ -353,7 +361,7 @@ def _apply_items(cfg: Config, items: list[tuple[str, Any, str]], notes: list[str
             done.append((key, where))
             continue
         pairs, tail = translated[i]
-        name, alias = _ALIAS_SPELLINGS[key]
+        name, alias = names[i]
         sets = pairs[:1] + [(k, v) for k, v in pairs[1:] if k not in named]
         for target, v in sets:
             _set(cfg, target, v, f"{where}, as {alias.owner}'s {name}")

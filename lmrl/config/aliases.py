@@ -36,6 +36,8 @@ class Alias:
     pair: bool = False            # the value is [key's, also's]
     bare: bool = True             # TRL: False where the bare name means a different key in another TRL config
     head: str = ""                # OpenRLHF: the flag's dotted name in OpenRLHF's newer releases
+    offline: str | None = None    # the key it sets instead in an offline trainer's run (run.trainer sft, dpo, reward):
+                                  # verl and OpenRLHF name the prompt's column alike for RL and for SFT
     note: str = ""                # key None: why and what to write ({value} stands for the value given);
                                   # otherwise a remark said with the translation and in the docs
     caveat: str = ""              # where lmrl differs once translated, said with the translation
@@ -144,7 +146,9 @@ VERL_ALIASES: dict[str, Alias] = {
     "data.max_response_length": Alias("task.max_new_tokens", "verl"),
     "data.train_files": Alias("task.train_file", "verl", note="one file, parquet or JSONL, its rows as verl's"),
     "data.val_files": Alias("task.test_file", "verl", note="one file, parquet or JSONL, its rows as verl's"),
-    "data.prompt_key": Alias("task.prompt_key", "verl"),
+    # in an offline run data.prompt_key is lmrl's own key: the same column, of the offline trainers' rows
+    "data.prompt_key": Alias("task.prompt_key", "verl", offline="data.prompt_key"),
+    "data.multiturn.messages_key": Alias("data.messages_key", "verl"),
     "data.shuffle": Alias("train.prompt_order", "verl", values={True: "shuffled", False: "in_order"}),
     "actor_rollout_ref.rollout.n": Alias("algo.group_size", "verl"),
     "actor_rollout_ref.actor.ppo_mini_batch_size": Alias(None, "verl", note=(
@@ -353,8 +357,13 @@ OPENRLHF_ALIASES: dict[str, Alias] = {
         "a local file, parquet or JSONL (`lmrl prepare-data` converts a Hugging Face data set)")),
     "eval_dataset": Alias("task.test_file", "OpenRLHF", head="eval.dataset", note=(
         "a local file, parquet or JSONL")),
-    "input_key": Alias("task.prompt_key", "OpenRLHF", head="data.input_key", note=(
+    "input_key": Alias("task.prompt_key", "OpenRLHF", head="data.input_key", offline="data.prompt_key", note=(
         "lmrl's default is prompt (OpenRLHF's input)")),
+    "output_key": Alias("data.response_key", "OpenRLHF", head="data.output_key",
+                        note="lmrl's default reads response or completion (TRL's)"),
+    "prompt_key": Alias("task.prompt_key", "OpenRLHF", head="data.prompt_key", offline="data.prompt_key"),
+    "chosen_key": Alias("data.chosen_key", "OpenRLHF", head="data.chosen_key"),
+    "rejected_key": Alias("data.rejected_key", "OpenRLHF", head="data.rejected_key"),
     "label_key": Alias("task.label_key", "OpenRLHF", head="data.label_key"),
     "remote_rm_url": Alias(None, "OpenRLHF", head="reward.remote_url", note=(
         "names a reward server or a .py file; lmrl calls a file's function itself: set "
@@ -425,7 +434,7 @@ def all_keys() -> list[str]:
 
 def _spellings_of(name: str, alias: Alias) -> list[str]:
     """The ways `name` may be written besides itself."""
-    home = [alias.key.partition(".")[0]] if alias.key else []
+    home = list(dict.fromkeys(k.partition(".")[0] for k in (alias.key, alias.offline) if k))
     last = name.rpartition(".")[2]
     if alias.source in _TRL_SECTIONS:
         return [f"{s}.{name}" for s in list(_TRL_SECTIONS[alias.source]) + home]
@@ -436,7 +445,7 @@ def _spellings_of(name: str, alias: Alias) -> list[str]:
 
 def _same(a: Alias, b: Alias) -> bool:
     """Whether two names set the same keys to the same values (TRL's temperature and OpenRLHF's)."""
-    fields = ("key", "values", "others", "refused", "matches", "also", "implies", "pair")
+    fields = ("key", "values", "others", "refused", "matches", "also", "implies", "pair", "offline")
     return all(getattr(a, f) == getattr(b, f) for f in fields)
 
 
@@ -468,6 +477,22 @@ def _alias_spellings() -> dict[str, tuple[str, Alias]]:
 
 
 SPELLINGS = _alias_spellings()
+# An offline trainer's key that is, in an RL run, another tool's name for an RL key (verl's data.prompt_key:
+# task.prompt_key) -> (the name, its Alias); verl's where OpenRLHF's newer dotted name is the same.
+RL_SPELLINGS = {alias.offline: (name, alias) for table in (OPENRLHF_ALIASES, VERL_ALIASES)
+                for name, alias in table.items() if alias.offline in (name, alias.head)}
+
+
+def spelling(written: str, offline: bool, keys_written=()) -> tuple[str, Alias] | None:
+    """(the name, its Alias) that `written` is in one source (a YAML file, the command line) of an RL run or,
+    `offline`, of an offline trainer's; None where it is an lmrl key or no name at all. An offline
+    trainer's key that verl spells alike for an RL key (data.prompt_key) is verl's name in an RL run
+    unless the source writes that RL key itself (`keys_written`): a saved config.yaml, or `lmrl config`'s
+    output, holds every key under its own name."""
+    if written in SPELLINGS:
+        return SPELLINGS[written]
+    found = None if offline else RL_SPELLINGS.get(written)
+    return None if found is None or found[1].key in keys_written else found
 
 
 # -- translating -----------------------------------------------------------------------------------
@@ -486,11 +511,12 @@ def _find(table: dict | tuple, value: Any) -> tuple[bool, Any]:
     return False, None
 
 
-def translate(written: str, value: Any, where: str) -> tuple[list[tuple[str, Any]], str]:
-    """The (lmrl key, value) pairs a name written as `written` sets, its own key first (the others
-    give way to the same file or command line setting them otherwise: `lmrl.config._apply_items`), and
-    what the note on the translation adds; a ConfigError where lmrl does not take it as it is."""
-    name, alias = SPELLINGS[written]
+def translate(written: str, value: Any, where: str, offline: bool = False) -> tuple[list[tuple[str, Any]], str]:
+    """The (lmrl key, value) pairs a name written as `written` sets in an RL run or, `offline`, in an
+    offline trainer's, its own key first (the others give way to the same file or command line
+    setting them otherwise: `lmrl.config._apply_items`), and what the note on the translation adds; a
+    ConfigError where lmrl does not take it as it is."""
+    name, alias = SPELLINGS.get(written) or RL_SPELLINGS[written]
     shown = _shown(value)
     said = f"{alias.owner}'s {written}={shown}" if written == name else f"{written}={shown} ({alias.owner}'s {name})"
     found, why = _find(alias.refused or {}, value)
@@ -511,15 +537,20 @@ def translate(written: str, value: Any, where: str) -> tuple[list[tuple[str, Any
             taken = ", ".join(_shown(v) for v in list(alias.values) + list(alias.matches))
             raise ConfigError(f"{written}={value!r} is not one of {taken} ({alias.owner}'s {name}, which sets "
                               f"{alias.key}; from {where}){suggest(str(value), [str(v) for v in alias.values])}")
+    key, kind = alias.key, ""
+    if alias.offline:  # the same name for an RL key and an offline trainer's
+        key, other = (alias.offline, alias.key) if offline else (alias.key, alias.offline)
+        kind = f"run.trainer=rl's is {other}" if offline else f"the offline trainers' is {other}"
     if alias.pair:
         if not (isinstance(value, list) and len(value) == 2):
-            raise ConfigError(f"{said} takes two numbers, [{alias.key}, {alias.also}] (from {where})")
-        pairs = [(alias.key, value[0]), (alias.also, value[1])]
+            raise ConfigError(f"{said} takes two numbers, [{key}, {alias.also}] (from {where})")
+        pairs = [(key, value[0]), (alias.also, value[1])]
     elif several:
         pairs = list(value.items())
     else:
-        pairs = [(alias.key, value)] + ([(alias.also, value)] if alias.also else [])
-    return pairs + list((alias.implies or {}).items()), "".join(f"; {t}" for t in (alias.note, alias.caveat) if t)
+        pairs = [(key, value)] + ([(alias.also, value)] if alias.also else [])
+    return pairs + list((alias.implies or {}).items()), "".join(
+        f"; {t}" for t in (kind, alias.note, alias.caveat) if t)
 
 
 def suggest_key(written: str, options: list[str], cutoff: float = 0.5) -> str:
@@ -567,6 +598,8 @@ def _target(alias: Alias) -> str:
     if alias.key is None:
         return "—"
     text = f"`{alias.key}`" + (f" + `{alias.also}`" if alias.also else "")
+    if alias.offline:
+        text += f" (run.trainer=rl); `{alias.offline}` (sft, dpo, reward)"
     text += "".join(f" + `{k}={_shown(v)}`" for k, v in (alias.implies or {}).items())
     if alias.values:
         text += " (" + ", ".join(

@@ -304,6 +304,18 @@ class DataConfig(Section):
     epochs: float = _f(1.0, "passes over train_file when train.max_steps is 0", gt=0)
     chat: bool = _f(True, "hf: put a plain-text prompt in the tokenizer's chat template as a user message")
     eval_size: int = _f(0, "held-out rows evaluated (0 = all of eval_file)", ge=0)
+    # where the rows hold their fields (TRL's names by default; a dotted name reaches into a nested object)
+    prompt_key: str = _f("prompt", "the column of each row's prompt, a text or {role, content} messages: sft's "
+                                   "prompt/response rows, a dpo or reward pair's prompt (renamed, every pair needs it "
+                                   "or messages_key; by default a pair without one shares its prompt between its "
+                                   "replies) (verl's data.prompt_key, OpenRLHF's --input_key / --prompt_key)")
+    response_key: str = _f("response", "sft: the column of a prompt/response row's response (the default reads TRL's "
+                                       "completion too) (verl's data.response_key, OpenRLHF's --output_key)")
+    messages_key: str = _f("messages", "the column of a conversation: sft's row, or a dpo or reward pair's prompt "
+                                       "(verl's data.multiturn.messages_key)")
+    chosen_key: str = _f("chosen", "dpo, reward: the column of a pair's preferred reply (OpenRLHF's --chosen_key)")
+    rejected_key: str = _f("rejected", "dpo, reward: the column of a pair's dispreferred reply (OpenRLHF's "
+                                       "--rejected_key)")
     # how SFT rows become sequences (run.trainer=sft)
     text_field: str = _f("text", "sft: the column a language-modelling row's text is read from (TRL's "
                                  "dataset_text_field)")
@@ -322,8 +334,17 @@ class DataConfig(Section):
                                    "attention is not sdpa or eager, e.g. flash attention)")
 
     def check(self) -> list[str]:
-        return [] if self.packing or self.packing_strategy == "bfd" else [
-            f"data.packing_strategy={self.packing_strategy} says how to pack: set data.packing=true too"]
+        columns = {k: getattr(self, k) for k in ("prompt_key", "response_key", "messages_key", "chosen_key",
+                                                 "rejected_key", "text_field")}
+        return [msg for ok, msg in [
+            (self.packing or self.packing_strategy == "bfd",
+             f"data.packing_strategy={self.packing_strategy} says how to pack: set data.packing=true too"),
+            *((bool(name.strip()), f"data.{key} must name a column of the rows (got {name!r})")
+              for key, name in columns.items()),
+            (self.chosen_key != self.rejected_key,
+             f"data.chosen_key and data.rejected_key both name {self.chosen_key!r}; a pair's two replies are two "
+             f"columns"),
+        ] if not ok]
 
 
 @dataclass
@@ -707,20 +728,25 @@ def _offline_rules(cfg: Config) -> list[tuple[bool, str]]:
 
 # the keys only run.trainer=sft reads
 SFT_ONLY_KEYS = ("sft.loss_type", "sft.completion_only_loss", "sft.assistant_only_loss", "sft.label_smoothing",
-                 "sft.neftune_noise_alpha", "data.text_field", "data.truncation_mode", "data.packing",
-                 "data.padding_free")
+                 "sft.neftune_noise_alpha", "data.text_field", "data.response_key", "data.truncation_mode",
+                 "data.packing", "data.padding_free")
+# the keys only the preference trainers read (run.trainer=dpo, reward)
+PAIR_ONLY_KEYS = ("data.chosen_key", "data.rejected_key")
 
 
 def _sft_only_problem(cfg: Config) -> str | None:
-    """The line naming a key only SFT reads, set away from its default for another run.trainer; or None."""
-    if cfg.run.trainer == "sft":
-        return None
-    for key in SFT_ONLY_KEYS:
-        section, name = key.split(".")
-        value = getattr(getattr(cfg, section), name)
-        if value != getattr(type(getattr(cfg, section))(), name):
-            return (f"{key}={value} is for run.trainer=sft; run.trainer={cfg.run.trainer} does not read it"
-                    + (" (RL's warm-up trains with the plain cross-entropy)" if section == "sft" else ""))
+    """The line naming a key only SFT, or only the preference trainers, read, set away from its default
+    for another run.trainer; or None."""
+    for keys, readers in ((SFT_ONLY_KEYS, ("sft",)), (PAIR_ONLY_KEYS, ("dpo", "reward"))):
+        if cfg.run.trainer in readers:
+            continue
+        for key in keys:
+            section, name = key.split(".")
+            value = getattr(getattr(cfg, section), name)
+            if value != getattr(type(getattr(cfg, section))(), name):
+                return (f"{key}={value} is for run.trainer={' or '.join(readers)}; run.trainer={cfg.run.trainer} "
+                        f"does not read it" + (" (RL's warm-up trains with the plain cross-entropy)"
+                                               if section == "sft" else ""))
     return None
 
 
@@ -734,6 +760,7 @@ WARMUP_KEYS = {"sft.steps": (None, "train.max_steps"), "sft.examples": (None, No
 # The sections only the offline trainers read, and the RL key that does the same as one of theirs.
 OFFLINE_SECTIONS = {"data": "the offline trainers (run.trainer=sft, dpo, reward)", "dpo": "run.trainer=dpo"}
 RL_COUNTERPARTS = {"data.train_file": "task.train_file", "data.eval_file": "task.test_file",
+                   "data.prompt_key": "task.prompt_key",
                    "data.generate": "task.generate",
                    "data.max_length": "task.max_new_tokens for completions, task.max_prompt_length for prompts",
                    "data.batch_size": "train.rollout_size", "data.epochs": "train.steps", "data.chat": "task.chat",

@@ -24,6 +24,10 @@ SFT rows:
     {"prompt", "completion" | "response"} strings, or prompt messages + completion assistant messages
     {"messages"}, {"conversations"}       a conversation (ShareGPT's {"from", "value"} turns too)
     {"text"}                              language modelling: the loss on every token
+Rows whose columns have other names are read through `Columns` (the config's data.prompt_key,
+data.response_key, data.messages_key, data.chosen_key, data.rejected_key, data.text_field; a dotted
+name reaches into a nested object):
+    read_preference("pairs.jsonl", columns=Columns(prompt="question", chosen="better", rejected="worse"))
 
 Errors name `path:line` for a file and `row i` (0-based, as `dataset[i]`) for rows handed in, then the
 field. Every row becomes a row or an error; none is dropped. Over-long rows are cut when encoded,
@@ -41,7 +45,7 @@ from dataclasses import dataclass, field, replace
 from typing import Sequence, Union
 
 from ..common.chat import template_kwargs_problem
-from ..common.data import DataError, iter_jsonl
+from ..common.data import ABSENT, DataError, iter_jsonl, value_at
 
 SHAREGPT_ROLES = {"human": "user", "gpt": "assistant", "system": "system",
                   "user": "user", "assistant": "assistant", "tool": "tool"}
@@ -50,6 +54,34 @@ DIALOGUES = ("auto", "hh", "text")
 _HH_TURN = re.compile(r"(?:\A|\n\n)(Human|Assistant):")
 
 Source = Union[str, os.PathLike, Iterable[Mapping]]  # a JSONL path, or the rows themselves
+
+
+@dataclass(frozen=True)
+class Columns:
+    """Where a row holds its fields: a column's name, or a dotted path into nested objects (`answer.text`).
+    The defaults are TRL's names; a name set away from its default is said with its config key in errors."""
+    prompt: str = "prompt"      # data.prompt_key: SFT's prompt/response rows, a pair's explicit prompt
+    response: str = "response"  # data.response_key: SFT's response (with the default, TRL's "completion" too)
+    messages: str = "messages"  # data.messages_key: SFT's conversation, or a pair's prompt as a conversation
+    chosen: str = "chosen"      # data.chosen_key: a pair's preferred reply
+    rejected: str = "rejected"  # data.rejected_key: a pair's dispreferred reply
+    text: str = "text"          # data.text_field: SFT's language-modelling text
+
+    @classmethod
+    def of(cls, data) -> "Columns":
+        """The columns a config's data section names."""
+        return cls(data.prompt_key, data.response_key, data.messages_key, data.chosen_key, data.rejected_key,
+                   data.text_field)
+
+    def named(self, field_name: str) -> str:
+        """A column as errors show it: 'question' (data.prompt_key) where the config renamed it."""
+        column = getattr(self, field_name)
+        if column == getattr(COLUMNS, field_name):
+            return repr(column)
+        return f"{column!r} (data.{'text_field' if field_name == 'text' else field_name + '_key'})"
+
+
+COLUMNS = Columns()
 
 
 @dataclass(frozen=True)
@@ -82,9 +114,10 @@ class _Bad(Exception):
     """A problem with one row's fields; the reader puts the row's location in front."""
 
 
-def read_preference(source: Source, *, dialogue: str = "auto") -> list[PreferenceRow]:
+def read_preference(source: Source, *, dialogue: str = "auto", columns: Columns = COLUMNS) -> list[PreferenceRow]:
     """Preference pairs from a JSONL file (.jsonl or .jsonl.gz) or from rows (a `datasets.Dataset`,
-    a list of dicts). Row forms: see the module docstring.
+    a list of dicts). Row forms: see the module docstring; `columns` names their fields (a prompt
+    column named away from "prompt" must be in every row, unless the row has the messages column).
 
     An implicit prompt is the longest beginning the two sides share, cut back so that it ends where the
     replies start: for message lists, the shared leading messages, fewer if needed so that both sides
@@ -101,10 +134,10 @@ def read_preference(source: Source, *, dialogue: str = "auto") -> list[Preferenc
     not end with one; a pair with no shared beginning; chosen identical to rejected."""
     if dialogue not in DIALOGUES:
         raise ValueError(f"dialogue must be one of {', '.join(DIALOGUES)}, got {dialogue!r}")
-    return [_located(where, _preference_row, row, dialogue) for where, row in iter_rows(source)]
+    return [_located(where, _preference_row, row, dialogue, columns) for where, row in iter_rows(source)]
 
 
-def read_sft(source: Source, *, text_field: str = "text") -> list[SFTRow]:
+def read_sft(source: Source, *, text_field: str | None = None, columns: Columns = COLUMNS) -> list[SFTRow]:
     """SFT rows from a JSONL file (.jsonl or .jsonl.gz) or from rows (a `datasets.Dataset`, a list of
     dicts): {"prompt", "response" | "completion"} as strings, or as prompt messages and completion
     assistant messages (the loss on the completion only); {"messages": [...]}; {"conversations": [...]}
@@ -112,17 +145,19 @@ def read_sft(source: Source, *, text_field: str = "text") -> list[SFTRow]:
     assistant, system); {"text"}, or the column `text_field` names (TRL's dataset_text_field: the loss
     on every token). A turn may say `"training": false` (as in axolotl): an assistant turn that is
     context, not loss (a worked example). A conversation needs an assistant turn to train on; a prompt,
-    response, text or assistant turn must not be empty."""
-    return [_located(where, _sft_row, row, text_field) for where, row in iter_rows(source)]
+    response, text or assistant turn must not be empty. `columns` names the fields (`text_field`, when
+    given, the text's)."""
+    columns = columns if text_field is None else replace(columns, text=text_field)
+    return [_located(where, _sft_row, row, columns) for where, row in iter_rows(source)]
 
 
-def preference_row(row: Mapping, *, dialogue: str = "auto") -> PreferenceRow:
+def preference_row(row: Mapping, *, dialogue: str = "auto", columns: Columns = COLUMNS) -> PreferenceRow:
     """One preference row as `read_preference` reads it (None values count as absent keys); a row that
     cannot be used is a DataError saying what is wrong, for the caller to put its location in front."""
     if dialogue not in DIALOGUES:
         raise ValueError(f"dialogue must be one of {', '.join(DIALOGUES)}, got {dialogue!r}")
     try:
-        return _preference_row({k: v for k, v in row.items() if v is not None}, dialogue)
+        return _preference_row({k: v for k, v in row.items() if v is not None}, dialogue, columns)
     except _Bad as e:
         raise DataError(str(e)) from None
 
@@ -174,34 +209,40 @@ def hh_messages(text: str) -> list[dict]:
 
 # ------------------------------------------------------------------------------------ preference rows
 
-def _preference_row(row: dict, dialogue: str) -> PreferenceRow:
-    missing = [k for k in ("chosen", "rejected") if k not in row]
+def _preference_row(row: dict, dialogue: str, c: Columns = COLUMNS) -> PreferenceRow:
+    missing = [c.named(side) for side in ("chosen", "rejected") if value_at(row, getattr(c, side)) is ABSENT]
     if missing:
-        raise _Bad(f"missing key{'s' if len(missing) > 1 else ''} {', '.join(map(repr, missing))} {_keys(row)}")
-    if "prompt" in row and "messages" in row:
-        raise _Bad("the row has both 'prompt' and 'messages'; keep one (the prompt)")
-    chosen, rejected = _text_or_messages(row["chosen"], "chosen"), _text_or_messages(row["rejected"], "rejected")
+        raise _Bad(f"missing key{'s' if len(missing) > 1 else ''} {', '.join(missing)} {_keys(row)}")
+    has_prompt = value_at(row, c.prompt) is not ABSENT
+    has_messages = c.messages != c.prompt and value_at(row, c.messages) is not ABSENT
+    if has_prompt and has_messages:
+        raise _Bad(f"the row has both {c.prompt!r} and {c.messages!r}; keep one (the prompt)")
+    if not has_prompt and not has_messages and c.prompt != COLUMNS.prompt:  # a renamed prompt column is meant
+        raise _Bad(f"missing key {c.named('prompt')} {_keys(row)}")
+    chosen = _text_or_messages(value_at(row, c.chosen), c.chosen)
+    rejected = _text_or_messages(value_at(row, c.rejected), c.rejected)
     if isinstance(chosen, list) != isinstance(rejected, list):
-        raise _Bad(f"'chosen' is {_form(chosen)} but 'rejected' is {_form(rejected)}; give both the same way")
-    prompt_key = "prompt" if "prompt" in row else "messages" if "messages" in row else None
+        raise _Bad(f"{c.chosen!r} is {_form(chosen)} but {c.rejected!r} is {_form(rejected)}; give both the same way")
+    prompt_key = c.prompt if has_prompt else c.messages if has_messages else None
     if prompt_key is None:
-        prompt, chosen, rejected = _implicit_prompt(chosen, rejected, dialogue)
+        prompt, chosen, rejected = _implicit_prompt(chosen, rejected, dialogue, c)
     else:
-        if prompt_key == "messages" and not isinstance(row["messages"], list):
-            raise _Bad(f"'messages' must be a list of {{role, content}} messages, got {_describe(row['messages'])}")
-        prompt = _text_or_messages(row[prompt_key], prompt_key)
+        value = value_at(row, prompt_key)
+        if has_messages and not isinstance(value, list):
+            raise _Bad(f"{prompt_key!r} must be a list of {{role, content}} messages, got {_describe(value)}")
+        prompt = _text_or_messages(value, prompt_key)
         if isinstance(chosen, list):
             if isinstance(prompt, str):
                 prompt = [{"role": "user", "content": prompt}]
             chosen, rejected = _after_prompt(prompt, chosen), _after_prompt(prompt, rejected)
     if isinstance(prompt, list) and not any(m["content"].strip() for m in prompt):
-        raise _Bad(f"'{prompt_key or 'prompt'}' is empty (every message's content is blank)")
+        raise _Bad(f"{prompt_key or c.prompt!r} is empty (every message's content is blank)")
     if isinstance(chosen, list):
-        for key, reply in (("chosen", chosen), ("rejected", rejected)):
+        for key, reply in ((c.chosen, chosen), (c.rejected, rejected)):
             _check_reply(reply, key)
     if _comparable(chosen) == _comparable(rejected):
-        raise _Bad(f"'chosen' and 'rejected' are the same text ({_preview(chosen)}); a pair must differ to say "
-                   f"which is preferred")
+        raise _Bad(f"{c.chosen!r} and {c.rejected!r} are the same text ({_preview(chosen)}); a pair must differ to "
+                   f"say which is preferred")
     return PreferenceRow(prompt, chosen, rejected, _margin(row.get("margin")), _template_kwargs(row))
 
 
@@ -235,16 +276,16 @@ def _text_or_messages(value, key: str) -> str | list[dict]:
     raise _Bad(f"{key!r} must be a string or a list of {{role, content}} messages, got {_describe(value)}")
 
 
-def _implicit_prompt(chosen, rejected, dialogue: str):
-    """(prompt, chosen, rejected) from two sides that share their beginning."""
+def _implicit_prompt(chosen, rejected, dialogue: str, c: Columns = COLUMNS):
+    """(prompt, chosen, rejected) from two sides that share their beginning; `c` names them in errors."""
     if isinstance(chosen, list):
-        return _split_messages(chosen, rejected)
+        return _split_messages(chosen, rejected, c)
     if dialogue == "hh" or (dialogue == "auto" and _is_hh(chosen) and _is_hh(rejected)):
-        return _hh_split(chosen, rejected)
-    return _split_text(chosen, rejected)
+        return _hh_split(chosen, rejected, c)
+    return _split_text(chosen, rejected, c)
 
 
-def _split_messages(chosen: list[dict], rejected: list[dict]):
+def _split_messages(chosen: list[dict], rejected: list[dict], c: Columns = COLUMNS):
     """The shared leading messages are the prompt, cut back until both sides go on with an assistant
     message (the reply starts there)."""
     k = 0
@@ -254,12 +295,12 @@ def _split_messages(chosen: list[dict], rejected: list[dict]):
                          chosen[k]["role"] == rejected[k]["role"] == "assistant"):
         k -= 1
     if k == 0:
-        raise _Bad("'chosen' and 'rejected' share no leading messages before an assistant reply, so there is no "
-                   "prompt; give a 'prompt', or both whole conversations from the start")
+        raise _Bad(f"{c.chosen!r} and {c.rejected!r} share no leading messages before an assistant reply, so there is "
+                   f"no prompt; give a {c.prompt!r}, or both whole conversations from the start")
     return chosen[:k], chosen[k:], rejected[k:]
 
 
-def _split_text(chosen: str, rejected: str):
+def _split_text(chosen: str, rejected: str, c: Columns = COLUMNS):
     """The shared beginning is the prompt: up to and including its last "\\n\\nAssistant:" when it has
     one, else cut back to a word boundary (the prompt never ends inside a word unless it has no
     whitespace at all, e.g. Chinese), with a trailing space given to the replies."""
@@ -277,9 +318,9 @@ def _split_text(chosen: str, rejected: str):
     if cut > 0 and chosen[cut - 1] == " ":
         cut -= 1
     if not chosen[:cut].strip():
-        raise _Bad(f"'chosen' and 'rejected' share no beginning, so there is no prompt (they start "
-                   f"{_preview(chosen[:20])} and {_preview(rejected[:20])}); give a 'prompt'")
-    for key, side in (("chosen", chosen), ("rejected", rejected)):
+        raise _Bad(f"{c.chosen!r} and {c.rejected!r} share no beginning, so there is no prompt (they start "
+                   f"{_preview(chosen[:20])} and {_preview(rejected[:20])}); give a {c.prompt!r}")
+    for key, side in ((c.chosen, chosen), (c.rejected, rejected)):
         if not side[cut:].strip():
             raise _Bad(f"{key!r} has nothing after the prompt it shares with the other side ({_preview(side)})")
     return chosen[:cut], chosen[cut:], rejected[cut:]
@@ -289,23 +330,24 @@ def _is_hh(text: str) -> bool:
     return text.lstrip().startswith("Human:") and HH_ASSISTANT in text
 
 
-def _hh_split(chosen: str, rejected: str):
+def _hh_split(chosen: str, rejected: str, c: Columns = COLUMNS):
     """(prompt, chosen, rejected) of an HH-RLHF pair as conversational messages: the prompt is the shared
     text up to its last "\\n\\nAssistant:" as user / assistant messages; each reply is the rest of its side
     (stripped) as one assistant message, so a side that goes on for more turns keeps them in its one
     reply, as TRL's HH script does."""
-    for key, side in (("chosen", chosen), ("rejected", rejected)):
+    for key, side in ((c.chosen, chosen), (c.rejected, rejected)):
         if not _is_hh(side):
             raise _Bad(f"{key!r} is not a '\\n\\nHuman: ... \\n\\nAssistant: ...' dialogue (it starts "
                        f"{_preview(side[:30])})")
     shared = os.path.commonprefix([chosen, rejected])
     turn = shared.rfind(HH_ASSISTANT)
     if turn < 0:
-        raise _Bad("'chosen' and 'rejected' share no turns up to an '\\n\\nAssistant:' reply, so there is no prompt")
+        raise _Bad(f"{c.chosen!r} and {c.rejected!r} share no turns up to an '\\n\\nAssistant:' reply, so there is "
+                   f"no prompt")
     try:
         prompt = hh_messages(chosen[:turn])
     except DataError as e:
-        raise _Bad(f"'chosen': {e}") from None
+        raise _Bad(f"{c.chosen!r}: {e}") from None
     start = turn + len(HH_ASSISTANT)
     return prompt, [{"role": "assistant", "content": chosen[start:].strip()}], \
         [{"role": "assistant", "content": rejected[start:].strip()}]
@@ -335,28 +377,38 @@ def _comparable(value) -> object:
 
 # ------------------------------------------------------------------------------------------- SFT rows
 
-_SFT_FORMS = "'prompt' + 'response' | 'prompt' + 'completion' | 'messages' | 'conversations'"
+def _sft_forms(c: Columns) -> str:
+    """The SFT row forms under `c`'s names, for the error of a row that has none."""
+    answers = [c.named("response")] + (["'completion'"] if c.response == COLUMNS.response else [])
+    return " | ".join([f"{c.named('prompt')} + {answer}" for answer in answers]
+                      + [c.named("messages"), "'conversations'", c.named("text")])
 
 
-def _sft_row(row: dict, text_field: str = "text") -> SFTRow:
-    present = [k for k in dict.fromkeys(("prompt", "messages", "conversations", text_field)) if k in row]
-    if not present or (present == ["prompt"] and "response" not in row and "completion" not in row):
-        named = "" if text_field == "text" else " (data.text_field)"
-        raise _Bad(f"needs one of {_SFT_FORMS} | {text_field!r}{named} {_keys(row)}")
+def _sft_row(row: dict, c: Columns = COLUMNS) -> SFTRow:
+    present = [k for k in dict.fromkeys((c.prompt, c.messages, "conversations", c.text))
+               if value_at(row, k) is not ABSENT]
+    # TRL names the reply "completion"; with the default response column a row may use either name
+    answers = [k for k in ((c.response, "completion") if c.response == COLUMNS.response else (c.response,))
+               if value_at(row, k) is not ABSENT]
+    if present == [c.prompt] and not answers and c.response != COLUMNS.response:  # a renamed column is meant
+        raise _Bad(f"missing key {c.named('response')} {_keys(row)}")
+    if not present or (present == [c.prompt] and not answers):
+        raise _Bad(f"needs one of {_sft_forms(c)} {_keys(row)}")
     if len(present) > 1:
         raise _Bad(f"the row has {' and '.join(map(repr, present))}; keep one format")
     key = present[0]
-    if key == text_field:
-        if not isinstance(row[key], str):
-            raise _Bad(f"{key!r} must be a string, got {_describe(row[key])}")
-        if not row[key].strip():
+    value = value_at(row, key)
+    if key == c.text:
+        if not isinstance(value, str):
+            raise _Bad(f"{key!r} must be a string, got {_describe(value)}")
+        if not value.strip():
             raise _Bad(f"{key!r} is empty")
-        return SFTRow([], chat=False, text=row[key])
-    if key == "prompt":
-        if "response" in row and "completion" in row:
-            raise _Bad("the row has both 'response' and 'completion'; keep one")
-        answer_key = "response" if "response" in row else "completion"
-        prompt, answer = _text_or_messages(row["prompt"], "prompt"), _text_or_messages(row[answer_key], answer_key)
+        return SFTRow([], chat=False, text=value)
+    if key == c.prompt:
+        if len(answers) > 1:
+            raise _Bad(f"the row has both {answers[0]!r} and {answers[1]!r}; keep one")
+        answer_key = answers[0]
+        prompt, answer = _text_or_messages(value, key), _text_or_messages(value_at(row, answer_key), answer_key)
         if isinstance(prompt, str) and isinstance(answer, str):
             return SFTRow([{"role": "user", "content": prompt}, {"role": "assistant", "content": answer}], chat=False,
                           chat_template_kwargs=_template_kwargs(row))
@@ -370,7 +422,7 @@ def _sft_row(row: dict, text_field: str = "text") -> SFTRow:
         key = answer_key
         prompt_turns = len(context)
     else:
-        messages, prompt_turns = _conversation(row[key], key), 0
+        messages, prompt_turns = _conversation(value, key), 0
     if not any(m["role"] == "assistant" for m in messages):
         raise _Bad(f"{key!r} has no assistant turn, so there is nothing to learn")
     if not any(m["role"] == "assistant" and m.get("training", True) for m in messages):

@@ -36,7 +36,7 @@ from ..config import Config
 from ..config.schema import batch_split_problem
 from ..common.chat import hold_template_kwargs
 from ..common.errors import ConfigError
-from ..tasks.preference_data import TruncationCounter, read_preference
+from ..tasks.preference_data import Columns, TruncationCounter, read_preference
 from ..tasks.registry import ensure_data
 from ..tasks.text_batches import (PairExample, TextCodec, encode_preferences, pair_batch, pair_length, pair_rows,
                                   takes_pair_rows)
@@ -320,7 +320,8 @@ class PairTrainer(OfflineTrainer):
     sort_by_length = True  # False: micro-batches in data order
 
     def read(self, source) -> list:
-        return read_preference(source, dialogue="auto" if self.config.data.chat else "text")
+        d = self.config.data
+        return read_preference(source, dialogue="auto" if d.chat else "text", columns=Columns.of(d))
 
     def scorers(self) -> list:
         """The models a batch runs through."""

@@ -345,8 +345,15 @@ def _offline_lengths(config: Config, tokenizer) -> Lengths:
     if not rows:
         why = f"no rows at data.train_file={d.train_file}" if tokenizer is not None else "no usable tokenizer"
         return Lengths(d.max_length // 2, d.max_length // 2, f"{why}: data.max_length split in half")
+    from ..common.data import ABSENT, value_at
     from ..models.hf import apply_chat_template
-    from ..tasks.preference_data import preference_row
+    from ..tasks.preference_data import COLUMNS, Columns, preference_row
+
+    columns = Columns.of(d)
+
+    def at(row: dict, key: str):  # a column, or a dotted path into nested objects; None where there is none
+        value = value_at(row, key)
+        return None if value is ABSENT else value
 
     def as_messages(value, role: str) -> list[dict]:
         return value if isinstance(value, list) else [{"role": role, "content": str(value)}]
@@ -363,13 +370,14 @@ def _offline_lengths(config: Config, tokenizer) -> Lengths:
     prompt = reply = 0
     for row in rows:
         if config.run.trainer in ("dpo", "reward"):
-            pair = preference_row(row)
+            pair = preference_row(row, columns=columns)
             p, r = count_prompt(pair.prompt), max(count_reply(pair.chosen), count_reply(pair.rejected))
-        elif "messages" in row or "conversations" in row:
-            p, r = 0, count_reply(row.get("messages") or row.get("conversations"))
+        elif at(row, columns.messages) is not None or "conversations" in row:
+            p, r = 0, count_reply(at(row, columns.messages) or row.get("conversations"))
         else:
-            p, r = count_prompt(row.get("prompt", "")), count_reply(row.get("completion") or row.get("response")
-                                                                    or row.get("text") or "")
+            completion = row.get("completion") if columns.response == COLUMNS.response else None
+            p, r = count_prompt(at(row, columns.prompt) or ""), count_reply(
+                completion or at(row, columns.response) or at(row, columns.text) or "")
         p = min(p, d.max_length - 1)
         prompt, reply = max(prompt, p), max(reply, min(r, d.max_length - p))
     return Lengths(prompt, reply, f"the longest of {len(rows)} rows of {d.train_file}, cut at data.max_length")

@@ -5,9 +5,10 @@
 
 Rows are {"prompt", "response" | "completion"} (the prompt goes through the chat template when the
 tokenizer has one and data.chat is on) or conversations ({"messages"} / {"conversations"}: the loss
-covers every assistant turn) or {"text"} (the column data.text_field names). sft.completion_only_loss
-and sft.assistant_only_loss false widen the loss to the prompt and to every token of a conversation
-(TRL's defaults for conversations). The built-in GPT trains on plain prompt/response rows with a
+covers every assistant turn) or {"text"}, under the columns data.prompt_key, data.response_key,
+data.messages_key and data.text_field name. sft.completion_only_loss and sft.assistant_only_loss
+false widen the loss to the prompt and to every token of a conversation (TRL's defaults for
+conversations). The built-in GPT trains on plain prompt/response rows with a
 character tokenizer over the data's alphabet. Metrics: sft/loss (mean loss per response token),
 sft/token_accuracy (the share of response tokens that are the argmax of their logits, a mean
 over micro-batches weighted by rows), and TRL SFTTrainer's names as TRL computes them: loss,
@@ -37,7 +38,7 @@ import torch.nn.functional as F
 
 from ..common.errors import ConfigError
 from ..generation.token_logprobs import token_logprobs
-from ..tasks.preference_data import TruncationCounter, read_sft
+from ..tasks.preference_data import Columns, TruncationCounter, read_sft
 from ..tasks.text_batches import PackedBatch, encode_sft, pack_examples, packed_batch, pad_sequences, response_logits
 from .offline import OfflineTrainer, TokenMean
 from .offline_setup import export_policy
@@ -166,7 +167,7 @@ class SFTTrainer(OfflineTrainer):
             self.flatten = d.padding_free or not takes_custom_mask(hf)
 
     def read(self, source) -> list:
-        return read_sft(source, text_field=self.config.data.text_field)
+        return read_sft(source, columns=Columns.of(self.config.data))
 
     def encode(self, rows: list, name: str) -> list:
         """`read`'s rows as token ids and loss masks, cut as data.truncation_mode says (bfd_split and
