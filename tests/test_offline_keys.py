@@ -45,6 +45,24 @@ def test_sft_rows_under_other_columns_are_the_rows_the_default_names_give():
     assert read_sft(nested, columns=Columns(prompt="q.text", response="a.text")) == read_sft(SFT)
 
 
+def test_parquet_files_give_the_rows_their_jsonl_twins_give(tmp_path):
+    """The offline trainers read parquet as RL's tasks do (verl's and datasets' files), nulls as absent keys."""
+    from tests.test_verl_openrlhf import write_parquet
+
+    mixed = SFT + [{"text": "the sky is blue"}]  # a column the other rows lack: null in their parquet cells
+    for name, rows, read in (("sft", mixed, read_sft), ("pairs", RENAMED_PAIRS, read_preference)):
+        jsonl, parquet = tmp_path / f"{name}.jsonl", tmp_path / f"{name}.parquet"
+        write_jsonl(jsonl, rows)
+        write_parquet(parquet, rows)
+        renamed = Columns(prompt="question", chosen="better", rejected="worse")
+        columns = {"columns": renamed} if name == "pairs" else {}
+        assert read(str(parquet), **columns) == read(str(jsonl), **columns) and len(read(str(parquet), **columns))
+    write_parquet(tmp_path / "bad.parquet", [{"question": "q", "better": "a"}])
+    with pytest.raises(DataError, match=r"bad\.parquet:row 0: missing key 'worse' \(data\.rejected_key\)"):
+        read_preference(str(tmp_path / "bad.parquet"), columns=Columns(prompt="question", chosen="better",
+                                                                       rejected="worse"))
+
+
 def test_preference_rows_under_other_columns_are_the_rows_the_default_names_give():
     columns = Columns(prompt="question", messages="history", chosen="better", rejected="worse")
     assert read_preference(RENAMED_PAIRS, columns=columns) == read_preference(PAIRS)

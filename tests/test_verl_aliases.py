@@ -347,6 +347,8 @@ OFFLINE_TRANSLATED = [
     ("output_key", "sql-sft-smollm2", ["data.output_key=answer"], {"data.response_key": "answer"}),
     ("chosen_key", "dpo-smollm2", ["chosen_key=better"], {"data.chosen_key": "better"}),
     ("rejected_key", "rm-smollm2", ["rejected_key=worse"], {"data.rejected_key": "worse"}),
+    ("data.train_files", "sql-sft-smollm2", ["data.train_files=sft.parquet"], {"data.train_file": "sft.parquet"}),
+    ("data.val_files", "dpo-smollm2", ["data.val_files=test.parquet"], {"data.eval_file": "test.parquet"}),
     ("data.multiturn.messages_key", "sql-sft-smollm2", ["data.multiturn.messages_key=dialog"],
      {"data.messages_key": "dialog"}),
     ("data.multiturn.messages_key", "sql-sft-smollm2", ["multiturn.messages_key=dialog"],
@@ -384,10 +386,10 @@ def test_every_translated_verl_and_openrlhf_name_has_a_case():
     rl = {name for name, _, _ in TRANSLATED}
     offline = {name for name, _, _, _ in OFFLINE_TRANSLATED}
     assert mapped == rl | offline
-    # a name for the prompt's column has a case in each kind of run, but verl's data.prompt_key, which in an
-    # offline run is lmrl's own key (tests/test_offline_keys.py)
+    # a name for the prompt's column or the data files has a case in each kind of run, but verl's
+    # data.prompt_key, which in an offline run is lmrl's own key (tests/test_offline_keys.py)
     by_kind = {name for table in (VERL_ALIASES, OPENRLHF_ALIASES) for name, a in table.items() if a.offline}
-    assert by_kind == {"data.prompt_key", "input_key", "prompt_key"}
+    assert by_kind == {"data.prompt_key", "input_key", "prompt_key", "data.train_files", "data.val_files"}
     assert by_kind <= rl and by_kind - set(RL_SPELLINGS) <= offline
 
 

@@ -144,8 +144,10 @@ VERL_ALIASES: dict[str, Alias] = {
         "lmrl keeps a longer prompt's last max_prompt_length tokens and names it; verl's data.truncation=error refuses "
         "it")),
     "data.max_response_length": Alias("task.max_new_tokens", "verl"),
-    "data.train_files": Alias("task.train_file", "verl", note="one file, parquet or JSONL, its rows as verl's"),
-    "data.val_files": Alias("task.test_file", "verl", note="one file, parquet or JSONL, its rows as verl's"),
+    "data.train_files": Alias("task.train_file", "verl", offline="data.train_file",
+                              note="one file, parquet or JSONL, its rows as verl's"),
+    "data.val_files": Alias("task.test_file", "verl", offline="data.eval_file",
+                            note="one file, parquet or JSONL, its rows as verl's"),
     # in an offline run data.prompt_key is lmrl's own key: the same column, of the offline trainers' rows
     "data.prompt_key": Alias("task.prompt_key", "verl", offline="data.prompt_key"),
     "data.multiturn.messages_key": Alias("data.messages_key", "verl"),

@@ -288,9 +288,11 @@ class SFTConfig(Section):
 @dataclass
 class DataConfig(Section):
     """The offline trainers' data (run.trainer = sft | dpo | reward)."""
-    train_file: str | None = _f(None, "JSONL rows to train on: sft {prompt, response|completion} or {messages}; "
-                                      "dpo and reward {prompt|messages, chosen, rejected}")
-    eval_file: str | None = _f(None, "held-out JSONL rows in the same format, evaluated every train.eval_every steps")
+    train_file: str | None = _f(None, "JSONL or parquet rows to train on: sft {prompt, response|completion} or "
+                                      "{messages}; dpo and reward {prompt|messages, chosen, rejected} (other column "
+                                      "names: data.*_key)")
+    eval_file: str | None = _f(None, "held-out JSONL or parquet rows in the same format, evaluated every "
+                                     "train.eval_every steps")
     generate: str = _f("", "when train_file / eval_file do not exist, write them first: preferences (synthetic "
                            "pairs) | preferences-sft (their chosen side as SFT rows) | sql-demos (the SQL agent's "
                            "solved episodes, played in the sql section) (empty: never)",

@@ -45,7 +45,7 @@ from dataclasses import dataclass, field, replace
 from typing import Sequence, Union
 
 from ..common.chat import template_kwargs_problem
-from ..common.data import ABSENT, DataError, iter_jsonl, value_at
+from ..common.data import ABSENT, DataError, iter_file_rows, value_at
 
 SHAREGPT_ROLES = {"human": "user", "gpt": "assistant", "system": "system",
                   "user": "user", "assistant": "assistant", "tool": "tool"}
@@ -178,10 +178,11 @@ def trl_preference(pair: PreferenceRow) -> dict:
 
 def iter_rows(source: Source) -> Iterator[tuple[str, dict]]:
     """(where, row) for each row: `path:line` for a JSONL file (gzip-compressed when it starts with
-    gzip's magic bytes; blank lines skipped), `row i` for rows handed in, where a None value (a column
-    a datasets.Dataset row does not fill) counts as an absent key."""
+    gzip's magic bytes; blank lines skipped), `path:row N` for a parquet file (`common.data.iter_file_rows`),
+    `row i` for rows handed in, where a None value (a column a datasets.Dataset row does not fill, a null
+    parquet cell) counts as an absent key."""
     if isinstance(source, (str, os.PathLike)):
-        yield from iter_jsonl(source)
+        yield from iter_file_rows(source)
         return
     if isinstance(source, Mapping):
         hint = "; pass one split, e.g. data['train']" if "train" in source else ""
