@@ -400,3 +400,25 @@ def test_ppo_trains_its_value_function_at_algo_critic_lr(tiny_config):
     assert not value_params & {id(p) for p in policy_group["params"]}
     rows = rl_rows(cfg.run_dir)
     assert rows and all(r["train/value_grad_norm"] > 0 for r in rows)
+
+
+@pytest.mark.parametrize("setting, whitened", [(None, True), ("false", False), ("true", True)])
+def test_ppo_whitens_its_advantages_unless_told_not_to_as_verl_openrlhf_and_trl_do(setting, whitened):
+    from lmrl.models.heads import ActorCritic
+
+    model = ActorCritic(_tiny_gpt())
+    overrides = ["algo.name=ppo", "algo.value_model=head"]
+    overrides += [f"algo.normalize_advantages={setting}"] if setting else []
+    algo = build_algorithm(load_config("adder", TINY + overrides).algo, max_new_tokens=3)
+    ro = sample(model.policy, torch.randint(12, (4, 5)), 3, generator=torch.Generator().manual_seed(1))
+    batch, _ = algo.prepare(Stub(model), ro, torch.tensor([1.0, 0.0, 0.5, 0.25]))
+    valid = batch.advantages[ro.mask.bool()]
+    assert (abs(valid.mean().item()) < 1e-5 and abs(valid.std(unbiased=False).item() - 1) < 1e-4) == whitened
+
+
+@pytest.mark.parametrize("name", ["grpo", "rloo"])
+def test_group_algorithms_do_not_whiten_unless_told_to(name):
+    cfg = load_config("adder", TINY + [f"algo.name={name}", "algo.group_size=4"]).algo
+    assert not build_algorithm(cfg).normalizes
+    assert build_algorithm(load_config("adder", TINY + [f"algo.name={name}", "algo.group_size=4",
+                                                        "algo.normalize_advantages=true"]).algo).normalizes

@@ -138,7 +138,7 @@ def test_two_ranks_whiten_with_the_whole_batchs_mean_and_std():
 
 @pytest.mark.parametrize("overrides, message", [
     (["algo.name=reinforce_plus_plus_baseline"], "algo.group_size must be >= 2"),
-    (["algo.name=reinforce_plus_plus", "algo.adv_mode=grpo_no_std"], "algo.adv_mode=grpo_no_std sets grpo's"),
+    (["algo.name=reinforce_plus_plus", "algo.adv_mode=grpo_no_std"], "algo.adv_mode=grpo_no_std is for grpo's"),
     (["algo.name=reinforce_plus_plus", "algo.normalize_advantages=true"], "algo.normalize_advantages=True"),
     (["algo.name=grpo", "algo.group_size=4", "algo.gamma=0.9"], "algo.gamma=0.9 sets the discount"),
     (["algo.name=reinforce_plus_plus", "algo.lam=0.9"], "algo.lam=0.9"),

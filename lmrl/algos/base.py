@@ -125,7 +125,8 @@ SURROGATE_KEYS = ("ratio_level", "clip_ratio_max", "top_entropy_quantile", "off_
 VALUE_KEYS = {"vf_coef": "the weight of ppo's value loss",
               "value_clip": "the clip range of ppo's value loss (the policy ratio's is algo.clip_range_left and "
                             "algo.clip_range_right)",
-              "gamma": "the discount of ppo's GAE (and of reinforce_plus_plus's returns)", "lam": "the lambda of ppo's GAE"}
+              "gamma": "the discount of ppo's GAE (and of reinforce_plus_plus's returns)",
+              "lam": "the lambda of ppo's GAE"}
 
 # name -> Algorithm subclass: what `algo.name` may be (the config check reads this dict).
 ALGORITHMS: dict[str, type[Algorithm]] = {}
@@ -155,6 +156,8 @@ class Algorithm:
     clips_ratio = False
     # True: the advantages are returns discounted by `algo.gamma` without a value model (REINFORCE++)
     discounts = False
+    # whether advantages are whitened over the batch when `algo.normalize_advantages` is null
+    whitens = False
 
     @classmethod
     def check_config(cls, cfg) -> list[str]:
@@ -223,6 +226,12 @@ class Algorithm:
             return rewards
         kl = kl_estimate(logprobs, ref_logprobs, self.cfg.kl_estimator, self.cfg.kl_clamp) * mask
         return rewards - self.kl_coef * (kl if rewards.dim() == 2 else kl.sum(1))
+
+    @property
+    def normalizes(self) -> bool:
+        """Whether `prepare` whitens the advantages: `algo.normalize_advantages`, else the algorithm's own choice."""
+        setting = self.cfg.normalize_advantages
+        return type(self).whitens if setting is None else setting
 
     @staticmethod
     def whiten(learner: Learner, advantages: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:

@@ -61,7 +61,7 @@ class GRPO(Algorithm):
         old, ref, behaviour = self.old_and_reference_logprobs(learner, rollout)
         rewards = self.kl_shaped_rewards(rewards.to(rollout.mask.device), behaviour, ref, rollout.mask)
         advantages = self.group_advantages(rewards.float())
-        if self.cfg.normalize_advantages:  # over every rank's batch
+        if self.normalizes:  # over every rank's batch
             advantages = self.whiten(learner, advantages, rollout.mask if advantages.dim() == 2 else None)
         batch = PreparedBatch(rollout.sequences, rollout.mask, advantages, old_logprobs=old, ref_logprobs=ref,
                               attention_mask=rollout.attention_mask)

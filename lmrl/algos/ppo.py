@@ -2,8 +2,8 @@
 
 Per rollout: the completion's reward becomes token rewards (a sequence reward on its last token,
 or the task's own per-token rewards), minus β·KL(π‖π_ref) per token when `kl_in_reward`; GAE(γ, λ)
-over those and the rollout-time values gives advantages (whitened over the batch when
-`normalize_advantages`) and returns. Then `ppo_epochs` passes of minibatch updates of
+over those and the rollout-time values gives advantages (whitened over the batch unless
+`normalize_advantages` is false) and returns. Then `ppo_epochs` passes of minibatch updates of
 
     L = L_clip(ratio, A) + vf_coef · L_V(V, V_old, R) − ent_coef · H
 
@@ -26,6 +26,7 @@ from .losses import clipped_surrogate_loss, explained_variance, value_loss
 class PPO(Algorithm):
     uses_values = True
     clips_ratio = True
+    whitens = True  # as verl's, OpenRLHF's and TRL's PPO
 
     def prepare(self, learner, rollout, rewards: torch.Tensor) -> tuple[PreparedBatch, dict]:
         n, mask = rollout.completions.size(1), rollout.mask
@@ -35,7 +36,7 @@ class PPO(Algorithm):
         token_rewards = token_level_rewards(rewards.float().to(mask.device), mask)
         token_rewards = self.kl_shaped_rewards(token_rewards, old, ref, mask)
         advantages, returns = gae(token_rewards, values, mask, self.cfg.gamma, self.cfg.lam)
-        if self.cfg.normalize_advantages:  # over every rank's tokens
+        if self.normalizes:  # over every rank's tokens
             advantages = self.whiten(learner, advantages, mask)
         batch = PreparedBatch(rollout.sequences, mask, advantages, old_logprobs=old, ref_logprobs=ref,
                               old_values=values, returns=returns, attention_mask=rollout.attention_mask)

@@ -37,8 +37,8 @@ class ReinforcePlusPlus(GRPO):
     @classmethod
     def check_config(cls, cfg) -> list[str]:
         defaults = {f.name: f.default for f in fields(cfg)}
-        problems = [f"algo.{key}={getattr(cfg, key)} sets grpo's group advantage; algo.name={cfg.name} whitens its "
-                    f"returns over the batch's tokens (leave it at {defaults[key]})"
+        problems = [f"algo.{key}={getattr(cfg, key)} is for grpo's group advantage; algo.name={cfg.name} whitens "
+                    f"its returns over the batch's tokens itself (leave it at {defaults[key]})"
                     for key in GROUP_ADVANTAGE_KEYS if getattr(cfg, key) != defaults[key]]
         if cls.centres_on_group and cfg.group_size < 2:
             problems.append(f"algo.name={cfg.name} centres each reward on its group's mean: algo.group_size must be "

@@ -381,8 +381,9 @@ class AlgoConfig(Section):
                               "group_norm 1e-9)", gt=0)
     scale_rewards: str = _f("group", "grpo advantage's divisor, as TRL: group (each prompt's reward std) | batch (the "
                                      "whole batch's std) | none (no division, Dr. GRPO)", choices=SCALE_REWARDS)
-    normalize_advantages: bool = _f(False, "whiten advantages over the batch (mean 0, std 1); verl, OpenRLHF and "
-                                           "TRL whiten PPO's advantages")
+    normalize_advantages: bool | None = _f(None, "whiten advantages over every rank's batch (mean 0, std 1); null: the "
+                                                 "algorithm's own choice: ppo whitens (as verl, OpenRLHF and TRL "
+                                                 "whiten PPO's advantages), the others do not")
     clip_range_left: float = _f(0.2, "ratio clipped below at 1 - clip_range_left", ge=0, lt=1)
     clip_range_right: float = _f(0.2, "ratio clipped above at 1 + clip_range_right (DAPO's clip-higher: 0.28)", ge=0)
     ratio_level: str = _f("token", "what one clipped ratio covers, as TRL's importance_sampling_level: token | "
