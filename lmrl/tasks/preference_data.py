@@ -53,7 +53,7 @@ HH_ASSISTANT = "\n\nAssistant:"  # where an assistant turn starts in HH-RLHF's d
 DIALOGUES = ("auto", "hh", "text")
 _HH_TURN = re.compile(r"(?:\A|\n\n)(Human|Assistant):")
 
-Source = Union[str, os.PathLike, Iterable[Mapping]]  # a JSONL path, or the rows themselves
+Source = Union[str, os.PathLike, Iterable[Mapping]]  # a JSONL or parquet path, or the rows themselves
 
 
 @dataclass(frozen=True)
@@ -115,7 +115,7 @@ class _Bad(Exception):
 
 
 def read_preference(source: Source, *, dialogue: str = "auto", columns: Columns = COLUMNS) -> list[PreferenceRow]:
-    """Preference pairs from a JSONL file (.jsonl or .jsonl.gz) or from rows (a `datasets.Dataset`,
+    """Preference pairs from a JSONL (.jsonl, .jsonl.gz) or parquet file or from rows (a `datasets.Dataset`,
     a list of dicts). Row forms: see the module docstring; `columns` names their fields (a prompt
     column named away from "prompt" must be in every row, unless the row has the messages column).
 
@@ -138,7 +138,7 @@ def read_preference(source: Source, *, dialogue: str = "auto", columns: Columns 
 
 
 def read_sft(source: Source, *, text_field: str | None = None, columns: Columns = COLUMNS) -> list[SFTRow]:
-    """SFT rows from a JSONL file (.jsonl or .jsonl.gz) or from rows (a `datasets.Dataset`, a list of
+    """SFT rows from a JSONL (.jsonl, .jsonl.gz) or parquet file or from rows (a `datasets.Dataset`, a list of
     dicts): {"prompt", "response" | "completion"} as strings, or as prompt messages and completion
     assistant messages (the loss on the completion only); {"messages": [...]}; {"conversations": [...]}
     whose turns are {"role", "content"} or ShareGPT's {"from", "value"} (human → user, gpt →

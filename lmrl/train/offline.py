@@ -108,7 +108,7 @@ class OfflineTrainer(Trainer):
             raise ConfigError(split)
         train = train_dataset if train_dataset is not None else cfg.data.train_file
         if train is None:
-            raise ConfigError(f"run.trainer={self.trainer_key} reads data.train_file (JSONL): set it (data.generate="
+            raise ConfigError(f"run.trainer={self.trainer_key} reads data.train_file (JSONL or parquet): set it (data.generate="
                               f"preferences writes synthetic pairs offline), or pass train_dataset=")
         held_out = eval_dataset if eval_dataset is not None else cfg.data.eval_file
         # the held-out sets by name: {name: rows} as transformers takes several, or one set named ""

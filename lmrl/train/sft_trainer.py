@@ -1,4 +1,4 @@
-"""Supervised fine-tuning on JSONL rows, with the loss on response tokens only.
+"""Supervised fine-tuning on JSONL or parquet rows, with the loss on response tokens only.
 
     SFTTrainer(load_config("sft-smollm2")).train()                # an HF model, optionally with LoRA
     SFTTrainer(config, model=my_policy, tokenizer=tok).train()    # your own model
