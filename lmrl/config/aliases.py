@@ -168,7 +168,8 @@ VERL_ALIASES: dict[str, Alias] = {
     "algorithm.adv_estimator": Alias("algo.name", "verl", values={
         "grpo": {"algo.name": "grpo", "algo.adv_eps": 1e-6}, "rloo": "rloo", "gae": _GAE,
         "reinforce_plus_plus": "reinforce_plus_plus", "reinforce_plus_plus_baseline": "reinforce_plus_plus_baseline"},
-        refused={**{name: "has no lmrl estimator (lmrl has reinforce, rloo, grpo and ppo: algo.name)"
+        refused={**{name: "has no lmrl estimator (lmrl has reinforce, rloo, grpo, ppo and "
+                          "reinforce_plus_plus[_baseline]: algo.name)"
            for name in ("remax", "grpo_passk", "opo", "gpg", "optimal_token_baseline", "rloo_vectorized",
                         "grpo_vectorized")}},
         note="grpo with verl's eps, 1e-6 (lmrl's default 1e-4); gae is ppo with a critic of its own and whitened "
