@@ -43,7 +43,7 @@ class ReinforcePlusPlus(GRPO):
         if cls.centres_on_group and cfg.group_size < 2:
             problems.append(f"algo.name={cfg.name} centres each reward on its group's mean: algo.group_size must be "
                             f">= 2, got {cfg.group_size} (algo.name=reinforce_plus_plus has no baseline)")
-        return super(GRPO, cls).check_config(cfg) + problems
+        return super(GRPO, cls).check_config(cfg) + problems  # GRPO's own checks are of its group advantage
 
     def prepare(self, learner, rollout, rewards: torch.Tensor) -> tuple[PreparedBatch, dict]:
         mask = rollout.mask

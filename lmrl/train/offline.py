@@ -135,7 +135,6 @@ class OfflineTrainer(Trainer):
         self.train_rows = self.encode(train_rows, source_name(train))
         self.eval_sets = {name: self.encode(rows, source_name(sources[name]) + (f" ({name})" if name else ""))
                           [: cfg.data.eval_size or None] for name, rows in eval_rows.items() if rows}
-        self.eval_rows = [row for rows in self.eval_sets.values() for row in rows]  # every set's
         self.init_state()
 
     # -- what a subclass provides ------------------------------------------------------------------
@@ -192,6 +191,11 @@ class OfflineTrainer(Trainer):
                             steps=stage.steps, schedule=cfg.schedule.name, warmup_steps=cfg.schedule.warmup_steps,
                             betas=cfg.optim.betas, eps=cfg.optim.eps, ema_decay=cfg.train.ema_decay)
         self.step_until_done(stage, self.train_step)
+
+    @property
+    def eval_rows(self) -> list:
+        """Every held-out set's encoded rows, in order."""
+        return [row for rows in self.eval_sets.values() for row in rows]
 
     def describe_data(self) -> str:
         return f"{len(self.train_rows)} training rows, {len(self.eval_rows)} held-out"
@@ -259,7 +263,7 @@ class OfflineTrainer(Trainer):
     @property
     def can_evaluate(self) -> bool:
         """Whether the run evaluates by itself (`evaluate()` runs whenever asked, given held-out rows)."""
-        return bool(self.eval_rows) and self.config.train.evaluate
+        return bool(self.eval_sets) and self.config.train.evaluate
 
     @torch.no_grad()
     def evaluate(self) -> dict:
