@@ -6,8 +6,8 @@ import pytest
 import torch
 from torch.testing import assert_close
 
-from lmrl.algos.advantages import (gae, group_advantages, leave_one_out_advantages, normalize_advantages,
-                                   token_level_rewards)
+from lmrl.algos.advantages import (gae, gpg_alpha, group_advantages, informative_count, leave_one_out_advantages,
+                                   normalize_advantages, token_level_rewards)
 from lmrl.algos.losses import (aggregate, clipped_surrogate_loss, explained_variance, high_entropy_mask,
                                importance_ratio, kl_estimate, off_policy_mask, value_loss)
 
@@ -486,5 +486,124 @@ def test_grpo_algorithm_passes_scale_rewards_to_its_advantages():
     from lmrl.config import AlgoConfig
 
     algo = build_algorithm(AlgoConfig(name="grpo", group_size=3, scale_rewards="batch"))
-    assert_close(algo.group_advantages(REWARDS), group_advantages(REWARDS, 3, "grpo", scale="batch"))
-    assert not torch.allclose(algo.group_advantages(REWARDS), group_advantages(REWARDS, 3, "grpo"))
+    advantages = algo.group_advantages(ONE_PROCESS, REWARDS, torch.ones(6, 2))
+    assert_close(advantages, group_advantages(REWARDS, 3, "grpo", scale="batch"))
+    assert not torch.allclose(advantages, group_advantages(REWARDS, 3, "grpo"))
+
+
+class _OneProcess:
+    """A learner's reduction on one process: the sum is the tensor itself."""
+
+    @staticmethod
+    def all_reduce_sum(t):
+        return t
+
+
+ONE_PROCESS = _OneProcess()
+
+
+# -- verl's group estimators: grpo_passk, opo, gpg -------------------------------------------------
+def test_passk_gives_only_each_groups_best_the_gap_to_the_runner_up_over_the_group_std():
+    # group 0: 1, 0, 0 → best row 0, gap 1, std sqrt(1/3); group 1: 1, 2, 4 → best row 5, gap 2, std sqrt(7/3)
+    want = T([1 / (1 / 3) ** 0.5, 0, 0, 0, 0, 2 / (7 / 3) ** 0.5])
+    assert_close(group_advantages(REWARDS, 3, "passk", eps=0.0), want)
+    assert_close(group_advantages(REWARDS, 3, "passk", eps=0.5)[5], T(2 / ((7 / 3) ** 0.5 + 0.5)))
+    assert_close(group_advantages(REWARDS, 3, "passk", scale="none"), T([1.0, 0, 0, 0, 0, 2.0]))
+    # equal best: the first of them, with a gap of 0 (nothing to learn); a tied group: all 0
+    assert_close(group_advantages(T([2.0, 0.0, 2.0, 5.0, 5.0, 5.0]), 3, "passk", eps=0.0), torch.zeros(6))
+
+
+def test_passk_matches_an_independent_transcription_of_verls_loop():
+    torch.manual_seed(0)
+    rewards = torch.randint(0, 4, (24,)).float()
+    want = torch.zeros(24)
+    for start in range(0, 24, 4):  # verl's grpo_passk: per group, r_max - r_second_max at the max, / (std + eps)
+        group = rewards[start:start + 4]
+        ordered = sorted(group.tolist(), reverse=True)
+        best = max(range(4), key=lambda i: (group[i].item(), -i))
+        want[start + best] = (ordered[0] - ordered[1]) / (group.std().item() + 1e-6)
+    assert_close(group_advantages(rewards, 4, "passk", eps=1e-6), want)
+
+
+def test_opo_baseline_is_each_groups_length_weighted_mean_reward():
+    lengths = T([1.0, 2.0, 1.0, 3.0, 1.0, 0.0])
+    # group 0: (1·1 + 0·2 + 0·1) / 4 = 0.25; group 1: (1·3 + 2·1 + 4·0) / 4 = 1.25
+    want = T([0.75, -0.25, -0.25, -0.25, 0.75, 2.75])
+    assert_close(group_advantages(REWARDS, 3, "opo", lengths=lengths), want)
+    # equal lengths: the plain group mean; a group without tokens: its plain mean too
+    assert_close(group_advantages(REWARDS, 3, "opo", lengths=torch.full((6,), 5.0)),
+                 group_advantages(REWARDS, 3, "grpo_no_std"))
+    assert_close(group_advantages(REWARDS, 3, "opo", lengths=torch.zeros(6)),
+                 group_advantages(REWARDS, 3, "grpo_no_std"))
+    with pytest.raises(ValueError, match="pass lengths"):
+        group_advantages(REWARDS, 3, "opo")
+
+
+def test_gpg_scales_the_centred_rewards_by_the_batch_over_its_informative_completions():
+    rewards = T([1.0, 0.0, 0.0, 1.0, 1.0, 1.0])  # group 1 tied: 3 of 6 completions informative, α = 2
+    assert informative_count(rewards, 3) == (6, 3)
+    assert_close(group_advantages(rewards, 3, "gpg"), 2 * group_advantages(rewards, 3, "grpo_no_std"))
+    assert_close(group_advantages(REWARDS, 3, "gpg"), group_advantages(REWARDS, 3, "grpo_no_std"))  # α = 1
+    assert_close(group_advantages(rewards, 3, "gpg", alpha=4.0), 4 * group_advantages(rewards, 3, "grpo_no_std"))
+    assert gpg_alpha(6, 0) == 1.0  # nothing informative: every advantage is 0 anyway
+    # token rewards: a group differs where any position does
+    assert informative_count(T([[1.0, 0.0], [1.0, 1.0], [2.0, 2.0], [2.0, 2.0]]), 2) == (4, 2)
+
+
+@pytest.mark.parametrize("mode", ["passk", "opo"])
+def test_whole_completion_modes_refuse_token_rewards(mode):
+    with pytest.raises(ValueError, match=f"advantage mode '{mode}' compares whole completions"):
+        group_advantages(torch.ones(4, 3), 2, mode, lengths=torch.ones(4))
+
+
+def test_grpo_algorithm_reads_lengths_from_the_mask_and_alpha_over_every_process():
+    from lmrl.algos import build_algorithm
+    from lmrl.config import AlgoConfig
+
+    mask = T([[1.0, 0.0, 0.0], [1.0, 1.0, 0.0], [1.0, 0.0, 0.0], [1.0, 1.0, 1.0], [1.0, 0.0, 0.0], [0.0, 0.0, 0.0]])
+    opo = build_algorithm(AlgoConfig(name="grpo", group_size=3, adv_mode="opo"))
+    assert_close(opo.group_advantages(ONE_PROCESS, REWARDS, mask), T([0.75, -0.25, -0.25, -0.25, 0.75, 2.75]))
+
+    class TwoProcesses:  # the other process's batch: 6 completions, none informative
+        @staticmethod
+        def all_reduce_sum(t):
+            return t + T([6.0, 0.0], dtype=t.dtype)
+
+    gpg = build_algorithm(AlgoConfig(name="grpo", group_size=3, adv_mode="gpg"))
+    rewards = T([1.0, 0.0, 0.0, 1.0, 1.0, 1.0])
+    assert_close(gpg.group_advantages(TwoProcesses, rewards, mask), 4 * group_advantages(rewards, 3, "grpo_no_std"))
+
+
+def test_normalize_advantages_without_the_std_only_centres():
+    a, mask = T([[1.0, 3.0], [5.0, 0.0]]), T([[1.0, 1.0], [1.0, 0.0]])
+    assert_close(normalize_advantages(a, mask, divide=False), T([[-2.0, 0.0], [2.0, 0.0]]))
+    assert_close(normalize_advantages(a, mask), T([[-2.0, 0.0], [2.0, 0.0]]) / ((8 / 3) ** 0.5 + 1e-8))
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (["algo.name=grpo", "algo.group_size=4", "algo.normalize_advantages_std=false"],
+     "algo.normalize_advantages_std=false leaves the std out of the batch whitening, which algo.name=grpo"),
+    (["algo.name=reinforce", "algo.normalize_advantages=true"],
+     "algo.normalize_advantages=true: algo.name=reinforce's advantages are r minus its moving baseline"),
+    (["algo.name=grpo", "algo.group_size=1", "algo.adv_mode=passk"], "algo.group_size must be >= 2"),
+    (["algo.name=grpo", "algo.group_size=4", "algo.adv_mode=opo", "algo.scale_rewards=batch"],
+     "algo.scale_rewards=batch divides grpo's advantages"),
+])
+def test_config_refuses_what_the_algorithm_would_ignore(overrides, message):
+    from lmrl.config import ConfigError, load_config
+
+    with pytest.raises(ConfigError, match=message):
+        load_config(None, overrides)
+
+
+@pytest.mark.parametrize("overrides", [
+    ["algo.name=grpo", "algo.group_size=4", "algo.normalize_advantages=true", "algo.normalize_advantages_std=false"],
+    ["algo.name=reinforce_plus_plus", "algo.normalize_advantages_std=false"],
+    ["algo.name=ppo", "algo.value_model=head", "algo.normalize_advantages_std=false"],
+    ["algo.name=grpo", "algo.group_size=4", "algo.adv_mode=passk"],
+    ["algo.name=grpo", "algo.group_size=4", "algo.adv_mode=gpg", "algo.scale_rewards=none"],
+])
+def test_config_accepts_centring_where_the_algorithm_whitens_and_the_new_modes(overrides):
+    from lmrl.config import load_config
+
+    load_config(None, overrides)

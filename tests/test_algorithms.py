@@ -292,6 +292,19 @@ def test_grpo_trains_with_each_ratio_option(tiny_config, name):
         assert all(v == v for v in row.values() if isinstance(v, float)), f"{name} logged NaN: {row}"
 
 
+@pytest.mark.parametrize("mode", ["passk", "opo", "gpg"])
+def test_grpo_trains_with_verls_group_estimators(tiny_config, mode):
+    cfg = tiny_config("algo.name=grpo", "algo.group_size=4", f"algo.adv_mode={mode}", "task.reward=digits",
+                      "train.steps=2", "train.eval_every=2", "train.log_completions=true")
+    assert RLTrainer(cfg).train()["rl_steps"] == 2
+    rows = rl_rows(cfg.run_dir)
+    assert len(rows) == 2 and all(v == v for row in rows for v in row.values() if isinstance(v, float))
+    logged = [json.loads(line) for line in (cfg.run_dir / "completions.jsonl").read_text().splitlines()]
+    advantages = torch.tensor([row["advantage"] for row in logged if row["step"] == logged[0]["step"]]).view(-1, 4)
+    if mode == "passk":  # at most one completion per group has an advantage, and it is not negative
+        assert ((advantages != 0).sum(1) <= 1).all() and (advantages >= 0).all()
+
+
 def test_ppo_shares_the_ratio_options(tiny_config):
     cfg = tiny_config("algo.name=ppo", "algo.value_model=head", "algo.ratio_level=sequence",
                       "algo.clip_ratio_max=1.5", "algo.top_entropy_quantile=0.5", "algo.off_policy_mask_threshold=0.1",

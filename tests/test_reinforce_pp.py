@@ -13,7 +13,7 @@ from torch.testing import assert_close
 
 from lmrl.algos import build_algorithm
 from lmrl.algos.advantages import discounted_returns, masked_moments, normalize_advantages
-from lmrl.algos.base import Algorithm, policy_forward
+from lmrl.algos.base import policy_forward
 from lmrl.config import ConfigError, load_config
 from lmrl.generation.rollout import sample
 from lmrl.models.gpt import GPT, GPTConfig
@@ -69,6 +69,15 @@ def test_without_kl_every_token_of_a_completion_has_its_whitened_reward():
     assert metrics["train/return_mean"] == pytest.approx(mean.item())
 
 
+def test_without_the_std_the_returns_are_only_centred_as_openrlhfs_no_advantage_std_norm():
+    model = _tiny_gpt()
+    ro, rewards = _rollout(model), T([1.0, 0.0, 0.5, 0.0, 1.0, 1.0, 0.0, 0.25])
+    batch, _ = _algo("algo.name=reinforce_plus_plus", "algo.normalize_advantages_std=false").prepare(Stub(model), ro,
+                                                                                                      rewards)
+    mean = rewards[:, None].expand_as(ro.mask)[ro.mask.bool()].mean()
+    assert_close(batch.advantages, (rewards[:, None] - mean) * ro.mask)
+
+
 def test_the_baseline_variant_centres_each_reward_on_its_group_first():
     model = _tiny_gpt()
     ro, rewards = _rollout(model), T([1.0, 0.0, 0.5, 0.0, 1.0, 1.0, 0.0, 0.25])
@@ -120,7 +129,7 @@ def _whiten_on_rank(rank, port, x, mask, out):
         all_reduce_sum = staticmethod(lambda t: dist.all_reduce(t) or t)
 
     half = slice(3 * rank, 3 * rank + 3)
-    out[half] = Algorithm.whiten(Ranked(), x[half], mask[half])
+    out[half] = _algo("algo.name=reinforce_plus_plus").whiten(Ranked(), x[half], mask[half])
     dist.destroy_process_group()
 
 

@@ -195,6 +195,13 @@ TRANSLATED = [
      {"algo.name": "reinforce_plus_plus_baseline", "algo.group_size": 4}),
     ("algorithm.adv_estimator", ["algorithm.adv_estimator=gae"],
      {"algo.name": "ppo", "algo.value_model": "separate", "algo.normalize_advantages": True}),
+    ("algorithm.adv_estimator", ["algorithm.adv_estimator=grpo_vectorized"], {"algo.name": "grpo", "algo.adv_eps": 1e-6}),
+    ("algorithm.adv_estimator", ["algorithm.adv_estimator=rloo_vectorized"], {"algo.name": "rloo"}),
+    ("algorithm.adv_estimator", ["algorithm.adv_estimator=grpo_passk", "algorithm.norm_adv_by_std_in_grpo=false"],
+     {"algo.name": "grpo", "algo.adv_mode": "passk", "algo.adv_eps": 1e-6, "algo.scale_rewards": "none"}),
+    ("algorithm.adv_estimator", ["algorithm.adv_estimator=opo"], {"algo.name": "grpo", "algo.adv_mode": "opo"}),
+    ("algorithm.adv_estimator", ["algorithm.adv_estimator=gpg", "actor_rollout_ref.actor.policy_loss.loss_mode=gpg"],
+     {"algo.name": "grpo", "algo.adv_mode": "gpg", "algo.ratio_level": "token"}),
     ("algorithm.adv_estimator", ["algorithm.adv_estimator=gae", "algo.value_model=head"],  # a key written wins
      {"algo.name": "ppo", "algo.value_model": "head", "algo.normalize_advantages": True}),
     ("algorithm.norm_adv_by_std_in_grpo", ["algo.norm_adv_by_std_in_grpo=false"], {"algo.scale_rewards": "none"}),
@@ -286,6 +293,10 @@ TRANSLATED = [
     ("advantage_estimator", ["algo.advantage.estimator=dr_grpo"], {"algo.name": "grpo", "algo.scale_rewards": "none"}),
     ("advantage_estimator", ["advantage_estimator=rloo"], {"algo.name": "rloo"}),
     ("advantage_estimator", ["advantage_estimator=gae"], {"algo.name": "ppo", "algo.value_model": "separate"}),
+    ("no_advantage_std_norm", ["advantage_estimator=reinforce", "no_advantage_std_norm=true"],
+     {"algo.name": "reinforce_plus_plus", "algo.normalize_advantages_std": False}),
+    ("no_advantage_std_norm", ["advantage_estimator=gae", "algo.advantage.no_std_norm=true"],
+     {"algo.name": "ppo", "algo.normalize_advantages_std": False}),
     ("init_kl_coef", ["init_kl_coef=0.01"], {"algo.kl_coef": 0.01, "algo.kl_in_reward": True,
                                              "algo.kl_estimator": "k1", "algo.kl_clamp": 10.0}),
     ("init_kl_coef", ["init_kl_coef=0.01", "kl_estimator=k3"], {"algo.kl_coef": 0.01, "algo.kl_estimator": "k3"}),
@@ -431,7 +442,7 @@ REFUSED = [
      "minibatch's completions x algo.loss_constant"),
     (["actor_rollout_ref.actor.kl_loss_type=abs"], "is |log ratio|, which lmrl does not estimate"),
     (["algorithm.kl_penalty=low_var_kl+"], "is a straight-through estimate (its value, k2's gradient)"),
-    (["algorithm.adv_estimator=remax"], "has no lmrl estimator"),
+    (["algorithm.adv_estimator=optimal_token_baseline"], "has no lmrl estimator"),
     (["algorithm.kl_ctrl.target_kl=0.1"],
      "verl's algorithm.kl_ctrl.target_kl=0.1 is a per-token mean of the KL; lmrl's algo.kl_target is a "
      "per-completion sum (the KL summed over a completion's tokens): set algo.kl_target = 0.1 x the mean "
@@ -448,10 +459,10 @@ REFUSED = [
     (["trainer.test_freq=-1"], "turns evaluation off"),
     (["actor_rollout_ref.rollout.name=sglang"], "is not an lmrl engine"),
     (["trainer.resume_mode=resume_path"], "set run.resume=auto run.resume_from=PATH"),
-    (["algorithm.adv_estimator=foo"], "algorithm.adv_estimator='foo' is not one of grpo, rloo, gae, reinforce_plus_plus, "
-                                      "reinforce_plus_plus_baseline (verl's "
-                                      "algorithm.adv_estimator, which sets algo.name; from override "
-                                      "algorithm.adv_estimator=foo)"),
+    (["algorithm.adv_estimator=mystery"], "algorithm.adv_estimator='mystery' is not one of grpo, grpo_vectorized, "
+                                          "rloo, rloo_vectorized, gae, reinforce_plus_plus, reinforce_plus_plus_baseline, "
+                                          "grpo_passk, opo, gpg (verl's algorithm.adv_estimator, which sets algo.name; "
+                                          "from override algorithm.adv_estimator=mystery)"),
     (["eps_clip_low_high=0.2"], "OpenRLHF's eps_clip_low_high=0.2 takes two numbers, [algo.clip_range_left, "
                                 "algo.clip_range_right]"),
     (["actor_rollout_ref.actor.kl_loss_coef=0.001", "algorithm.kl_ctrl.kl_coef=0.01"],

@@ -44,7 +44,9 @@ def masked_var(x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tenso
 
 
 # -- group baselines -------------------------------------------------------------------------------
-GROUP_MODES = ("raw", "grpo", "grpo_no_std")
+GROUP_MODES = ("raw", "grpo", "grpo_no_std", "passk", "opo", "gpg")
+# Modes that need one reward per completion: they compare whole completions (the best, their lengths).
+SEQUENCE_MODES = ("passk", "opo")
 # What divides GRPO's centred rewards (TRL's `scale_rewards`): each group's own std, the whole batch's, or nothing.
 SCALE_REWARDS = ("group", "batch", "none")
 
@@ -59,7 +61,8 @@ def _groups(rewards: torch.Tensor, group_size: int) -> torch.Tensor:
 
 
 def group_advantages(rewards: torch.Tensor, group_size: int, mode: str = "grpo", eps: float = 1e-4,
-                     scale: str = "group") -> torch.Tensor:
+                     scale: str = "group", lengths: torch.Tensor | None = None,
+                     alpha: float | None = None) -> torch.Tensor:
     """Advantages against each prompt's own group of G samples (GRPO, Shao et al. 2024).
 
     raw:          A_i = r_i
@@ -68,30 +71,78 @@ def group_advantages(rewards: torch.Tensor, group_size: int, mode: str = "grpo",
                     batch  the std of all B rewards (PPO Lite: one scale for every prompt)
                     none   no division: A_i = r_i − mean_g (Dr. GRPO)
     grpo_no_std:  A_i = r_i − mean_g      (the same as grpo with scale "none"; kept as a name)
+    passk:        the group's best completion (the first of equals) gets A = (r_max − r_second) / (std_g + eps),
+                  the others 0: the pass@k objective (Chen et al. 2025, verl's grpo_passk); scale "none":
+                  no division
+    opo:          A_i = r_i − Σ_j l_j r_j / Σ_j l_j over the group, l the completions' `lengths` in tokens:
+                  the optimal baseline of OPO (Hao et al. 2025) for a sequence-level reward
+    gpg:          A_i = α·(r_i − mean_g), α = B / (the completions in groups whose rewards differ): GPG's
+                  correction (Chu et al. 2025), so the update is as large as if every group had taught
+                  something; `alpha` given: that α (the count over every process's batch)
 
     Both stds have Bessel's correction. These are TRL's GRPOTrainer numbers (`scale_rewards`, and the
     1e-4 in its denominator; tests/test_trl_parity.py checks them against TRL's trainer). `scale`
-    only changes mode "grpo": the other modes refuse "batch" rather than ignore it.
+    changes modes "grpo" and "passk"; the other modes refuse "batch" rather than ignore it.
 
     rewards (B,) or (B, T) with B = n_prompts·G, a group's rows contiguous; for (B, T) every
-    statistic, the batch std included, is taken per position t."""
+    statistic, the batch std included, is taken per position t. passk and opo take (B,) only."""
     if mode not in GROUP_MODES:
         raise ValueError(f"advantage mode must be one of {', '.join(GROUP_MODES)}, got {mode!r}")
     if scale not in SCALE_REWARDS:
         raise ValueError(f"scale_rewards must be one of {', '.join(SCALE_REWARDS)}, got {scale!r}")
     if scale == "batch" and mode != "grpo":
         raise ValueError(f"scale_rewards 'batch' divides grpo's advantages; advantage mode {mode!r} has no division")
+    if mode in SEQUENCE_MODES and rewards.dim() != 1:
+        raise ValueError(f"advantage mode {mode!r} compares whole completions: it needs one reward per completion, "
+                         f"got rewards of shape {tuple(rewards.shape)} (a reward per token)")
     g = _groups(rewards, group_size)
     if mode == "raw":
         return rewards.clone()
     if group_size < 2:
         raise ValueError(f"advantage mode {mode!r} compares samples of one prompt: group_size must be >= 2")
+    if mode == "passk":
+        return _best_of_group(g, eps if scale == "group" else None).reshape(rewards.shape)
+    if mode == "opo":
+        if lengths is None:
+            raise ValueError("advantage mode 'opo' weighs each reward by its completion's length: pass lengths")
+        weights = _groups(lengths.to(rewards.dtype), group_size)
+        total = weights.sum(1, keepdim=True)
+        baseline = torch.where(total > 0, (weights * g).sum(1, keepdim=True) / total.clamp(min=1e-12),
+                               g.mean(1, keepdim=True))  # a group without tokens: its plain mean
+        return (g - baseline).reshape(rewards.shape)
     centred = g - g.mean(1, keepdim=True)  # (B/G, G, ...)
     if mode == "grpo" and scale == "group":
         centred = centred / (g.std(1, keepdim=True) + eps)
     elif mode == "grpo" and scale == "batch":
         centred = centred / (rewards.std(0) + eps)  # () or (T,): broadcast over groups and rows
+    elif mode == "gpg":
+        centred = centred * (gpg_alpha(*informative_count(rewards, group_size)) if alpha is None else alpha)
     return centred.reshape(rewards.shape)
+
+
+def _best_of_group(g: torch.Tensor, eps: float | None) -> torch.Tensor:
+    """passk on grouped rewards (n, G): r_max − r_second on each group's first best, over std_g + eps
+    (eps None: undivided), 0 elsewhere."""
+    top = g.topk(2, dim=1).values
+    gap = top[:, 0] - top[:, 1]
+    if eps is not None:  # a gap of 0 stays 0, a tied group's 0 / 0 included
+        gap = torch.where(gap == 0, gap, gap / (g.std(1) + eps))
+    out = torch.zeros_like(g)
+    out[torch.arange(g.size(0)), g.argmax(1)] = gap  # argmax: the first of equals
+    return out
+
+
+def informative_count(rewards: torch.Tensor, group_size: int) -> tuple[int, int]:
+    """(B, the completions in groups whose rewards are not all equal): GPG's counts, which add up
+    across processes. For (B, T) rewards a group differs where any position does."""
+    g = _groups(rewards, group_size)
+    differs = (g != g[:, :1]).reshape(g.size(0), -1).any(1)
+    return rewards.size(0), int(differs.sum().item()) * group_size
+
+
+def gpg_alpha(total: int, informative: int) -> float:
+    """GPG's α = B / B_informative (1 when no group differs: every advantage is 0 then)."""
+    return total / informative if informative else 1.0
 
 
 def leave_one_out_advantages(rewards: torch.Tensor, group_size: int) -> torch.Tensor:
@@ -113,17 +164,19 @@ def masked_moments(x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.T
 
 
 def normalize_advantages(advantages: torch.Tensor, mask: torch.Tensor | None = None, eps: float = 1e-8,
-                         moments: torch.Tensor | None = None) -> torch.Tensor:
+                         moments: torch.Tensor | None = None, divide: bool = True) -> torch.Tensor:
     """Batch whitening: (A − mean) / (std + eps) over valid entries (population std); masked
     entries come out 0. Works for (B,) and (B, T). `moments` (`masked_moments`, summed over the
     processes) gives the mean and std of the whole batch; None: those of `advantages` itself.
+    `divide=False`: A − mean only (OpenRLHF's --no_advantage_std_norm).
     Not TRL's RLOO `normalize_advantages`, which divides by the sample std (Bessel) + 1e-4: the two
     differ by the factor sqrt((B − 1)/B) and eps."""
     total, squares, n = masked_moments(advantages, mask) if moments is None else moments
     n = n.clamp(min=1)
     mean = total / n
     std = (squares / n - mean * mean).clamp(min=0).sqrt()
-    out = ((advantages.double() - mean) / (std + eps)).to(advantages.dtype)
+    centred = advantages.double() - mean
+    out = (centred / (std + eps) if divide else centred).to(advantages.dtype)
     return out if mask is None else out * mask
 
 

@@ -169,10 +169,14 @@ class Algorithm:
             return [f"algo.{key}={getattr(cfg, key)} is for ppo's critic; algo.name={cfg.name} has none (leave it "
                     f"at {'none' if key == 'value_model' else 'null'}, or set algo.name=ppo)"]
         defaults = {f.name: f.default for f in fields(cfg)}
-        valued = [] if cls.uses_values else [
+        whitening = cls.whitens if cfg.normalize_advantages is None else cfg.normalize_advantages
+        unwhitened = [] if cfg.normalize_advantages_std or whitening else [
+            f"algo.normalize_advantages_std=false leaves the std out of the batch whitening, which algo.name={cfg.name} "
+            f"does not do here: set algo.normalize_advantages=true, or leave normalize_advantages_std at true"]
+        valued = unwhitened + ([] if cls.uses_values else [
             f"algo.{key}={getattr(cfg, key)} sets {what}; algo.name={cfg.name} has no value model (leave it at "
             f"{defaults[key]})" for key, what in VALUE_KEYS.items()
-            if getattr(cfg, key) != defaults[key] and not (key == "gamma" and cls.discounts)]
+            if getattr(cfg, key) != defaults[key] and not (key == "gamma" and cls.discounts)])
         return valued + ([] if cls.clips_ratio else [
             f"algo.{key}={getattr(cfg, key)} shapes the clipped ratio of grpo, rloo and ppo; algo.name={cfg.name} "
             f"has none (leave it at {defaults[key]})" for key in SURROGATE_KEYS if getattr(cfg, key) != defaults[key]])
@@ -233,11 +237,11 @@ class Algorithm:
         setting = self.cfg.normalize_advantages
         return type(self).whitens if setting is None else setting
 
-    @staticmethod
-    def whiten(learner: Learner, advantages: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+    def whiten(self, learner: Learner, advantages: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
         """`normalize_advantages` with the mean and std of every process's batch (the same
-        advantages however the batch is split over ranks)."""
-        return normalize_advantages(advantages, mask, moments=learner.all_reduce_sum(masked_moments(advantages, mask)))
+        advantages however the batch is split over ranks); only centred with `algo.normalize_advantages_std=false`."""
+        return normalize_advantages(advantages, mask, moments=learner.all_reduce_sum(masked_moments(advantages, mask)),
+                                    divide=self.cfg.normalize_advantages_std)
 
     def aggregate(self, per_token: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         return aggregate(per_token, mask, self.cfg.loss_level, self.loss_constant)

@@ -3,7 +3,8 @@ completion's advantage is its reward measured against its own group's, so no val
 moving average are needed, and a hard prompt's rare success counts as fully as an easy one's.
 
     GRPO  A_i = (r_i − mean_g r) / (std_g r + eps)   (`adv_mode`: grpo | grpo_no_std | raw; the std is the
-                                                      group's, the batch's or none by `scale_rewards`)
+                                                      group's, the batch's or none by `scale_rewards`; and
+                                                      verl's passk, opo and gpg: `advantages.group_advantages`)
     RLOO  A_i = r_i − mean_{j≠i} r_j                  (leave-one-out)
 
 Both optimise the clipped surrogate with asymmetric clipping, aggregated per `loss_level`, for
@@ -18,7 +19,7 @@ from __future__ import annotations
 
 import torch
 
-from .advantages import group_advantages, leave_one_out_advantages
+from .advantages import gpg_alpha, group_advantages, informative_count, leave_one_out_advantages
 from .base import Algorithm, PreparedBatch, register_algorithm, score_sequences
 from .losses import clipped_surrogate_loss
 
@@ -40,8 +41,14 @@ class GRPO(Algorithm):
             f"algo.scale_rewards=batch divides grpo's advantages (algo.name=grpo, algo.adv_mode=grpo), not those of "
             f"algo.name={cfg.name} with adv_mode={cfg.adv_mode}; for batch whitening set algo.normalize_advantages"])
 
-    def group_advantages(self, rewards: torch.Tensor) -> torch.Tensor:
-        return group_advantages(rewards, self.group_size, self.cfg.adv_mode, self.cfg.adv_eps, self.cfg.scale_rewards)
+    def group_advantages(self, learner, rewards: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """`advantages.group_advantages` by `algo.adv_mode`; gpg's α counts every process's batch."""
+        mode, alpha = self.cfg.adv_mode, None
+        if mode == "gpg":
+            counts = torch.tensor(informative_count(rewards, self.group_size), dtype=torch.float64, device=mask.device)
+            alpha = gpg_alpha(*learner.all_reduce_sum(counts).tolist())
+        return group_advantages(rewards, self.group_size, mode, self.cfg.adv_eps, self.cfg.scale_rewards,
+                                lengths=mask.sum(1), alpha=alpha)
 
     def old_and_reference_logprobs(self, learner, rollout) -> tuple[torch.Tensor | None, torch.Tensor | None,
                                                                     torch.Tensor]:
@@ -60,7 +67,7 @@ class GRPO(Algorithm):
     def prepare(self, learner, rollout, rewards: torch.Tensor) -> tuple[PreparedBatch, dict]:
         old, ref, behaviour = self.old_and_reference_logprobs(learner, rollout)
         rewards = self.kl_shaped_rewards(rewards.to(rollout.mask.device), behaviour, ref, rollout.mask)
-        advantages = self.group_advantages(rewards.float())
+        advantages = self.group_advantages(learner, rewards.float(), rollout.mask)
         if self.normalizes:  # over every rank's batch
             advantages = self.whiten(learner, advantages, rollout.mask if advantages.dim() == 2 else None)
         batch = PreparedBatch(rollout.sequences, rollout.mask, advantages, old_logprobs=old, ref_logprobs=ref,
@@ -82,5 +89,5 @@ class RLOO(GRPO):
     gradient is −mean_i A_i·∇log π(y_i), which is this one's with loss_level=constant times
     loss_constant."""
 
-    def group_advantages(self, rewards: torch.Tensor) -> torch.Tensor:
+    def group_advantages(self, learner, rewards: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         return leave_one_out_advantages(rewards, self.group_size)

@@ -19,7 +19,10 @@ class Reinforce(Algorithm):
         one_pass = cfg.ppo_epochs == 1 and cfg.minibatch_size == 0
         return super().check_config(cfg) + ([] if one_pass else [
             f"algo.name={cfg.name} makes one on-policy update per rollout: algo.ppo_epochs must be 1 and "
-            "algo.minibatch_size 0 (use rloo, grpo or ppo for several updates per rollout)"])
+            "algo.minibatch_size 0 (use rloo, grpo or ppo for several updates per rollout)"]) + (
+            [] if not cfg.normalize_advantages else [
+                f"algo.normalize_advantages=true: algo.name={cfg.name}'s advantages are r minus its moving baseline, "
+                f"not whitened (leave it at null; reinforce_plus_plus whitens its returns over the batch)"])
 
     def __init__(self, cfg, **kw):
         super().__init__(cfg, **kw)

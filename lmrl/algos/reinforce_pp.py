@@ -32,6 +32,7 @@ GROUP_ADVANTAGE_KEYS = ("adv_mode", "adv_eps", "scale_rewards", "normalize_advan
 @register_algorithm("reinforce_plus_plus")
 class ReinforcePlusPlus(GRPO):
     discounts = True
+    whitens = True  # always: its returns are whitened over the batch's tokens
     centres_on_group = False
 
     @classmethod

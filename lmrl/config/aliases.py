@@ -117,6 +117,7 @@ _KL_SUM = ("is a per-token mean of the KL; lmrl's algo.kl_target is a per-comple
            "completion's tokens): set algo.kl_target = {value} x the mean completion length in tokens")
 _WARMUP_RATIO = "is a fraction of the run; lmrl counts warm-up steps: set schedule.warmup_steps = {value} x train.steps"
 _GAE = {"algo.name": "ppo", "algo.value_model": "separate", "algo.normalize_advantages": True}
+_VERL_GRPO = {"algo.name": "grpo", "algo.adv_eps": 1e-6}
 _STRAIGHT_THROUGH = ("is a straight-through estimate (its value, k2's gradient), which lmrl does not have: "
                      "algo.kl_estimator=k2 has k2's value and gradient")
 _VERL_K3 = {"algo.kl_estimator": "k3", "algo.kl_clamp": 10.0}  # verl bounds its k3 (low_var_kl) to [-10, 10]
@@ -166,16 +167,18 @@ VERL_ALIASES: dict[str, Alias] = {
         "sizes micro-batches by tokens; lmrl's are train.ga_steps equal shares of the minibatch")),
     "actor_rollout_ref.actor.ppo_epochs": Alias("algo.ppo_epochs", "verl"),
     "algorithm.adv_estimator": Alias("algo.name", "verl", values={
-        "grpo": {"algo.name": "grpo", "algo.adv_eps": 1e-6}, "rloo": "rloo", "gae": _GAE,
-        "reinforce_plus_plus": "reinforce_plus_plus", "reinforce_plus_plus_baseline": "reinforce_plus_plus_baseline"},
-        refused={**{name: "has no lmrl estimator (lmrl has reinforce, rloo, grpo, ppo and "
-                          "reinforce_plus_plus[_baseline]: algo.name)"
-           for name in ("remax", "grpo_passk", "opo", "gpg", "optimal_token_baseline", "rloo_vectorized",
-                        "grpo_vectorized")}},
-        note="grpo with verl's eps, 1e-6 (lmrl's default 1e-4); gae is ppo with a critic of its own and whitened "
-             "advantages, as verl's; reinforce_plus_plus_baseline centres the reward on its group before the "
-             "per-token KL is subtracted (as OpenRLHF's), where verl centres the KL-shaped sum, the same without "
-             "algo.kl_in_reward"),
+        "grpo": _VERL_GRPO, "grpo_vectorized": _VERL_GRPO, "rloo": "rloo", "rloo_vectorized": "rloo", "gae": _GAE,
+        "reinforce_plus_plus": "reinforce_plus_plus", "reinforce_plus_plus_baseline": "reinforce_plus_plus_baseline",
+        "grpo_passk": {**_VERL_GRPO, "algo.adv_mode": "passk"}, "opo": {"algo.name": "grpo", "algo.adv_mode": "opo"},
+        "gpg": {"algo.name": "grpo", "algo.adv_mode": "gpg"}},
+        refused={**{name: "has no lmrl estimator (lmrl has reinforce, rloo, grpo with algo.adv_mode grpo, passk, "
+                          "opo or gpg, ppo and reinforce_plus_plus[_baseline]: algo.name)"
+           for name in ("remax", "optimal_token_baseline", "tir_optimal_token_baseline")}},
+        note="grpo with verl's eps, 1e-6 (lmrl's default 1e-4); the _vectorized estimators are the same numbers; gae "
+             "is ppo with a critic of its own and whitened advantages, as verl's; reinforce_plus_plus_baseline "
+             "centres the reward on its group before the per-token KL is subtracted (as OpenRLHF's), where verl "
+             "centres the KL-shaped sum, the same without algo.kl_in_reward; gpg's α is B over the completions in "
+             "groups whose rewards differ (the GPG paper's), where verl divides B by its count of non-zero rewards"),
     "algorithm.norm_adv_by_std_in_grpo": Alias("algo.scale_rewards", "verl", values={True: "group", False: "none"}),
     "actor_rollout_ref.actor.use_kl_loss": Alias("algo.kl_in_reward", "verl", values={True: False}, refused={
         False: "has no lmrl switch: the KL is in the loss while algo.kl_coef > 0 (kl_loss_coef) and off at "
@@ -207,8 +210,10 @@ VERL_ALIASES: dict[str, Alias] = {
                                    "algo.loss_level=constant, divides by the minibatch's completions x "
                                    "algo.loss_constant, so its steps are that batch size smaller: set "
                                    "algo.loss_level=constant and scale optim.lr to match"}),
-    "actor_rollout_ref.actor.policy_loss.loss_mode": Alias("algo.ratio_level", "verl",
-                                                           values={"vanilla": "token", "gspo": "sequence"}),
+    "actor_rollout_ref.actor.policy_loss.loss_mode": Alias("algo.ratio_level", "verl", values={
+        "vanilla": "token", "gspo": "sequence", "gpg": "token"}, note=(
+        "gpg is the clipped surrogate, whose gradient is GPG's -A grad log pi while each batch is used once "
+        "(algo.ppo_epochs=1, algo.minibatch_size=0: lmrl's defaults)")),
     "actor_rollout_ref.actor.entropy_coeff": Alias("algo.ent_coef", "verl"),
     "actor_rollout_ref.actor.grad_clip": Alias("train.grad_clip", "verl", note=(
         "under ppo the critic's gradients are clipped to it too, on their own")),
@@ -310,10 +315,8 @@ OPENRLHF_ALIASES: dict[str, Alias] = {
         note="gae is ppo with a critic of its own and whitened advantages, group_norm grpo with OpenRLHF's eps "
              "1e-9, dr_grpo grpo without the std, reinforce REINFORCE++ (lmrl's algo.name=reinforce is REINFORCE "
              "with a moving-average baseline, another estimator)"),
-    "no_advantage_std_norm": Alias(None, "OpenRLHF", head="algo.advantage.no_std_norm", matches=(False,),
-                                   missing=True, note=(
-        "whitens without the std; lmrl's algo.normalize_advantages divides by it (grpo's algo.scale_rewards=none "
-        "leaves a group's std out)")),
+    "no_advantage_std_norm": Alias("algo.normalize_advantages_std", "OpenRLHF", head="algo.advantage.no_std_norm",
+                                   values={True: False, False: True}),
     "init_kl_coef": Alias("algo.kl_coef", "OpenRLHF", head="algo.kl.init_coef",
                           implies={"algo.kl_in_reward": True, "algo.kl_estimator": "k1", "algo.kl_clamp": 10.0},
                           note="in the reward, k1 and bounded to [-10, 10], as OpenRLHF's without use_kl_loss and "

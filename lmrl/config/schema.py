@@ -375,8 +375,10 @@ class AlgoConfig(Section):
                                ge=0, lt=1)
     group_size: int = _f(1, "completions sampled per prompt (G); rloo, grpo and reinforce_plus_plus_baseline "
                             "need >= 2", ge=1)
-    adv_mode: str = _f("grpo", "grpo group advantage: raw (A=r) | grpo ((r-mean)/(std+eps)) | grpo_no_std (r-mean)",
-                       choices=GROUP_MODES)
+    adv_mode: str = _f("grpo", "grpo group advantage: raw (A=r) | grpo ((r-mean)/(std+eps)) | grpo_no_std (r-mean) | "
+                               "passk (only the group's best: (r_max-r_second)/(std+eps), verl's grpo_passk) | opo "
+                               "(r minus the group's length-weighted mean reward) | gpg (r-mean, times B over the "
+                               "completions in groups whose rewards differ)", choices=GROUP_MODES)
     adv_eps: float = _f(1e-4, "eps in the grpo advantage's denominator (TRL's 1e-4; verl's 1e-6, OpenRLHF's "
                               "group_norm 1e-9)", gt=0)
     scale_rewards: str = _f("group", "grpo advantage's divisor, as TRL: group (each prompt's reward std) | batch (the "
@@ -384,6 +386,9 @@ class AlgoConfig(Section):
     normalize_advantages: bool | None = _f(None, "whiten advantages over every rank's batch (mean 0, std 1); null: the "
                                                  "algorithm's own choice: ppo whitens (as verl, OpenRLHF and TRL "
                                                  "whiten PPO's advantages), the others do not")
+    normalize_advantages_std: bool = _f(True, "whitening (algo.normalize_advantages, and reinforce_plus_plus's) divides "
+                                              "by the batch std; false: it only subtracts the mean (OpenRLHF's "
+                                              "--no_advantage_std_norm)")
     clip_range_left: float = _f(0.2, "ratio clipped below at 1 - clip_range_left", ge=0, lt=1)
     clip_range_right: float = _f(0.2, "ratio clipped above at 1 + clip_range_right (DAPO's clip-higher: 0.28)", ge=0)
     ratio_level: str = _f("token", "what one clipped ratio covers, as TRL's importance_sampling_level: token | "
