@@ -49,6 +49,7 @@ ALIAS_CASES = [
     ("top_p", ["top_p=0.9"], {"train.top_p": 0.9}),
     ("top_k", ["algo.top_k=50"], {"train.top_k": 50}),
     ("min_p", ["min_p=0.05"], {"train.min_p": 0.05}),
+    ("min_p", ["min_p=null"], {"train.min_p": 0.0}),  # TRL's default, None: off
     ("repetition_penalty", ["algo.repetition_penalty=1.1"], {"train.repetition_penalty": 1.1}),
     ("chat_template_kwargs", ["chat_template_kwargs={enable_thinking: false}"],
      {"model.chat_template_kwargs": {"enable_thinking": False}}),

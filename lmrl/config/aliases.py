@@ -83,7 +83,7 @@ TRL_ALIASES: dict[str, Alias] = {
     "temperature": Alias("train.temperature", "GRPOConfig"),
     "top_p": Alias("train.top_p", "GRPOConfig"),
     "top_k": Alias("train.top_k", "GRPOConfig"),
-    "min_p": Alias("train.min_p", "GRPOConfig"),
+    "min_p": Alias("train.min_p", "GRPOConfig", values={None: 0.0}, others=True),  # TRL's None: off
     "repetition_penalty": Alias("train.repetition_penalty", "GRPOConfig"),
     "chat_template_kwargs": Alias("model.chat_template_kwargs", "GRPOConfig"),
     "max_length": Alias("data.max_length", "DPOConfig"),
