@@ -94,6 +94,33 @@ def _tiny_gpt():
     return GPT(GPTConfig(vocab_size=12, n_position=16, n_layer=1, n_head=2, n_embd=16))
 
 
+@pytest.mark.parametrize("overrides", [["algo.name=grpo", "algo.group_size=4"], ["algo.name=reinforce"],
+                                       ["algo.name=reinforce_plus_plus"], ["algo.name=ppo", "algo.value_model=head"]])
+def test_with_the_kl_in_the_reward_the_shaped_reward_is_logged_as_verls_critic_rewards(overrides):
+    from lmrl.models.reference import build_reference
+    from lmrl.models.heads import ActorCritic
+
+    model = _tiny_gpt()
+    cfg = load_config("adder", [*overrides, "train.rollout_size=8", "algo.kl_coef=0.5", "algo.kl_in_reward=true",
+                                "algo.kl_estimator=k1"]).algo
+    ro = sample(model, torch.randint(12, (2, 5)).repeat_interleave(4, 0), 3, generator=torch.Generator().manual_seed(1))
+    reference = build_reference(model)
+    with torch.no_grad():  # the policy moves away from its reference, so the KL is not 0
+        for p in model.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    ro.logprobs, _, _ = policy_forward(model, ro.sequences, 3)
+    ro.logprobs = ro.logprobs.detach()
+    rewards = torch.tensor([1.0, 0.0, 0.5, 0.0, 1.0, 1.0, 0.0, 0.25])
+    learner = Stub(ActorCritic(model, "head") if cfg.name == "ppo" else model, reference)
+    _, metrics = build_algorithm(cfg, max_new_tokens=3).prepare(learner, ro, rewards)
+    # k1 summed over a completion is rollout/kl's per-completion KL: the shaped mean is r − β·KL on average
+    assert metrics["rollout/kl"] != 0
+    assert metrics["train/shaped_reward_mean"] == pytest.approx(rewards.mean().item() - 0.5 * metrics["rollout/kl"],
+                                                                abs=1e-5)
+    if cfg.name in ("ppo", "reinforce_plus_plus"):
+        assert "train/return_mean" in metrics
+
+
 def test_one_grpo_step_with_one_epoch_and_no_active_clip_is_the_plain_policy_gradient():
     model = _tiny_gpt()
     cfg = load_config("adder", ["algo.name=grpo", "algo.group_size=4", "train.rollout_size=8"]).algo

@@ -171,8 +171,9 @@ class Algorithm:
         defaults = {f.name: f.default for f in fields(cfg)}
         whitening = cls.whitens if cfg.normalize_advantages is None else cfg.normalize_advantages
         unwhitened = [] if cfg.normalize_advantages_std or whitening else [
-            f"algo.normalize_advantages_std=false leaves the std out of the batch whitening, which algo.name={cfg.name} "
-            f"does not do here: set algo.normalize_advantages=true, or leave normalize_advantages_std at true"]
+            f"algo.normalize_advantages_std=false leaves the std out of the batch whitening, which "
+            f"algo.name={cfg.name} does not do here: set algo.normalize_advantages=true, or leave "
+            f"normalize_advantages_std at true"]
         valued = unwhitened + ([] if cls.uses_values else [
             f"algo.{key}={getattr(cfg, key)} sets {what}; algo.name={cfg.name} has no value model (leave it at "
             f"{defaults[key]})" for key, what in VALUE_KEYS.items()
@@ -359,6 +360,13 @@ class Algorithm:
             return
         error = max(-0.2, min(0.2, kl / self.cfg.kl_target - 1.0))
         self.kl_coef *= 1.0 + error * batch_size / self.cfg.kl_horizon
+
+    def shaped_reward_metrics(self, shaped: torch.Tensor) -> dict:
+        """With the KL in the reward, the mean per-completion reward after it (verl's critic/rewards/mean);
+        `shaped` is (B,) or (B, N) with the masked tokens 0. Nothing otherwise."""
+        if not (self.cfg.kl_in_reward and self.kl_coef > 0):
+            return {}
+        return {"train/shaped_reward_mean": (shaped.sum(1) if shaped.dim() == 2 else shaped).float().mean().item()}
 
     def rollout_kl(self, logprobs: torch.Tensor | None, ref_logprobs: torch.Tensor | None, mask) -> dict:
         """Mean per-completion KL of the rollouts to the reference (k1 summed over tokens)."""

@@ -72,7 +72,8 @@ class GRPO(Algorithm):
             advantages = self.whiten(learner, advantages, rollout.mask if advantages.dim() == 2 else None)
         batch = PreparedBatch(rollout.sequences, rollout.mask, advantages, old_logprobs=old, ref_logprobs=ref,
                               attention_mask=rollout.attention_mask)
-        return batch, {"train/advantage_mean": advantages.mean().item(), **self.rollout_kl(behaviour, ref, rollout.mask)}
+        return batch, {"train/advantage_mean": advantages.mean().item(), **self.shaped_reward_metrics(rewards),
+                       **self.rollout_kl(behaviour, ref, rollout.mask)}
 
     def policy_loss(self, batch, logprobs, entropy, values):
         old = batch.old_logprobs if batch.old_logprobs is not None else logprobs.detach()

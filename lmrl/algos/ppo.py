@@ -17,7 +17,7 @@ import math
 
 import torch
 
-from .advantages import gae, token_level_rewards
+from .advantages import gae, masked_mean, token_level_rewards
 from .base import Algorithm, PreparedBatch, register_algorithm, score_sequences
 from .losses import clipped_surrogate_loss, explained_variance, value_loss
 
@@ -41,8 +41,9 @@ class PPO(Algorithm):
         batch = PreparedBatch(rollout.sequences, mask, advantages, old_logprobs=old, ref_logprobs=ref,
                               old_values=values, returns=returns, attention_mask=rollout.attention_mask)
         metrics = {"train/advantage_mean": advantages.mean().item(),
-                   "train/value_mean": ((values * mask).sum() / mask.sum()).item(),
-                   **self.rollout_kl(old, ref, mask)}
+                   "train/value_mean": masked_mean(values, mask).item(),
+                   "train/return_mean": masked_mean(returns, mask).item(),
+                   **self.shaped_reward_metrics(token_rewards), **self.rollout_kl(old, ref, mask)}
         ev = explained_variance(values, returns, mask)
         if math.isfinite(ev):  # undefined when every return is the same
             metrics["train/explained_variance"] = ev

@@ -51,7 +51,7 @@ class Reinforce(Algorithm):
         batch = PreparedBatch(rollout.sequences, rollout.mask, advantages.float().to(rollout.mask.device),
                               ref_logprobs=ref, attention_mask=rollout.attention_mask)
         metrics = {"train/baseline": sum(self.baseline) / len(self.baseline),
-                   "train/advantage_mean": advantages.mean().item(),
+                   "train/advantage_mean": advantages.mean().item(), **self.shaped_reward_metrics(rewards),
                    **self.rollout_kl(rollout.logprobs, ref, rollout.mask)}
         return batch, metrics
 

@@ -58,7 +58,8 @@ class ReinforcePlusPlus(GRPO):
         batch = PreparedBatch(rollout.sequences, mask, advantages, old_logprobs=old, ref_logprobs=ref,
                               attention_mask=rollout.attention_mask)
         return batch, {"train/advantage_mean": advantages.mean().item(),
-                       "train/return_mean": masked_mean(returns, mask).item(), **self.rollout_kl(behaviour, ref, mask)}
+                       "train/return_mean": masked_mean(returns, mask).item(),
+                       **self.shaped_reward_metrics(token_rewards), **self.rollout_kl(behaviour, ref, mask)}
 
 
 @register_algorithm("reinforce_plus_plus_baseline")
