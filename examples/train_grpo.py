@@ -1,6 +1,6 @@
 """GRPO from Python, TRL-style: a config, a trainer named after its algorithm, a reward function.
 
-Starts from the `adder-grpo` preset (the adder's warm-up, then 8 samples per prompt with
+Starts from the `adder-grpo` preset (the adder's warm-up, then 4 samples per prompt with
 group-normalised advantages) and swaps in a user reward: 1 for an exact answer, else 0.
 
     python examples/train_grpo.py [--quick]

@@ -359,7 +359,8 @@ def test_ratio_options_out_of_range_are_one_line_naming_the_key_and_value(overri
 def test_reinforce_refuses_the_options_of_a_ratio_it_does_not_have(option):
     with pytest.raises(ConfigError) as e:
         load_config("adder", TINY + [option])
-    assert f"{option} shapes the clipped ratio of grpo, rloo and ppo; algo.name=reinforce has none" in str(e.value)
+    assert f"{option} shapes the clipped ratio (" in str(e.value) and "algo.name=reinforce has none" in str(e.value)
+    assert "grpo, rloo, ppo, reinforce_plus_plus" in str(e.value)  # the clipping algorithms, by registration order
 
 
 def _moved_batch(model, overrides):

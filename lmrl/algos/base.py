@@ -178,9 +178,10 @@ class Algorithm:
             f"algo.{key}={getattr(cfg, key)} sets {what}; algo.name={cfg.name} has no value model (leave it at "
             f"{defaults[key]})" for key, what in VALUE_KEYS.items()
             if getattr(cfg, key) != defaults[key] and not (key == "gamma" and cls.discounts)])
+        clipping = ", ".join(name for name, algorithm in ALGORITHMS.items() if algorithm.clips_ratio)
         return valued + ([] if cls.clips_ratio else [
-            f"algo.{key}={getattr(cfg, key)} shapes the clipped ratio of grpo, rloo and ppo; algo.name={cfg.name} "
-            f"has none (leave it at {defaults[key]})" for key in SURROGATE_KEYS if getattr(cfg, key) != defaults[key]])
+            f"algo.{key}={getattr(cfg, key)} shapes the clipped ratio ({clipping}); algo.name={cfg.name} has none "
+            f"(leave it at {defaults[key]})" for key in SURROGATE_KEYS if getattr(cfg, key) != defaults[key]])
 
     def __init__(self, cfg, *, temperature: float = 1.0, ga_steps: int = 1, max_new_tokens: int = 1):
         self.cfg = cfg

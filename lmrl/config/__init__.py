@@ -286,7 +286,7 @@ def describe_config(cfg: Config | None = None) -> str:
             target += f"; {alias.note}"
         lines.append(f"#   {name:<29} {alias.source:<18} {target}")
     lines.append("# verl's names (actor_rollout_ref.rollout.n=8, ...), OpenRLHF's flags (n_samples_per_prompt=8, ...):")
-    lines.append("# docs/from-verl-openrlhf.md, or `python -m lmrl.config.aliases`")
+    lines.append("# docs/from-verl-openrlhf.md")
     return "\n".join(lines) + "\n"
 
 

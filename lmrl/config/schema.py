@@ -118,7 +118,7 @@ class TaskConfig(Section):
     train_file: str | None = _f(None, "math / prompts: JSONL or parquet rows {prompt or messages, ground_truth, "
                                       "...} to train on (verl's rows as they are; other layouts: task.prompt_key, "
                                       "task.label_key); env.id=sql: DBBench-format JSONL (default: procedural tasks)")
-    generate: str = _f("", "math: when train_file / test_file do not exist, write them first with "
+    generate: str = _f("", "math and prompts: when train_file / test_file do not exist, write them first with "
                            "`lmrl data <generate>`'s defaults: word-problems | addition-chat | preferences, or "
                            "gsm8k: GSM8K's train and test splits as `lmrl prepare-data` converts them (empty: never)",
                        choices=("", *generators_for("task")))
@@ -300,8 +300,8 @@ class DataConfig(Section):
     generate_train: int = _f(600, "rows data.generate writes to train_file (the synthetic preference set has ~750 "
                                   "items)", ge=1)
     generate_test: int = _f(100, "rows data.generate writes to eval_file", ge=1)
-    max_length: int = _f(256, "tokens per prompt + response; longer rows are cut (the prompt's start first) and counted",
-                         ge=2)
+    max_length: int = _f(256, "tokens per prompt + response; longer rows are cut and counted (a pair's prompt's "
+                              "start first; an SFT row as data.truncation_mode says)", ge=2)
     batch_size: int = _f(16, "rows (pairs) per optimizer step, summed over ranks and accumulation micro-batches", ge=1)
     epochs: float = _f(1.0, "passes over train_file when train.max_steps is 0", gt=0)
     chat: bool = _f(True, "hf: put a plain-text prompt in the tokenizer's chat template as a user message")
@@ -373,8 +373,8 @@ class AlgoConfig(Section):
                    choices=ALGORITHMS)
     baseline_decay: float = _f(0.9, "reinforce: moving-average baseline b <- decay*b + (1-decay)*mean reward",
                                ge=0, lt=1)
-    group_size: int = _f(1, "completions sampled per prompt (G); rloo, grpo and reinforce_plus_plus_baseline "
-                            "need >= 2", ge=1)
+    group_size: int = _f(1, "completions sampled per prompt (G); rloo, grpo (but for adv_mode=raw) and "
+                            "reinforce_plus_plus_baseline need >= 2", ge=1)
     adv_mode: str = _f("grpo", "grpo group advantage: raw (A=r) | grpo ((r-mean)/(std+eps)) | grpo_no_std (r-mean) | "
                                "passk (only the group's best: (r_max-r_second)/(std+eps), verl's grpo_passk) | opo "
                                "(r minus the group's length-weighted mean reward) | gpg (r-mean, times B over the "
@@ -385,7 +385,8 @@ class AlgoConfig(Section):
                                      "whole batch's std) | none (no division, Dr. GRPO)", choices=SCALE_REWARDS)
     normalize_advantages: bool | None = _f(None, "whiten advantages over every rank's batch (mean 0, std 1); null: the "
                                                  "algorithm's own choice: ppo whitens (as verl, OpenRLHF and TRL "
-                                                 "whiten PPO's advantages), the others do not")
+                                                 "whiten PPO's advantages), reinforce_plus_plus always whitens "
+                                                 "its returns, grpo and rloo do not")
     normalize_advantages_std: bool = _f(True, "whitening (algo.normalize_advantages, and reinforce_plus_plus's) divides "
                                               "by the batch std; false: it only subtracts the mean (OpenRLHF's "
                                               "--no_advantage_std_norm)")
@@ -403,7 +404,8 @@ class AlgoConfig(Section):
     loss_constant: float = _f(0.0, "normaliser for loss_level=constant (0 = the completion length budget)", ge=0)
     ppo_epochs: int = _f(1, "passes over each rollout batch", ge=1)
     minibatch_size: int = _f(0, "completions per optimizer step within a pass (0 = the whole rollout)", ge=0)
-    kl_coef: float = _f(0.0, "beta: weight of KL(policy || reference); > 0 loads a frozen reference", ge=0)
+    kl_coef: float = _f(0.0, "beta: weight of KL(policy || reference); > 0 makes a frozen reference (with LoRA: "
+                              "the policy with its adapter off)", ge=0)
     kl_estimator: str = _f("k3", "KL estimator: k1 | k2 | k3", choices=KL_ESTIMATORS)
     kl_clamp: float | None = _f(None, "bound each token's KL estimate to [-kl_clamp, kl_clamp] (verl's low_var_kl: 10; "
                                       "null = unbounded, as TRL)", gt=0)
@@ -521,7 +523,8 @@ class TrainConfig(Section):
                                       "run.wandb, log them as the table 'completions' (TRL's log_completions)")
     completions_to_print: int = _f(0, "RL, with train.log_completions: print this many of each logged step's "
                                       "completions to the console and train.log (0 = none)", ge=0)
-    eval_every: int = _f(50, "held-out evaluation every N RL steps", ge=1)
+    eval_every: int = _f(50, "held-out evaluation every N steps (RL updates, or the offline trainers' optimizer "
+                             "steps)", ge=1)
     evaluate: bool = _f(True, "offline trainers: evaluate the held-out rows during the run (every train.eval_every "
                               "steps and after the last); false: only when asked (TRL's eval_strategy=no)")
     ckpt_every: int = _f(50, "checkpoint every N steps", ge=1)
@@ -536,8 +539,9 @@ class TrainConfig(Section):
     best_metric: str = _f("", "eval metric that picks checkpoints/best, early stopping and the plateau schedule "
                               "(empty: eval/accuracy; eval/loss for SFT; eval/reward for a task with no verifier, "
                               "such as prompts; a name holding 'loss' is minimised, others maximised)")
-    time_limit_min: float = _f(0.0, "stop RL once the run's wall time reaches this many minutes, then evaluate "
-                                    "and save as at the last step (0 = no limit)", ge=0)
+    time_limit_min: float = _f(0.0, "stop training (RL after its warm-up, or an offline trainer) once the run's "
+                                    "wall time reaches this many minutes, then evaluate and save as at the last "
+                                    "step (0 = no limit)", ge=0)
     ema_decay: float = _f(0.0, "evaluate, keep as best and export an exponential moving average of the trained "
                                "weights, avg = decay * avg + (1 - decay) * weights after every update, while the "
                                "weights themselves train and sample (0 = off: the weights themselves; RL's "

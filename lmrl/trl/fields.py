@@ -81,8 +81,8 @@ COMMON: dict[str, Rule] = {
     "fsdp": Rule(CARRIED, "any sharding option: distributed.strategy=fsdp under torchrun"),
     "fp16": Rule(REFUSED, "lmrl's mixed precision is bf16 (bf16=True)"),
     "deepspeed": Rule(REFUSED, "lmrl shards with FSDP (fsdp=full_shard under torchrun), not DeepSpeed"),
-    "label_smoothing_factor": Rule(REFUSED, "no label smoothing in lmrl's SFT loss"),
-    "neftune_noise_alpha": Rule(REFUSED, "no NEFTune noise in lmrl"),
+    "label_smoothing_factor": Rule(REFUSED, "label smoothing is SFT's only (SFTConfig's: sft.label_smoothing)"),
+    "neftune_noise_alpha": Rule(REFUSED, "NEFTune noise is SFT's only (SFTConfig's: sft.neftune_noise_alpha)"),
     "lr_scheduler_kwargs": Rule(CARRIED, "cosine_with_min_lr: min_lr_rate or min_lr -> schedule.min_lr_ratio; "
                                          "warmup_stable_decay: num_decay_steps -> schedule.decay_steps, decay_type "
                                          "-> schedule.decay_shape, min_lr_ratio; num_cycles only at 0.5, "
@@ -215,7 +215,9 @@ DPO: dict[str, Rule] = {
     "loss_weights": Rule(REFUSED, "one loss type, weight 1", accepts=([1.0], [1])),
     "label_smoothing": Rule(CARRIED, "dpo.label_smoothing with loss_type=robust; with sigmoid, ipo and hinge it "
                                       "changes nothing, as in TRL (the run log says so)"),
-    "truncation_mode": Rule(REFUSED, "rows keep their start (keep_start)"),
+    "truncation_mode": Rule(REFUSED, "an over-long pair loses its prompt's oldest tokens first, then its "
+                                     "response's end (keep_start cuts the whole sequence's end); keep_end, "
+                                     "deprecated in TRL, is refused"),
     "precompute_ref_log_probs": Rule(NO_EFFECT, "the reference's log-probs are computed with each batch"),
     "precompute_ref_batch_size": Rule(NO_EFFECT, "the reference's log-probs are computed with each batch"),
     "padding_free": Rule(NO_EFFECT, "rows are padded to the batch's longest"),
