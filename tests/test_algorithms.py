@@ -29,6 +29,8 @@ ALGOS = {
                             "algo.kl_estimator=k1"],
     "reinforce_plus_plus_baseline": ["algo.name=reinforce_plus_plus_baseline", "algo.group_size=4",
                                      "algo.ppo_epochs=2", "algo.minibatch_size=8"],
+    "remax": ["algo.name=remax", "algo.group_size=2", "algo.kl_coef=0.05", "algo.ppo_epochs=2",
+              "algo.minibatch_size=8"],
 }
 
 

@@ -61,7 +61,7 @@ def test_base_inheritance_and_yaml_round_trip(tmp_path):
     (["train.steps"], "override 'train.steps' must look like section.key=value"),
     (["task.ndigit=9", "model.n_position=16"], "task.ndigit=9 needs 30 positions but model.n_position is 16"),
     (["algo.name=reinforc"], "algo.name='reinforc' is not one of reinforce, grpo, rloo, ppo, reinforce_plus_plus, "
-                              "reinforce_plus_plus_baseline; did you mean 'reinforce'?"),
+                              "reinforce_plus_plus_baseline, remax; did you mean 'reinforce'?"),
     (["train.rollout_size=10", "train.ga_steps=3"], "must be divisible by train.ga_steps=3"),
     (["sft.examples=0"], "sft.steps > 0 needs sft.examples > 0"),
     (["task.reward=per_step"], "task.reward=per_step checks scratchpad steps: it needs task.scratchpad=true"),

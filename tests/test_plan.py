@@ -215,3 +215,13 @@ def test_a_gpu_update_is_never_faster_than_launching_its_micro_batches(tiny_dir)
     gc = _hf_config(tiny_dir, ALL_SEVEN, "train.rollout_size=16", "algo.group_size=4", "train.ga_steps=4",
                     "model.gradient_checkpointing=true")
     assert plan(gc, device="h100").step_seconds["update"] == pytest.approx(4 * 1836.4 * 17e-6)
+
+
+def test_remax_plans_the_greedy_decode_of_each_prompt_beside_the_sampled_batch(tiny_dir):
+    """On a GPU a tiny model's decode step is launch-bound: the same time for 16 rows or 4, so ReMax's
+    greedy pass of the 4 prompts doubles the decode steps; its prefill is the sampled batch's again."""
+    grpo = _hf_config(tiny_dir, ALL_SEVEN, "train.rollout_size=16", "algo.group_size=4", "algo.name=grpo")
+    remax = _hf_config(tiny_dir, ALL_SEVEN, "train.rollout_size=16", "algo.group_size=4", "algo.name=remax")
+    g, r = plan(grpo, device="h100").step_seconds, plan(remax, device="h100").step_seconds
+    assert r["sampling"] == pytest.approx(2 * g["sampling"])
+    assert r["update"] == pytest.approx(g["update"])

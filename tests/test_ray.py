@@ -28,6 +28,7 @@ from lmrl.train.build import build_worker_parts
 from lmrl.train.rl_trainer import RLTrainer, TrainingError
 from lmrl.generation.sampling import Sampling
 from tests.test_hf_training import _config as hf_config, tiny_hf  # noqa: F401  (tiny_hf: a fixture)
+from tests.test_remax import _recorded_remax_run
 
 RAY = ["distributed.backend=ray", "rollout.workers=2"]
 
@@ -172,6 +173,21 @@ def test_two_workers_train_a_tiny_lora_llama_one_step_behind_with_overlap(ray_cl
     assert summary["steps_done"] == 2
     # the first batch is sampled before any update; the second while the first one trains
     assert [r["rollout/staleness"] for r in _metrics(tmp_path / "run") if "rollout/staleness" in r] == [0.0, 1.0]
+
+
+def test_two_workers_decode_remaxs_greedy_baseline_one_row_per_prompt(ray_cluster, tiny_config, monkeypatch):
+    # 2 prompts sampled 8 times each: the greedy batch's 2 rows go one to each worker, not as groups of 8
+    trainer, seen, _ = _recorded_remax_run(tiny_config, monkeypatch, *RAY, "algo.group_size=8", "train.steps=1")
+    baseline, policy, _ = seen["prepared"][0]
+    ids = seen["drawn"][0]
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # the worker's thread count
+    try:
+        rewards, _, _ = trainer.task.score_rollout(ids, trainer.task.rollout(policy, ids, greedy=True))
+    finally:
+        torch.set_num_threads(threads)
+    assert len(ids) == 2
+    assert torch.equal(baseline, rewards.repeat_interleave(8, 0))  # per-digit rewards, one row per completion
 
 
 # -- failures -------------------------------------------------------------------------------------------

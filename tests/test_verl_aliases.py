@@ -200,6 +200,8 @@ TRANSLATED = [
     ("algorithm.adv_estimator", ["algorithm.adv_estimator=grpo_passk", "algorithm.norm_adv_by_std_in_grpo=false"],
      {"algo.name": "grpo", "algo.adv_mode": "passk", "algo.adv_eps": 1e-6, "algo.scale_rewards": "none"}),
     ("algorithm.adv_estimator", ["algorithm.adv_estimator=opo"], {"algo.name": "grpo", "algo.adv_mode": "opo"}),
+    ("algorithm.adv_estimator", ["algorithm.adv_estimator=remax", "actor_rollout_ref.rollout.n=4"],
+     {"algo.name": "remax", "algo.group_size": 4}),
     ("algorithm.adv_estimator", ["algorithm.adv_estimator=gpg", "actor_rollout_ref.actor.policy_loss.loss_mode=gpg"],
      {"algo.name": "grpo", "algo.adv_mode": "gpg", "algo.ratio_level": "token"}),
     ("algorithm.adv_estimator", ["algorithm.adv_estimator=gae", "algo.value_model=head"],  # a key written wins
@@ -461,7 +463,7 @@ REFUSED = [
     (["trainer.resume_mode=resume_path"], "set run.resume=auto run.resume_from=PATH"),
     (["algorithm.adv_estimator=mystery"], "algorithm.adv_estimator='mystery' is not one of grpo, grpo_vectorized, "
                                           "rloo, rloo_vectorized, gae, reinforce_plus_plus, reinforce_plus_plus_baseline, "
-                                          "grpo_passk, opo, gpg (verl's algorithm.adv_estimator, which sets algo.name; "
+                                          "remax, grpo_passk, opo, gpg (verl's algorithm.adv_estimator, which sets algo.name; "
                                           "from override algorithm.adv_estimator=mystery)"),
     (["eps_clip_low_high=0.2"], "OpenRLHF's eps_clip_low_high=0.2 takes two numbers, [algo.clip_range_left, "
                                 "algo.clip_range_right]"),

@@ -201,6 +201,28 @@ def discounted_returns(rewards: torch.Tensor, mask: torch.Tensor, gamma: float =
     return returns
 
 
+def greedy_baseline_advantages(returns: torch.Tensor, mask: torch.Tensor, baseline: torch.Tensor,
+                               gamma: float = 1.0) -> torch.Tensor:
+    """ReMax (Li et al. 2023): A_t = R_t − b_t on every valid token, b from a greedy completion of the
+    row's prompt: its reward, one number per row (B,), or, for per-token rewards, its token rewards
+    (B, T') whose return from each position (discounted by `gamma` over its T' positions) is b_t, so a
+    token is measured against what the greedy completion earned from the same position on (positions
+    line up where answers do, as an arithmetic answer's digits). A row with a NaN in its baseline (its
+    greedy completion went unscored: a reward function out of time, a failed environment) has A = 0:
+    no baseline, no gradient. returns, mask (B, T); 0 where mask is 0."""
+    baseline = baseline.to(returns.device, returns.dtype)
+    if baseline.dim() == 1:
+        b = baseline[:, None].expand_as(returns)
+    else:
+        unscored = baseline.isnan().any(1, keepdim=True)
+        to_go = discounted_returns(baseline.nan_to_num(), torch.ones_like(baseline), gamma)
+        width = returns.size(1)
+        b = torch.nn.functional.pad(to_go[:, :width], (0, max(0, width - to_go.size(1))))
+        b = torch.where(unscored, torch.full_like(b, float("nan")), b)
+    advantages = torch.where(b.isnan(), torch.zeros_like(returns), returns - b)
+    return advantages * mask
+
+
 @torch.no_grad()
 def gae(rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, gamma: float = 1.0,
         lam: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:

@@ -72,6 +72,9 @@ class Learner(Protocol):
     def optimizer_step(self, loss: torch.Tensor) -> dict: ...  # clip, skip if non-finite, step, zero grads
     def no_sync(self, sync: bool) -> AbstractContextManager: ...  # DDP: all-reduce only when sync
     def all_reduce_sum(self, t: torch.Tensor) -> torch.Tensor: ...
+    # for an algorithm with `greedy_baseline`: the reward of one greedy completion of each row's prompt, (B,),
+    # or its per-token rewards (B, T') (a group's G rows share their prompt's), NaN where it went unscored
+    def greedy_rewards(self) -> torch.Tensor: ...
 
 
 def policy_forward(model: nn.Module, sequences: torch.Tensor, n: int, temperature: float = 1.0,
@@ -125,7 +128,7 @@ SURROGATE_KEYS = ("ratio_level", "clip_ratio_max", "top_entropy_quantile", "off_
 VALUE_KEYS = {"vf_coef": "the weight of ppo's value loss",
               "value_clip": "the clip range of ppo's value loss (the policy ratio's is algo.clip_range_left and "
                             "algo.clip_range_right)",
-              "gamma": "the discount of ppo's GAE (and of reinforce_plus_plus's returns)",
+              "gamma": "the discount of ppo's GAE (and of reinforce_plus_plus's and remax's returns)",
               "lam": "the lambda of ppo's GAE"}
 
 # name -> Algorithm subclass: what `algo.name` may be (the config check reads this dict).
@@ -158,6 +161,8 @@ class Algorithm:
     discounts = False
     # whether advantages are whitened over the batch when `algo.normalize_advantages` is null
     whitens = False
+    # True: the trainer decodes each prompt greedily too and scores it, for `Learner.greedy_rewards` (ReMax)
+    greedy_baseline = False
 
     @classmethod
     def check_config(cls, cfg) -> list[str]:

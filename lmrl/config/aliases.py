@@ -169,16 +169,18 @@ VERL_ALIASES: dict[str, Alias] = {
     "algorithm.adv_estimator": Alias("algo.name", "verl", values={
         "grpo": _VERL_GRPO, "grpo_vectorized": _VERL_GRPO, "rloo": "rloo", "rloo_vectorized": "rloo", "gae": _GAE,
         "reinforce_plus_plus": "reinforce_plus_plus", "reinforce_plus_plus_baseline": "reinforce_plus_plus_baseline",
-        "grpo_passk": {**_VERL_GRPO, "algo.adv_mode": "passk"}, "opo": {"algo.name": "grpo", "algo.adv_mode": "opo"},
+        "remax": "remax", "grpo_passk": {**_VERL_GRPO, "algo.adv_mode": "passk"}, "opo": {"algo.name": "grpo", "algo.adv_mode": "opo"},
         "gpg": {"algo.name": "grpo", "algo.adv_mode": "gpg"}},
         refused={**{name: "has no lmrl estimator (lmrl has reinforce, rloo, grpo with algo.adv_mode grpo, passk, "
-                          "opo or gpg, ppo and reinforce_plus_plus[_baseline]: algo.name)"
-           for name in ("remax", "optimal_token_baseline", "tir_optimal_token_baseline")}},
+                          "opo or gpg, ppo, reinforce_plus_plus[_baseline] and remax: algo.name)"
+           for name in ("optimal_token_baseline", "tir_optimal_token_baseline")}},
         note="grpo with verl's eps, 1e-6 (lmrl's default 1e-4); the _vectorized estimators are the same numbers; gae "
              "is ppo with a critic of its own and whitened advantages, as verl's; reinforce_plus_plus_baseline "
              "centres the reward on its group before the per-token KL is subtracted (as OpenRLHF's), where verl "
              "centres the KL-shaped sum, the same without algo.kl_in_reward; gpg's α is B over the completions in "
-             "groups whose rewards differ (the GPG paper's), where verl divides B by its count of non-zero rewards"),
+             "groups whose rewards differ (the GPG paper's), where verl divides B by its count of non-zero rewards; remax "
+             "decodes each prompt greedily once a step and subtracts that completion's reward from every token's "
+             "return, as verl's"),
     "algorithm.norm_adv_by_std_in_grpo": Alias("algo.scale_rewards", "verl", values={True: "group", False: "none"}),
     "actor_rollout_ref.actor.use_kl_loss": Alias("algo.kl_in_reward", "verl", values={True: False}, refused={
         False: "has no lmrl switch: the KL is in the loss while algo.kl_coef > 0 (kl_loss_coef) and off at "

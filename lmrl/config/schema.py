@@ -366,10 +366,11 @@ class DPOConfig(Section):
 @dataclass
 class AlgoConfig(Section):
     name: str = _f("reinforce", "RL algorithm: reinforce | rloo | grpo | ppo | reinforce_plus_plus | "
-                                    "reinforce_plus_plus_baseline, or one registered with "
+                                    "reinforce_plus_plus_baseline | remax, or one registered with "
                                     "lmrl.algos.register_algorithm. reinforce is REINFORCE with a moving-average "
                                     "baseline; reinforce_plus_plus is REINFORCE++ (OpenRLHF's reinforce): returns of "
-                                    "the KL-shaped token rewards whitened over the batch's tokens",
+                                    "the KL-shaped token rewards whitened over the batch's tokens; remax is ReMax "
+                                    "(verl's remax): those returns minus the reward of the prompt's greedy completion",
                    choices=ALGORITHMS)
     baseline_decay: float = _f(0.9, "reinforce: moving-average baseline b <- decay*b + (1-decay)*mean reward",
                                ge=0, lt=1)
@@ -429,7 +430,7 @@ class AlgoConfig(Section):
                                        "on their own, as verl's critic.optim.lr and OpenRLHF's "
                                        "--critic_learning_rate; null: optim.lr)", gt=0)
     value_clip: float = _f(0.2, "ppo value clipping range (0 = off)", ge=0)
-    gamma: float = _f(1.0, "discount of ppo's GAE and of reinforce_plus_plus's returns", ge=0, le=1)
+    gamma: float = _f(1.0, "discount of ppo's GAE and of reinforce_plus_plus's and remax's returns", ge=0, le=1)
     lam: float = _f(0.95, "ppo GAE lambda", ge=0, le=1)
     dynamic_sampling: bool = _f(False, "DAPO's dynamic sampling (verl's algorithm.filter_groups, OpenRLHF's "
                                        "--dynamic_filtering): keep only the groups whose rewards differ, sampling "

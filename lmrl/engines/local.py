@@ -2,7 +2,7 @@
 
     engine = LocalEngine(task, policy)                # or ThreadEngine, RayRolloutEngine, VLLMEngine
     engine.sync(policy, version)                      # the sampler's weights follow the learner's
-    pending = engine.submit(ids, sampling=Sampling(temperature=1.0), generator=g)
+    pending = engine.submit(ids, sampling=Sampling(temperature=1.0), generator=g)   # greedy=True: argmax decoding
     sampled = pending.result()                        # Sampled(ids, rollout on the learner's device, version)
     engine.close()
 
@@ -51,7 +51,8 @@ class Pending(Protocol):
 
 class RolloutEngine(Protocol):
     def sync(self, model: torch.nn.Module, version: int) -> None: ...
-    def submit(self, ids: torch.Tensor, *, sampling: Sampling, generator: torch.Generator) -> Pending: ...
+    def submit(self, ids: torch.Tensor, *, sampling: Sampling, generator: torch.Generator,
+               greedy: bool = False) -> Pending: ...
     def close(self) -> None: ...
 
 
@@ -105,8 +106,8 @@ class LocalEngine:
     def sync(self, model: torch.nn.Module, version: int) -> None:
         self.version = version  # the same weights: nothing to copy
 
-    def submit(self, ids, *, sampling: Sampling, generator) -> Pending:
-        ro = self.task.rollout(self.model, ids, **sampling.rollout_keywords(), generator=generator)
+    def submit(self, ids, *, sampling: Sampling, generator, greedy: bool = False) -> Pending:
+        ro = self.task.rollout(self.model, ids, **sampling.rollout_keywords(), greedy=greedy, generator=generator)
         return Done(Sampled(ids, ro, self.version))
 
     def close(self) -> None:
@@ -139,7 +140,7 @@ class ThreadEngine:
                     p.copy_(src[name])
         self.version = version
 
-    def submit(self, ids, *, sampling: Sampling, generator) -> Pending:
+    def submit(self, ids, *, sampling: Sampling, generator, greedy: bool = False) -> Pending:
         seed, version = draw_seed(generator), self.version
         kind = self.device.type  # autocast is per thread: the caller's (run.mixed_precision) goes with the work
         autocast_on, autocast_dtype = torch.is_autocast_enabled(kind), torch.get_autocast_dtype(kind)
@@ -147,7 +148,7 @@ class ThreadEngine:
         def work() -> Sampled:
             gen = torch.Generator(device=self.device).manual_seed(seed)
             with torch.autocast(kind, dtype=autocast_dtype, enabled=autocast_on):
-                ro = self.task.rollout(self.model, ids, **sampling.rollout_keywords(), generator=gen)
+                ro = self.task.rollout(self.model, ids, **sampling.rollout_keywords(), greedy=greedy, generator=gen)
             return Sampled(ids, ro, version)
 
         self._inflight = self._pool.submit(work)

@@ -68,11 +68,11 @@ class RolloutWorker:
         load_state_into(self.model, state)
         self.version = version
 
-    def rollout(self, ids: torch.Tensor, seed: int, sampling: Sampling) -> Rollout:
+    def rollout(self, ids: torch.Tensor, seed: int, sampling: Sampling, greedy: bool = False) -> Rollout:
         """The task's rollout of problems `ids`, sampled as `sampling` says from a generator seeded with
-        `seed`, returned on the CPU."""
+        `seed` (or greedy), returned on the CPU."""
         gen = torch.Generator(device=self.device).manual_seed(seed)
-        ro = self.task.rollout(self.model, ids, **sampling.rollout_keywords(), generator=gen)
+        ro = self.task.rollout(self.model, ids, **sampling.rollout_keywords(), greedy=greedy, generator=gen)
         return rollout_to(ro, "cpu")
 
     def weights(self) -> dict[str, torch.Tensor]:
@@ -185,8 +185,8 @@ class RayRolloutEngine:
         self.loads = [w.load_weights.remote(self.state_ref, version) for w in self.workers]
         self.version = version
 
-    def submit(self, ids: torch.Tensor, *, sampling: Sampling, generator: torch.Generator):
-        return _RayPending(self, ids.cpu(), draw_seed(generator), sampling)
+    def submit(self, ids: torch.Tensor, *, sampling: Sampling, generator: torch.Generator, greedy: bool = False):
+        return _RayPending(self, ids.cpu(), draw_seed(generator), sampling, greedy)
 
     def replace_worker(self, i: int, state_ref, version: int) -> None:
         """Kills worker i (dead or stuck) and starts another with the weights `state_ref` holds."""
@@ -207,16 +207,18 @@ class RayRolloutEngine:
 class _RayPending:
     """One batch in flight: a shard per worker, gathered (and retried on failure) by `result`."""
 
-    def __init__(self, engine: RayRolloutEngine, ids: torch.Tensor, seed: int, sampling: Sampling):
-        self.engine, self.ids, self.seed, self.sampling = engine, ids, seed, sampling
+    def __init__(self, engine: RayRolloutEngine, ids: torch.Tensor, seed: int, sampling: Sampling, greedy: bool):
+        self.engine, self.ids, self.seed, self.sampling, self.greedy = engine, ids, seed, sampling, greedy
         self.version, self.state_ref = engine.version, engine.state_ref
-        self.shards = group_shards(len(ids), engine.group_size, len(engine.workers))
+        # a greedy batch holds one row per prompt, not groups
+        self.shards = group_shards(len(ids), 1 if greedy else engine.group_size, len(engine.workers))
         self.deadlines = [time.monotonic() + engine.config.rollout.timeout_s] * len(self.shards)
         self.refs = [self._launch(i) for i in range(len(self.shards))]
 
     def _launch(self, i: int):
         e = self.engine
-        return [e.loads[i], e.workers[i].rollout.remote(self.ids[self.shards[i]], self.seed + i, self.sampling)]
+        return [e.loads[i], e.workers[i].rollout.remote(self.ids[self.shards[i]], self.seed + i, self.sampling,
+                                                        self.greedy)]
 
     def result(self) -> Sampled:
         parts = [self._gather(i) for i in range(len(self.shards))]

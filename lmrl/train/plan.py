@@ -39,7 +39,8 @@ The peak is what is always held plus the larger of the update and sampling (on a
 C allocator keeps what sampling freed, and the update's blocks do not reuse it). Step time is an
 estimate from counted operations and bytes against the device's rates (`DEVICES`): sampling is one
 prefill of the distinct prompts and one decode step per new token, each the slowest of its matrix
-work, reading every weight (and the KV cache) once, and launching its operations; the update is the
+work, reading every weight (and the KV cache) once, and launching its operations (ReMax: once more
+for the prompts' greedy decode); the update is the
 forward and backward passes' matrix work (x2 forward for a LoRA backward, x3 for full training, one
 more forward under gradient checkpointing, one per reference or old-log-prob pass), or launching its
 micro-batches' operations if that is slower. On a GPU a small model is bound by the launches: eager
@@ -59,6 +60,7 @@ from pathlib import Path
 
 import torch
 
+from ..algos import ALGORITHMS
 from ..common.chat import hold_template_kwargs
 from ..common.launch_costs import (DECODE_FIXED_OPS, DECODE_OPS, GRAPH_OP_SECONDS, OP_SECONDS, UPDATE_FIXED_OPS,
                                    UPDATE_OPS, layer_ops, prompt_sharing_pays)
@@ -591,13 +593,19 @@ def _step_time(config: Config, p: Plan) -> dict[str, float]:
     rows = t.rollout_size / p.world_size
     prompts = rows / a.group_size
     prefill = prompts * L.prompt * forward_per_token / flops
-    kv_read = lambda n: _kv(p, rows, n, 2 if config.model.dtype == "bf16" else 4)  # noqa: E731
-    decode = 0.0
-    launch = _decode_launch(config, p)
-    for n in range(L.completion):
-        compute = rows * forward_per_token / flops
-        memory = (m.weight_bytes + kv_read(L.prompt + n)) / bandwidth
-        decode += max(compute, memory, launch)
+    launch, kv_bytes = _decode_launch(config, p), 2 if config.model.dtype == "bf16" else 4
+
+    def decode(n_rows: float) -> float:  # one decode step per new token, each the slowest of its bounds
+        total = 0.0
+        for n in range(L.completion):
+            compute = n_rows * forward_per_token / flops
+            memory = (m.weight_bytes + _kv(p, n_rows, L.prompt + n, kv_bytes)) / bandwidth
+            total += max(compute, memory, launch)
+        return total
+
+    sampling = prefill + decode(rows)
+    if ALGORITHMS[a.name].greedy_baseline:  # ReMax: each prompt decoded greedily once more
+        sampling += prefill + decode(prompts)
     shared = _shares_prompts(config, p)
     learner_tokens = rows * L.completion + (prompts if shared else rows) * L.prompt
     passes = 1 + backward + recompute
@@ -607,7 +615,7 @@ def _step_time(config: Config, p: Plan) -> dict[str, float]:
     pass_kind = ("checkpointed" if recompute else "shared prompts" if shared else
                  "one pass" if p.device.kind == "cuda" else "common start")
     update = max(update, t.ga_steps * a.ppo_epochs * _update_launch(config, p, pass_kind))
-    return {"sampling": prefill + decode, "update": update, "step": prefill + decode + update}
+    return {"sampling": sampling, "update": update, "step": sampling + update}
 
 
 def _shares_prompts(config: Config, p: Plan) -> bool:

@@ -227,6 +227,7 @@ class RLTrainer(Trainer):
                                   world_size=self.dist.world_size, info=self.info, ckpt_dir=self.ckpt_dir,
                                   build_worker=functools.partial(build_worker_parts, cfg))
         self._pending = None
+        self._greedy = None
         try:
             self.step_until_done(stage, self.rl_step)
         finally:
@@ -304,6 +305,9 @@ class RLTrainer(Trainer):
                 raise TrainingError(f"algo.mask_truncated_completions: {type(self.task).__name__}'s rollouts do not "
                                     f"say which completions were cut off (Rollout.truncated is None)")
             ro.mask = ro.mask * ~ro.truncated[:, None]  # still scored, and in their group's baseline
+        if self.algo.greedy_baseline:
+            self._greedy, baseline_metrics = self.decode_greedy_baseline(ids, stage)
+            metrics.update(baseline_metrics)
         t_update = time.perf_counter()
         batch, prepared = self.algo.prepare(self, ro, rewards)
         metrics.update(self.algo.update(self, batch, prepared))
@@ -345,6 +349,35 @@ class RLTrainer(Trainer):
         kept, stats = keep_informative(parts, n_prompts, group_size)
         reward_log.columns = kept.columns
         return kept, stats
+
+    def decode_greedy_baseline(self, ids: torch.Tensor, stage: Stage) -> tuple[torch.Tensor, dict[str, float]]:
+        """For an algorithm with `greedy_baseline` (ReMax): (the reward of one greedy completion of each
+        distinct prompt of `ids`, repeated over its group of `algo.group_size` rows: (B,), or (B, T') for
+        per-token rewards; NaN where it went unscored; `train/baseline_reward`, the mean of their sums over
+        every rank's prompts). Decoded by the rollout
+        engine with the learner's weights now (with `rollout.overlap`, one update newer than the samples'),
+        scored by the run's reward; the reward functions' logged metrics and columns are not the step's."""
+        group_size = self.algo.group_size
+        prompts = ids[::group_size]
+        self.engine.sync(self.model, self.weights_version())
+        # greedy decoding draws no random numbers, and an engine that draws a seed per batch draws it from this
+        # throwaway generator: the trainer's generators (and an exact resume) are as if no baseline were decoded
+        pending = self.engine.submit(prompts, sampling=self.sampling, generator=torch.Generator(device=self.device),
+                                     greedy=True)
+        ro = rollout_to(pending.result().rollout, self.device)
+        rewards, _, _ = score_rollout(self.task, prompts, ro, self.reward_fn, step=self.state["step"],
+                                      max_steps=stage.last, epoch=self.prompt_epochs(), log=RewardLog())
+        rewards = rewards.float()
+        per_row = rewards.sum(1) if rewards.dim() == 2 else rewards
+        scored = ~per_row.isnan()
+        total, count = all_reduce_sum(torch.tensor([per_row[scored].sum().item(), scored.sum().item()],
+                                                   dtype=torch.float64, device=self.device)).tolist()
+        metrics = {"train/baseline_reward": total / count} if count else {}
+        return rewards.to(self.device).repeat_interleave(group_size, 0), metrics
+
+    def greedy_rewards(self) -> torch.Tensor:
+        """The step's greedy baseline (`decode_greedy_baseline`): what `Learner.greedy_rewards` gives an algorithm."""
+        return self._greedy
 
     def log_completions(self, stage: Stage, step: int, rows: list[dict]) -> None:
         """Every rank's completion rows, gathered to process 0, to the run's completions log (printed
