@@ -465,3 +465,30 @@ def test_group_algorithms_do_not_whiten_unless_told_to(name):
     assert not build_algorithm(cfg).normalizes
     assert build_algorithm(load_config("adder", TINY + [f"algo.name={name}", "algo.group_size=4",
                                                         "algo.normalize_advantages=true"]).algo).normalizes
+
+
+def test_reward_clip_clamps_the_rewards_the_update_uses_and_logs_them_as_scored(tiny_config, monkeypatch, tmp_path):
+    from lmrl.algos.grpo import GRPO
+
+    seen = []
+    prepare = GRPO.prepare
+    monkeypatch.setattr(GRPO, "prepare", lambda self, learner, ro, rewards: seen.append(rewards.clone()) or
+                        prepare(self, learner, ro, rewards))
+    runs = {}
+    for i, clip in enumerate(("[]", "[0.2,0.6]")):
+        seen.clear()
+        cfg = tiny_config("algo.name=grpo", "algo.group_size=4", "task.reward=digits", "train.steps=1",
+                          "train.eval_every=1", f"reward.clip={clip}", dir=tmp_path / f"run{i}")
+        RLTrainer(cfg).train()
+        runs[clip] = (seen[0], rl_rows(cfg.run_dir)[0]["rollout/reward_mean"])
+    raw, clamped = runs["[]"][0], runs["[0.2,0.6]"][0]
+    assert raw.min() < 0.2 and raw.max() > 0.6, "the tiny run's rewards straddle the clip range"
+    torch.testing.assert_close(clamped, raw.clamp(0.2, 0.6))  # the same seed samples the same completions
+    assert runs["[0.2,0.6]"][1] == pytest.approx(runs["[]"][1])  # the logged reward is as scored
+
+
+@pytest.mark.parametrize("clip, message", [("[1.0]", r"reward.clip must be \[low, high\]"),
+                                           ("[1.0,0.0]", "low < high"), ("[0,.inf]", "two finite numbers")])
+def test_reward_clip_takes_two_finite_numbers_low_first(clip, message):
+    with pytest.raises(ConfigError, match=message):
+        load_config("adder", [f"reward.clip={clip}"])

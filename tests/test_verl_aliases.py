@@ -295,6 +295,7 @@ TRANSLATED = [
     ("advantage_estimator", ["algo.advantage.estimator=dr_grpo"], {"algo.name": "grpo", "algo.scale_rewards": "none"}),
     ("advantage_estimator", ["advantage_estimator=rloo"], {"algo.name": "rloo"}),
     ("advantage_estimator", ["advantage_estimator=gae"], {"algo.name": "ppo", "algo.value_model": "separate"}),
+    ("reward_clip_range", ["reward.clip_range=[-10,10]"], {"reward.clip": [-10, 10]}),
     ("no_advantage_std_norm", ["advantage_estimator=reinforce", "no_advantage_std_norm=true"],
      {"algo.name": "reinforce_plus_plus", "algo.normalize_advantages_std": False}),
     ("no_advantage_std_norm", ["advantage_estimator=gae", "algo.advantage.no_std_norm=true"],

@@ -383,8 +383,8 @@ OPENRLHF_ALIASES: dict[str, Alias] = {
         "is written with {{}}; lmrl's task.prompt_template with {{prompt}} where the prompt goes")),
     "normalize_reward": Alias(None, "OpenRLHF", head="reward.normalize_enable", matches=(False,), missing=True,
                               note="normalises rewards with running statistics; lmrl does not"),
-    "reward_clip_range": Alias(None, "OpenRLHF", head="reward.clip_range", missing=True, note=(
-        "clamps rewards (OpenRLHF's default to [-10, 10]); lmrl does not clamp them")),
+    "reward_clip_range": Alias("reward.clip", "OpenRLHF", head="reward.clip_range",
+                               caveat="OpenRLHF's default [-10, 10] is lmrl's [] (not clamped)"),
     "dynamic_filtering": Alias("algo.dynamic_sampling", "OpenRLHF", head="algo.dynamic_filtering_enable", note=(
         "lmrl keeps the groups whose rewards differ, OpenRLHF those whose mean reward lies inside "
         "dynamic_filtering_reward_range: the same for rewards of 0 or 1 and its default range (0, 1)")),

@@ -236,9 +236,13 @@ class RewardConfig(Section):
     model: str = _f("", "a reward model dir (what run.trainer=reward writes to <run dir>/reward_model, or any "
                         "AutoModelForSequenceClassification); its score of prompt + completion is the reward")
     model_batch_size: int = _f(16, "completions the reward model scores per forward pass", ge=1)
+    clip: list = _f([], "RL: [low, high]: each reward (each token's, for per-token rewards) clamped to it before "
+                        "the update uses it, the KL in the reward subtracted after (OpenRLHF's --reward_clip_range); "
+                        "the logged rewards and evaluation stay unclamped; [] = not clamped")
 
     def check(self) -> list[str]:
         bad_funcs = [f for f in self.funcs if not isinstance(f, str) or ":" not in f]
+        numbers = all(isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) for x in self.clip)
         bad_weights = [w for w in self.weights
                        if isinstance(w, bool) or not isinstance(w, (int, float)) or not math.isfinite(w)]
         return [msg for ok, msg in [
@@ -251,6 +255,9 @@ class RewardConfig(Section):
             (not self.weights or len(self.weights) == len(self.funcs),
              f"reward.weights has {len(self.weights)} weights for {len(self.funcs)} reward.funcs; "
              f"give one per function (or none: 1.0 each)"),
+            (not self.clip or (len(self.clip) == 2 and numbers and self.clip[0] < self.clip[1]),
+             f"reward.clip must be [low, high], two finite numbers with low < high (or [] for no clamp), "
+             f"got {self.clip}"),
         ] if not ok]
 
 

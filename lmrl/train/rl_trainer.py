@@ -297,6 +297,8 @@ class RLTrainer(Trainer):
         state["num_input_tokens_seen"] = metrics["num_tokens"]
         if reward_log.timed_out:
             metrics["rewards/timed_out"] = len(reward_log.timed_out)
+        if cfg.reward.clip:  # the logged rewards above stay as scored
+            rewards = rewards.clamp(*cfg.reward.clip)
         if rewards.dim() == 1 and rewards.isnan().any():  # out of a reward function's time, or their environment failed
             rewards, unscored = fill_unscored(rewards, ids)
             ro.mask = ro.mask * ~unscored[:, None].to(ro.mask.device)  # in their group's baseline, without gradient
@@ -354,9 +356,9 @@ class RLTrainer(Trainer):
         """For an algorithm with `greedy_baseline` (ReMax): (the reward of one greedy completion of each
         distinct prompt of `ids`, repeated over its group of `algo.group_size` rows: (B,), or (B, T') for
         per-token rewards; NaN where it went unscored; `train/baseline_reward`, the mean of their sums over
-        every rank's prompts). Decoded by the rollout
-        engine with the learner's weights now (with `rollout.overlap`, one update newer than the samples'),
-        scored by the run's reward; the reward functions' logged metrics and columns are not the step's."""
+        every rank's prompts). Decoded by the rollout engine with the learner's weights now (with
+        `rollout.overlap`, one update newer than the samples'), scored by the run's reward (clamped to
+        `reward.clip` as the samples' are); the reward functions' logged metrics and columns are not the step's."""
         group_size = self.algo.group_size
         prompts = ids[::group_size]
         self.engine.sync(self.model, self.weights_version())
@@ -367,7 +369,7 @@ class RLTrainer(Trainer):
         ro = rollout_to(pending.result().rollout, self.device)
         rewards, _, _ = score_rollout(self.task, prompts, ro, self.reward_fn, step=self.state["step"],
                                       max_steps=stage.last, epoch=self.prompt_epochs(), log=RewardLog())
-        rewards = rewards.float()
+        rewards = rewards.float().clamp(*self.config.reward.clip) if self.config.reward.clip else rewards.float()
         per_row = rewards.sum(1) if rewards.dim() == 2 else rewards
         scored = ~per_row.isnan()
         total, count = all_reduce_sum(torch.tensor([per_row[scored].sum().item(), scored.sum().item()],
