@@ -25,41 +25,61 @@ from .advantages import discounted_returns, group_advantages, masked_mean, token
 from .base import PreparedBatch, register_algorithm
 from .grpo import GRPO
 
-# GRPO's keys for its group advantage, which REINFORCE++ (whitened over tokens, no std per group) has no use for.
-GROUP_ADVANTAGE_KEYS = ("adv_mode", "adv_eps", "scale_rewards", "normalize_advantages")
 
+class DiscountedReturns(GRPO):
+    """GRPO's clipped surrogate on advantages made from the returns of the KL-shaped token rewards,
+    without a value model: REINFORCE++ and ReMax. A subclass says how the returns become advantages
+    (`advantages_from`), and may first reshape the sequence rewards (`centred`)."""
 
-@register_algorithm("reinforce_plus_plus")
-class ReinforcePlusPlus(GRPO):
     discounts = True
-    whitens = True  # always: its returns are whitened over the batch's tokens
-    centres_on_group = False
 
     @classmethod
-    def check_config(cls, cfg) -> list[str]:
+    def unused_group_keys(cls, cfg, keys: tuple[str, ...], instead: str) -> list[str]:
+        """One line for each of GRPO's group-advantage `keys` set away from its default: the algorithm
+        `instead` measures its completions another way."""
         defaults = {f.name: f.default for f in fields(cfg)}
-        problems = [f"algo.{key}={getattr(cfg, key)} is for grpo's group advantage; algo.name={cfg.name} whitens "
-                    f"its returns over the batch's tokens itself (leave it at {defaults[key]})"
-                    for key in GROUP_ADVANTAGE_KEYS if getattr(cfg, key) != defaults[key]]
-        if cls.centres_on_group and cfg.group_size < 2:
-            problems.append(f"algo.name={cfg.name} centres each reward on its group's mean: algo.group_size must be "
-                            f">= 2, got {cfg.group_size} (algo.name=reinforce_plus_plus has no baseline)")
-        return super(GRPO, cls).check_config(cfg) + problems  # GRPO's own checks are of its group advantage
+        return [f"algo.{key}={getattr(cfg, key)} is for grpo's group advantage; algo.name={cfg.name} {instead} "
+                f"(leave it at {defaults[key]})" for key in keys if getattr(cfg, key) != defaults[key]]
+
+    def centred(self, rewards: torch.Tensor) -> torch.Tensor:
+        return rewards
+
+    def advantages_from(self, learner, returns: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
 
     def prepare(self, learner, rollout, rewards: torch.Tensor) -> tuple[PreparedBatch, dict]:
         mask = rollout.mask
         old, ref, behaviour = self.old_and_reference_logprobs(learner, rollout)
-        rewards = rewards.float().to(mask.device)
-        if self.centres_on_group:
-            rewards = group_advantages(rewards, self.group_size, "grpo_no_std")
+        rewards = self.centred(rewards.float().to(mask.device))
         token_rewards = self.kl_shaped_rewards(token_level_rewards(rewards, mask), behaviour, ref, mask)
         returns = discounted_returns(token_rewards, mask, self.cfg.gamma)
-        advantages = self.whiten(learner, returns, mask)
+        advantages = self.advantages_from(learner, returns, mask)
         batch = PreparedBatch(rollout.sequences, mask, advantages, old_logprobs=old, ref_logprobs=ref,
                               attention_mask=rollout.attention_mask)
         return batch, {"train/advantage_mean": advantages.mean().item(),
                        "train/return_mean": masked_mean(returns, mask).item(),
                        **self.shaped_reward_metrics(token_rewards), **self.rollout_kl(behaviour, ref, mask)}
+
+
+@register_algorithm("reinforce_plus_plus")
+class ReinforcePlusPlus(DiscountedReturns):
+    whitens = True  # always: its returns are whitened over the batch's tokens
+    centres_on_group = False
+
+    @classmethod
+    def check_config(cls, cfg) -> list[str]:
+        problems = cls.unused_group_keys(cfg, ("adv_mode", "adv_eps", "scale_rewards", "normalize_advantages"),
+                                         "whitens its returns over the batch's tokens itself")
+        if cls.centres_on_group and cfg.group_size < 2:
+            problems.append(f"algo.name={cfg.name} centres each reward on its group's mean: algo.group_size must be "
+                            f">= 2, got {cfg.group_size} (algo.name=reinforce_plus_plus has no baseline)")
+        return super(GRPO, cls).check_config(cfg) + problems  # GRPO's own checks are of its group advantage
+
+    def centred(self, rewards: torch.Tensor) -> torch.Tensor:
+        return group_advantages(rewards, self.group_size, "grpo_no_std") if self.centres_on_group else rewards
+
+    def advantages_from(self, learner, returns: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        return self.whiten(learner, returns, mask)
 
 
 @register_algorithm("reinforce_plus_plus_baseline")
