@@ -297,7 +297,7 @@ RATIO_ROWS = T([[LN(1.1), LN(0.9)], [LN(0.5), 0.0], [LN(1.2), LN(1.5)]])  # row 
 RATIO_MASK = T([[1.0, 1.0], [1.0, 0.0], [1.0, 1.0]])
 
 
-def test_the_three_ratio_levels_by_hand():
+def test_the_token_and_gspo_ratio_levels_by_hand():
     assert_close(importance_ratio(RATIO_ROWS, RATIO_MASK), T([[1.1, 0.9], [0.5, 1.0], [1.2, 1.5]]))
     assert_close(importance_ratio(RATIO_ROWS, RATIO_MASK, "sequence"), T([[S0], [0.5], [S2]]))
     log_ratio = RATIO_ROWS.clone().requires_grad_()
@@ -328,6 +328,31 @@ def test_one_clipped_ratio_per_sequence_by_hand():
     assert (stats["clip_ratio/low_min"], stats["clip_ratio/high_max"]) == (0.0, 1.0)
     assert stats["ratio_mean"] == pytest.approx((S0 + 0.5 + S2) / 3)
 
+
+def test_the_summed_sequence_ratio_is_the_ratio_of_the_completions_probabilities():
+    # TRL's RLOO ratio: exp(Σ_t log ρ_t), no length normalisation; each token's gradient is s itself
+    log_ratio = RATIO_ROWS.clone().requires_grad_()
+    ratio = importance_ratio(log_ratio, RATIO_MASK, "sequence_sum")
+    assert_close(ratio.detach(), T([[1.1 * 0.9], [0.5], [1.2 * 1.5]]))  # row 1's padding left out
+    (row0,) = torch.autograd.grad(ratio[0, 0], log_ratio)
+    assert_close(row0, T([[0.99, 0.99], [0.0, 0.0], [0.0, 0.0]]))
+    assert_close(importance_ratio(T([[0.3, 0.1]]), T([[0.0, 0.0]]), "sequence_sum"), T([[1.0]]))  # no valid token
+
+
+def test_trls_rloo_loss_by_hand():
+    # ratio_level=sequence_sum, level=sequence, clip [0.8, 1.2]: row 0 (A = 1) s = 0.99 inside; row 1 (A = −1)
+    # s = 0.5 clipped up to 0.8; row 2 (A = 1) s = 1.8 clipped down to 1.2. A mean over the 3 completions.
+    logp = RATIO_ROWS.clone().requires_grad_()
+    loss, stats = clipped_surrogate_loss(logp, torch.zeros(3, 2), T([1.0, -1.0, 1.0]), RATIO_MASK, 0.2, 0.2,
+                                         level="sequence", ratio_level="sequence_sum")
+    loss.backward()
+    assert loss.item() == pytest.approx((-0.99 + 0.8 - 1.2) / 3)
+    assert_close(logp.grad, T([[-0.99 / 3, -0.99 / 3], [0.0, 0.0], [0.0, 0.0]]))
+    # clip_ratio/* count completions, as TRL's RLOOTrainer does: 1 of 3 clipped low, 1 of 3 high
+    assert (stats["clip_ratio/low_mean"], stats["clip_ratio/high_mean"]) == (pytest.approx(1 / 3), pytest.approx(1 / 3))
+    assert stats["clip_frac"] == stats["clip_ratio/region_mean"] == pytest.approx(2 / 3)
+    assert (stats["clip_ratio/low_min"], stats["clip_ratio/high_max"]) == (0.0, 1.0)
+    assert stats["ratio_mean"] == pytest.approx((0.99 + 0.5 + 1.8) / 3)
 
 def test_gspo_token_is_gspo_with_each_tokens_own_advantage():
     # row 0 with token advantages (2, 0): GSPO spreads the first token's credit over both tokens' log-probs,

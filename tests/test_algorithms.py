@@ -21,6 +21,10 @@ VOCABULARY = ["train/policy_loss", "train/entropy", "train/clip_frac", "train/ap
 ALGOS = {
     "reinforce": [],
     "rloo": ["algo.name=rloo", "algo.group_size=4"],
+    # TRL's RLOOTrainer, as lmrl.trl.RLOOConfig translates it (with a second pass, so the ratio moves)
+    "rloo-trl": ["algo.name=rloo", "algo.group_size=2", "algo.ratio_level=sequence_sum", "algo.loss_level=sequence",
+                 "algo.kl_coef=0.05", "algo.kl_in_reward=true", "algo.kl_estimator=k1", "algo.ppo_epochs=2",
+                 "algo.normalize_advantages=true", "reward.clip=[0.0,0.5]"],
     "grpo": ["algo.name=grpo", "algo.group_size=4", "algo.kl_coef=0.05", "algo.ppo_epochs=2", "algo.minibatch_size=8"],
     "ppo": ["algo.name=ppo", "algo.value_model=head", "algo.ppo_epochs=2", "algo.minibatch_size=8",
             "algo.kl_coef=0.05", "algo.kl_in_reward=true"],

@@ -151,6 +151,8 @@ def test_epsilon_on_the_command_line_moves_a_presets_upper_clip_too():
                                         "key in override per_device_train_batch_size=8: lmrl sizes a whole update"),
     (["algo.top_p=1.5"], "train.top_p must be in (0, 1], got 1.5"),
     (["min_p=1.5"], "train.min_p must be in [0, 1], got 1.5"),
+    (["importance_sampling_level=sequence_sum"], "importance_sampling_level='sequence_sum' is not one of token, "
+                                                 "sequence, sequence_token"),  # RLOOConfig's level, not GRPOConfig's
     (["repetition_penalty=0"], "train.repetition_penalty must be > 0, got 0"),
     (["chat_template_kwargs=no_thinking"], "model.chat_template_kwargs must be a mapping, got 'no_thinking' (from "
                                            "override chat_template_kwargs=no_thinking, as TRL's chat_template_kwargs)"),

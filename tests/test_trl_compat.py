@@ -225,14 +225,16 @@ def test_everything_else_trl_exports_is_trls_own():
                  "clone_chat_template", "is_conversational", "unpair_preference_dataset", "pack_dataset",
                  "RichProgressCallback", "LogCompletionsCallback", "BEMACallback", "__version__"):
         assert getattr(ours, name) is getattr(trl, name)
-    assert ours.GRPOTrainer is not trl.GRPOTrainer
+    for name in ("GRPOTrainer", "RLOOTrainer", "RLOOConfig"):  # lmrl's, under TRL's names
+        assert getattr(ours, name) is not getattr(trl, name) and getattr(ours, name).__module__.startswith("lmrl.trl")
+    assert issubclass(ours.RLOOConfig, trl.RLOOConfig) and {"RLOOConfig", "RLOOTrainer"} <= set(ours.__all__)
     from lmrl.trl import rewards, scripts  # lmrl's own modules, not TRL's of the same name
 
     assert (rewards.__name__, scripts.__name__) == ("lmrl.trl.rewards", "lmrl.trl.scripts")
 
 
-@pytest.mark.parametrize("name, says", [("RLOOTrainer", "algo.name=rloo"), ("RLOOConfig", "GRPOTrainer"),
-                                        ("KTOConfig", "DPOTrainer"), ("KTOTrainer", "DPOTrainer")])
+@pytest.mark.parametrize("name, says", [("KTOConfig", "DPOTrainer"), ("KTOTrainer", "DPOTrainer"),
+                                        ("DistillationConfig", "SFTTrainer"), ("DistillationTrainer", "SFTTrainer")])
 def test_trainers_lmrl_does_not_run_are_refused_with_what_to_use(name, says):
     with pytest.raises(ImportError, match=says) as e:
         exec(f"from lmrl.trl import {name}")

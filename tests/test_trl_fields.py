@@ -1,4 +1,4 @@
-"""Every field of the installed TRL's GRPOConfig, DPOConfig, SFTConfig and RewardConfig has a rule in
+"""Every field of the installed TRL's GRPOConfig, RLOOConfig, DPOConfig, SFTConfig and RewardConfig has a rule in
 lmrl.trl.fields (carried, no effect, refused); the carried ones are the ones the translation reads;
 every field at TRL's default is accepted; docs/trl-fields.md is the table as the code has it."""
 
@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 
 from lmrl.trl import fields as table
-from lmrl.trl.configs import TRANSLATED, DPOConfig, GRPOConfig, RewardConfig, SFTConfig
+from lmrl.trl.configs import TRANSLATED, DPOConfig, GRPOConfig, RewardConfig, RLOOConfig, SFTConfig
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "trl-fields.md"
-CONFIGS = {cls.kind: cls for cls in (GRPOConfig, DPOConfig, SFTConfig, RewardConfig)}
+CONFIGS = {cls.kind: cls for cls in (GRPOConfig, RLOOConfig, DPOConfig, SFTConfig, RewardConfig)}
 
 
 @pytest.mark.parametrize("kind", table.KINDS)
@@ -42,6 +42,14 @@ def test_trls_command_line_at_its_defaults_sets_nothing(kind, tmp_path):
 
     (args,) = TrlParser((CONFIGS[kind],)).parse_args_and_config(["--output_dir", str(tmp_path), "--use_cpu"])
     assert args.given == {"output_dir": str(tmp_path), "use_cpu": True} and args.ignored == []
+
+
+def test_the_fields_tables_cover_every_config_class_lmrl_trl_exports():
+    import lmrl.trl as shim
+
+    assert set(table.KINDS) == set(CONFIGS)
+    assert {table.NAMES[kind] for kind in table.KINDS} == {name for name in shim.__all__ if name.endswith("Config")
+                                                          and name not in ("ModelConfig", "DatasetMixtureConfig")}
 
 
 def test_the_docs_table_is_generated_from_the_code():

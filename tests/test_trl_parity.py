@@ -9,6 +9,10 @@ to; values agree to 1e-6. Where lmrl deliberately differs, a test pins the diffe
                                                  dapo, asymmetric clipping, k3 KL in the loss; importance
                                                  sampling level, delta, top_entropy_quantile and
                                                  off_policy_mask_threshold, with the clip_ratio/* metrics
+    RLOOTrainer._generate_and_score_completions  advantages: leave-one-out, reward_clip_range, beta's k1 KL in
+                                                 the reward; normalize_advantages (its std pinned down)
+    RLOOTrainer._compute_loss                    one clipped ratio per completion (ratio_level=sequence_sum,
+                                                 loss_level=sequence), with the clip_ratio/* metrics
     DPOTrainer._compute_loss                     sigmoid, ipo, hinge, robust (label smoothing); entropy,
                                                  logits/chosen|rejected, mean_token_accuracy, num_tokens
     SFTTrainer.compute_loss                      loss, entropy, mean_token_accuracy, num_tokens
@@ -29,7 +33,7 @@ import torch
 from lmrl.algos import build_algorithm
 from lmrl.algos.advantages import group_advantages
 from lmrl.algos.base import PreparedBatch
-from lmrl.algos.losses import kl_estimate
+from lmrl.algos.losses import clipped_surrogate_loss, kl_estimate
 from lmrl.algos.preference_losses import bradley_terry_loss, dpo_loss
 from lmrl.config import AlgoConfig
 from lmrl.tasks.text_batches import PairExample, pad_sequences, pair_batch, pair_logps_and_sums, pair_rows
@@ -37,7 +41,7 @@ from lmrl.train.dpo_trainer import dpo_token_metrics
 from lmrl.train.offline import PairTrainer
 from lmrl.train.sft_trainer import SFTTrainer as LmrlSFTTrainer
 from tests.test_pair_rows import Bigram
-from trl import DPOTrainer, GRPOTrainer, RewardTrainer, SFTTrainer
+from trl import DPOTrainer, GRPOTrainer, RewardTrainer, RLOOTrainer, SFTTrainer
 from trl.kernels.chunked_logprob import ChunkedLogProbFunction
 
 TOL = dict(rtol=0, atol=1e-6)
@@ -312,6 +316,168 @@ def test_k3_kl_is_trls_per_token_kl():
     zero = torch.zeros(b)  # no advantage: TRL's loss is β·mean KL alone
     theirs, _ = trl_grpo_loss("bnpo", logps, logps, ref, zero, mask, beta=1.0, eps_low=0.2, eps_high=0.2, max_len=t)
     torch.testing.assert_close(kl_estimate(logps, ref, "k3").mean(), theirs, **TOL)
+
+
+# -- RLOO (TRL's RLOOTrainer, lmrl's rloo as lmrl.trl.RLOOConfig translates it) ----------------------------
+def lmrl_rloo_algo(tmp_path, **fields):
+    """lmrl's algorithm and config for a TRL RLOOConfig with these fields (lmrl.trl's translation)."""
+    from lmrl.trl import RLOOConfig
+
+    cfg = RLOOConfig(output_dir=str(tmp_path), use_cpu=True, **fields).to_config(model_path="m", train_rows=8)
+    return build_algorithm(cfg.algo, max_new_tokens=12), cfg
+
+
+def rloo_case(seed: int, b: int = 16, t: int = 12):
+    """Log-probs that moved from the old ones (sequence ratios exp(Σ log ρ) from ~0.5 to ~2: both clips bite),
+    reference log-probs apart from the old ones, rewards and per-token entropies."""
+    gen = torch.Generator().manual_seed(seed)
+    mask = completion_mask(b, t, gen)
+    mask[0] = 1  # the longest completion fills the width, as TRL pads them
+    old = -torch.rand(b, t, generator=gen) * 3
+    logps = old + 0.15 * torch.randn(b, t, generator=gen)
+    ref = old + 0.2 * torch.randn(b, t, generator=gen)
+    entropies = torch.where(mask.bool(), torch.rand(b, t, generator=gen) * 2, torch.full((b, t), 9.0))
+    return logps, old, ref, torch.randn(b, generator=gen) * 2, mask, entropies
+
+
+def trl_rloo_advantages(rewards, old, ref, mask, group_size: int, beta: float, clip_range, normalize: bool):
+    """TRL's advantages: `RLOOTrainer._generate_and_score_completions` with generation stubbed to hand back
+    completions of `mask`'s lengths, the policy's and the reference's forward passes to hand back `old` and
+    `ref`, and the one reward function to hand back `rewards`."""
+    b = rewards.numel()
+    lengths = mask.sum(1).tolist()
+    model, ref_model = SimpleNamespace(training=True, is_gradient_checkpointing=False), object()
+
+    def logps(net, *args, **kwargs):
+        return (old if net is model else ref), None, None
+
+    stub = SimpleNamespace(
+        accelerator=Accelerator(), model=model, ref_model=ref_model, pad_to_multiple_of=None,
+        _generate=lambda prompts: ([[1, 2]] * b, [[3] * n for n in lengths], ["c"] * b),
+        _tokenizer=SimpleNamespace(pad_token_id=0), mask_truncated_completions=False,
+        args=SimpleNamespace(per_device_train_batch_size=b, gradient_checkpointing_kwargs=None),
+        _get_per_token_logps_and_entropies=logps, beta=beta, reward_clip_range=clip_range,
+        normalize_advantages=normalize, _calculate_rewards=lambda *args: rewards.float().unsqueeze(1),
+        num_generations=group_size, reward_weights=torch.ones(1), reward_func_names=["r"], _metrics=metrics(),
+        _logs={"prompt": [], "completion": [], "rewards": defaultdict(list), "advantages": [],
+               "extra": defaultdict(list)},
+        _pending_extra_logs={}, _pending_metrics={}, log_multimodal=False)
+    out = RLOOTrainer._generate_and_score_completions(stub, [{"prompt": "p"}] * b)
+    assert torch.equal(out["completion_mask"], mask)
+    return out["advantages"], stub._metrics["train"]
+
+
+def lmrl_rloo_advantages(algo, cfg, rewards, old, ref, mask):
+    """lmrl's advantages for the same step: the rewards clamped to reward.clip (as the RL trainer does), then
+    the algorithm's `prepare` (the KL into the reward, the leave-one-out baselines, any whitening), the
+    reference's log-probs handed in for its forward pass."""
+    from lmrl.generation.rollout import Rollout
+
+    if cfg.reward.clip:
+        rewards = rewards.clamp(*cfg.reward.clip)
+    b, t = mask.shape
+    rollout = Rollout(torch.ones(b, 2, dtype=torch.long), torch.ones(b, t, dtype=torch.long), old, mask)
+    algo.reference_logprobs = lambda learner, ro: ref
+    learner = SimpleNamespace(reference=object(), all_reduce_sum=lambda x: x)
+    batch, metrics_ = algo.prepare(learner, rollout, rewards)
+    return batch.advantages, metrics_
+
+
+@pytest.mark.parametrize("group_size", [2, 4])
+@pytest.mark.parametrize("fields", [dict(), dict(beta=0.0), dict(beta=0.3), dict(reward_clip_range=(-1.0, 1.5)),
+                                    dict(beta=0.3, reward_clip_range=(-0.5, 2.0))])
+def test_rloo_advantages_are_trls(tmp_path, group_size, fields):
+    """Leave-one-out baselines of the rewards clamped to reward_clip_range, minus beta times the k1 KL summed
+    over each completion (TRL's default beta is 0.05)."""
+    _, old, ref, rewards, mask, _ = rloo_case(group_size + len(fields))
+    algo, cfg = lmrl_rloo_algo(tmp_path, num_generations=group_size, **fields)
+    beta, clip = fields.get("beta", 0.05), fields.get("reward_clip_range")
+    theirs, trl_metrics = trl_rloo_advantages(rewards, old, ref, mask, group_size, beta, clip, normalize=False)
+    ours, _ = lmrl_rloo_advantages(algo, cfg, rewards, old, ref, mask)
+    torch.testing.assert_close(ours, theirs, **TOL)
+    if clip:  # the case reaches the clamp
+        assert ((rewards < clip[0]) | (rewards > clip[1])).any()
+    if beta:  # the KL moves the advantages
+        unshaped, _ = trl_rloo_advantages(rewards, old, ref, mask, group_size, 0.0, clip, normalize=False)
+        assert (unshaped - theirs).abs().max() > 1e-2
+        assert trl_metrics["kl"][0] == pytest.approx(((old - ref) * mask).sum().item() / mask.sum().item(), abs=1e-6)
+
+
+def test_rloo_normalized_advantages_differ_from_trls_by_the_std_they_divide_by(tmp_path):
+    """normalize_advantages: both centre on the batch mean; lmrl divides by the population std + 1e-8, TRL by the
+    sample (Bessel) std + 1e-4, so lmrl's are TRL's times (s_sample + 1e-4) / (s_population + 1e-8)."""
+    _, old, ref, rewards, mask, _ = rloo_case(5)
+    algo, cfg = lmrl_rloo_algo(tmp_path, num_generations=4, normalize_advantages=True, beta=0.1)
+    theirs, _ = trl_rloo_advantages(rewards, old, ref, mask, 4, 0.1, None, normalize=True)
+    ours, _ = lmrl_rloo_advantages(algo, cfg, rewards, old, ref, mask)
+    raw, _ = trl_rloo_advantages(rewards, old, ref, mask, 4, 0.1, None, normalize=False)
+    factor = (raw.std() + 1e-4) / (raw.std(correction=0) + 1e-8)
+    torch.testing.assert_close(ours, theirs * factor, **TOL)
+    torch.testing.assert_close(ours.mean(), torch.tensor(0.0), **TOL)
+    assert factor > 1.03  # B = 16: sqrt(16/15), a difference a test sees
+
+
+def trl_rloo_loss(logps, old, advantages, mask, entropies, eps_low: float, eps_high: float):
+    """TRL's RLOO loss on these log-probs and entropies (the forward pass stubbed), and its metrics; the old
+    log-probs summed over each completion, as `_generate_and_score_completions` hands them on."""
+    stub = SimpleNamespace(
+        _get_per_token_logps_and_entropies=lambda *a, **k: (logps, entropies, None), aux_loss_enabled=False,
+        epsilon_low=eps_low, epsilon_high=eps_high, model=SimpleNamespace(training=True), accelerator=Accelerator(),
+        _metrics=metrics())
+    b, t = mask.shape
+    inputs = {"prompt_ids": torch.ones(b, 2, dtype=torch.long), "prompt_mask": torch.ones(b, 2, dtype=torch.long),
+              "completion_ids": torch.ones(b, t, dtype=torch.long), "completion_mask": mask,
+              "old_logps": (old * mask).sum(1), "advantages": advantages}
+    return RLOOTrainer._compute_loss(stub, None, inputs), stub._metrics["train"]
+
+
+@pytest.mark.parametrize("fields", [dict(), dict(epsilon=0.1, epsilon_high=0.28), dict(beta=0.0)])
+def test_rloo_loss_gradient_and_clip_metrics_are_trls(tmp_path, fields):
+    """One clipped ratio per completion, exp(Σ_t log π − log π_old) (ratio_level=sequence_sum), averaged over
+    completions (loss_level=sequence); the KL is in the reward, not the loss."""
+    logps_init, old, ref, advantages, mask, entropies = rloo_case(len(fields) + 7)
+    algo, cfg = lmrl_rloo_algo(tmp_path, **fields)
+    assert (cfg.algo.ratio_level, cfg.algo.loss_level, cfg.algo.kl_in_reward) == ("sequence_sum", "sequence", True)
+    eps_low = fields.get("epsilon", 0.2)
+    eps_high = fields.get("epsilon_high", eps_low)
+
+    theirs_logps = logps_init.clone().requires_grad_(True)
+    theirs, trl_metrics = trl_rloo_loss(theirs_logps, old, advantages, mask, entropies, eps_low, eps_high)
+    theirs.backward()
+    ours_logps = logps_init.clone().requires_grad_(True)
+    batch = PreparedBatch(torch.zeros(len(mask), 1, dtype=torch.long), mask, advantages, old_logprobs=old,
+                          ref_logprobs=ref if cfg.algo.kl_coef else None)
+    ours, stats = algo.loss(batch, ours_logps, entropies, None)
+    ours.backward()
+
+    torch.testing.assert_close(ours.detach(), theirs.detach(), **TOL)
+    torch.testing.assert_close(ours_logps.grad, theirs_logps.grad, **TOL)
+    assert trl_metrics["clip_ratio/low_mean"][0] > 0 and trl_metrics["clip_ratio/high_mean"][0] > 0  # both clips bite
+    for key in CLIP_METRICS:
+        assert stats[key] == pytest.approx(trl_metrics[key][0], abs=1e-6), key
+    assert stats["clip_frac"] == pytest.approx(trl_metrics["clip_ratio/region_mean"][0], abs=1e-6)
+    assert stats["token_entropy"] == pytest.approx(trl_metrics["entropy"][0], abs=1e-6)
+    gspo_logps = logps_init.clone().requires_grad_(True)  # GSPO's length-normalised ratio is another loss
+    clipped_surrogate_loss(gspo_logps, old, advantages, mask, eps_low, eps_high, "sequence",
+                           ratio_level="sequence")[0].backward()
+    assert (gspo_logps.grad - ours_logps.grad).abs().max() > 1e-3
+
+
+def test_rloo_completion_without_a_valid_token_adds_trls_gradient_but_not_its_constant(tmp_path):
+    """A completion whose mask is all 0 (mask_truncated_completions) has ratio 1 in both and no gradient; TRL's
+    mean still adds its −A_i / B to the loss's value, lmrl's sequence mean counts it as 0."""
+    logps_init, old, _, advantages, mask, entropies = rloo_case(11)
+    mask[3] = 0
+    algo, _ = lmrl_rloo_algo(tmp_path, beta=0.0)
+    theirs_logps = logps_init.clone().requires_grad_(True)
+    theirs, _ = trl_rloo_loss(theirs_logps, old, advantages, mask, entropies, 0.2, 0.2)
+    theirs.backward()
+    ours_logps = logps_init.clone().requires_grad_(True)
+    batch = PreparedBatch(torch.zeros(len(mask), 1, dtype=torch.long), mask, advantages, old_logprobs=old)
+    ours, _ = algo.loss(batch, ours_logps, entropies, None)
+    ours.backward()
+    torch.testing.assert_close(ours_logps.grad, theirs_logps.grad, **TOL)
+    torch.testing.assert_close(ours.detach(), theirs.detach() + advantages[3] / len(mask), **TOL)
 
 
 # -- DPO -------------------------------------------------------------------------------------------------

@@ -1,5 +1,5 @@
-"""TRL users' scripts run on lmrl with one changed import (`from lmrl.trl import ...`): GRPO with a
-reward function on a prompt data set, DPO on preference pairs, with TRL's argument names and
+"""TRL users' scripts run on lmrl with one changed import (`from lmrl.trl import ...`): GRPO and RLOO
+with a reward function on a prompt data set, DPO on preference pairs, with TRL's argument names and
 defaults; the RL trainer's own `train_dataset=`; and what the translation refuses."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import torch
 from datasets import Dataset
 
 from lmrl.config import ConfigError, load_config
-from lmrl.trl import DPOConfig, DPOTrainer, GRPOConfig, GRPOTrainer
+from lmrl.trl import DPOConfig, DPOTrainer, GRPOConfig, GRPOTrainer, RLOOConfig, RLOOTrainer
 from lmrl.train.rl_trainer import RLTrainer
 from tests.test_hf import save_tiny_llama
 
@@ -287,6 +287,107 @@ def test_bnpo_says_where_it_differs_from_trl(tmp_path):
     assert not any("bnpo" in note for note in single.notes)  # one micro-batch: bnpo and dapo are the same loss
 
 
+# -- RLOO --------------------------------------------------------------------------------------------------
+def rloo_script(RLOOConfig, RLOOTrainer, model, dataset, out):  # noqa: N803  (TRL's class names as arguments)
+    """A TRL RLOO script, as TRL's RLOOTrainer docs write it (smaller); two passes over each generation, so
+    the second one's ratios have moved."""
+    training_args = RLOOConfig(output_dir=str(out), learning_rate=1e-2, num_generations=4, max_completion_length=6,
+                               per_device_train_batch_size=8, max_steps=4, num_iterations=2, logging_steps=1,
+                               report_to="none", bf16=False)
+    trainer = RLOOTrainer(model=str(model), reward_funcs=reward_len, args=training_args, train_dataset=dataset)
+    trainer.train()
+    trainer.save_model()
+    return trainer
+
+
+def test_a_trl_rloo_script_trains_and_saves_with_lmrls_trainer(model_dir, tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    out = tmp_path / "rloo"
+    trainer = rloo_script(RLOOConfig, RLOOTrainer, model_dir, PROMPTS, out)
+    algo = trainer.config.algo
+    # TRL's RLOO loss and defaults: beta 0.05, its k1 KL in the reward, one ratio per completion
+    assert (algo.name, algo.group_size, algo.kl_coef, algo.ppo_epochs) == ("rloo", 4, 0.05, 2)
+    assert (algo.ratio_level, algo.loss_level, algo.kl_in_reward, algo.kl_estimator) == (
+        "sequence_sum", "sequence", True, "k1")
+    # 4 of TRL's optimizer steps: 2 generations, each trained twice
+    assert (trainer.config.train.steps, trainer.state.global_step) == (2, 2)
+    steps = [r for r in read_metrics(out) if "train/avg_reward" in r]
+    assert len(steps) == 2
+    assert all("clip_ratio/region_mean" in r and "kl" in r and "train/shaped_reward_mean" in r for r in steps)
+    assert all(v == v for r in steps for v in r.values() if isinstance(v, float))
+    loaded = AutoModelForCausalLM.from_pretrained(out)
+    start = AutoModelForCausalLM.from_pretrained(model_dir)
+    assert any(not torch.equal(a, b) for a, b in zip(loaded.state_dict().values(), start.state_dict().values()))
+
+
+@pytest.mark.parametrize("fields, keys", [
+    (dict(), {"algo.name": "rloo", "algo.ratio_level": "sequence_sum", "algo.loss_level": "sequence",
+              "algo.kl_in_reward": True, "algo.kl_estimator": "k1", "algo.kl_coef": 0.05, "algo.group_size": 2,
+              "algo.normalize_advantages": False, "reward.clip": [], "run.trainer": "rl", "task.name": "prompts"}),
+    (dict(beta=0.2), {"algo.kl_coef": 0.2, "algo.kl_in_reward": True}),
+    (dict(beta=0.0), {"algo.kl_coef": 0.0}),
+    (dict(reward_clip_range=(-2, 3)), {"reward.clip": [-2.0, 3.0]}),
+    (dict(normalize_advantages=True), {"algo.normalize_advantages": True}),
+    (dict(num_generations=4, epsilon=0.1, epsilon_high=0.3, num_iterations=2, mask_truncated_completions=True),
+     {"algo.group_size": 4, "algo.clip_range_left": 0.1, "algo.clip_range_right": 0.3, "algo.ppo_epochs": 2,
+      "algo.mask_truncated_completions": True}),
+    (dict(temperature=0.7, top_p=0.9, top_k=5, max_completion_length=12, per_device_train_batch_size=4,
+          steps_per_generation=2, max_steps=10),
+     {"train.temperature": 0.7, "train.top_p": 0.9, "train.top_k": 5, "task.max_new_tokens": 12,
+      "train.rollout_size": 8, "algo.minibatch_size": 4, "train.steps": 5}),
+    (dict(use_vllm=True, log_completions=True), {"rollout.engine": "vllm", "train.log_completions": True}),
+])
+def test_each_rloo_field_lands_on_its_lmrl_key(tmp_path, fields, keys):
+    args = RLOOConfig(output_dir=str(tmp_path), use_cpu=True, **fields)
+    cfg = args.to_config(model_path="m", train_rows=8)
+    for key, value in keys.items():
+        section, name = key.split(".")
+        assert getattr(getattr(cfg, section), name) == value, key
+    assert args.ignored == []
+    assert any("population std" in note for note in args.notes) == bool(fields.get("normalize_advantages"))
+
+
+def test_rloos_reward_clip_range_comes_from_a_config_file_and_a_bad_one_is_refused(tmp_path):
+    from lmrl.trl import TrlParser
+
+    (tmp_path / "rloo.yaml").write_text("reward_clip_range: [-1, 2]\nnormalize_advantages: true\n")
+    (args,) = TrlParser((RLOOConfig,)).parse_args_and_config(["--config", str(tmp_path / "rloo.yaml"),
+                                                              "--output_dir", str(tmp_path), "--use_cpu"])
+    cfg = args.to_config(model_path="m", train_rows=8)
+    assert (cfg.reward.clip, cfg.algo.normalize_advantages) == ([-1.0, 2.0], True)
+    # TRL's command line parses the tuple into characters: refused in one line naming the field
+    (args,) = TrlParser((RLOOConfig,)).parse_args_and_config(["--output_dir", str(tmp_path), "--use_cpu",
+                                                              "--reward_clip_range", "1"])
+    with pytest.raises(ConfigError, match=r"RLOOConfig\(reward_clip_range=\('1',\)\): lmrl takes two finite numbers "
+                                          r"\(low, high\) with low < high \(reward.clip\)") as e:
+        args.to_config(model_path="m", train_rows=8)
+    assert "\n" not in str(e.value)
+    with pytest.raises(ConfigError, match=r"reward_clip_range=\(2.0, 1.0\)"):
+        RLOOConfig(output_dir=str(tmp_path), reward_clip_range=(2.0, 1.0)).to_config(model_path="m", train_rows=8)
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(num_generations=1), "RLOO requires at least 2 generations"),  # TRL's own check, as the config is made
+    (dict(num_generations=3), "divisible by num_generations"),
+    (dict(use_transformers_continuous_batching=True), r"RLOOConfig\(use_transformers_continuous_batching=True\): lmrl "
+                                                      "samples with its own loop"),
+    (dict(generation_kwargs={"num_beams": 4}), r"RLOOConfig\(generation_kwargs=\{'num_beams': 4\}\)"),
+    (dict(gradient_accumulation_steps=2, steps_per_generation=3), r"RLOOConfig\(steps_per_generation=3, "
+                                                                  r"gradient_accumulation_steps=2\)"),
+])
+def test_rloo_arguments_lmrl_cannot_honour_are_refused_with_the_name(tmp_path, kwargs, message):
+    with pytest.raises((ConfigError, ValueError), match=message):
+        RLOOConfig(output_dir=str(tmp_path), **kwargs).to_config(model_path="m", train_rows=8)
+
+
+def test_grpo_takes_trls_importance_sampling_levels_not_rloos_summed_ratio(tmp_path):
+    with pytest.raises(ConfigError, match=r"importance_sampling_level='sequence_sum'\): lmrl's levels are token, "
+                                          "sequence, sequence_token$"):
+        GRPOConfig(output_dir=str(tmp_path), importance_sampling_level="sequence_sum").to_config(model_path="m",
+                                                                                                 train_rows=8)
+
+
 PAIRS = Dataset.from_list([{"prompt": f"Is {a} bigger than {b}?", "chosen": " Yes." if a > b else " No.",
                             "rejected": " No." if a > b else " Yes."} for a, b in
                            [(3, 1), (2, 5), (9, 4), (1, 7), (6, 2), (4, 8), (8, 3), (5, 9)]])
@@ -354,6 +455,7 @@ def test_the_same_scripts_run_on_trl_itself(model_dir, tmp_path):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     grpo_script(trl.GRPOConfig, trl.GRPOTrainer, model_dir, PROMPTS, tmp_path / "trl-grpo")
+    rloo_script(trl.RLOOConfig, trl.RLOOTrainer, model_dir, PROMPTS, tmp_path / "trl-rloo")
     model = AutoModelForCausalLM.from_pretrained(model_dir)
     dpo_script(trl.DPOConfig, trl.DPOTrainer, model, AutoTokenizer.from_pretrained(model_dir), PAIRS,
                tmp_path / "trl-dpo")

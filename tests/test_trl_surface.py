@@ -1,4 +1,4 @@
-"""TRL's own scripts (`trl/scripts/{grpo,dpo,sft,reward}.py` of the installed trl) run on lmrl with their
+"""TRL's own scripts (`trl/scripts/{grpo,rloo,dpo,sft,reward}.py` of the installed trl) run on lmrl with their
 `trl` imports resolved to `lmrl.trl`, and what they leave loads back with transformers / PEFT; the
 `transformers.Trainer` surface they and users touch: TrainerState, TrainerCallback events,
 TrainOutput, resume, save_model, push_to_hub, quantization_config."""
@@ -10,11 +10,13 @@ from pathlib import Path
 
 import pytest
 import torch
+import yaml
 from transformers import TrainerCallback
 
 from lmrl.cli import main
 from lmrl.config import ConfigError
-from lmrl.trl import GRPOConfig, GRPOTrainer, SFTConfig, SFTTrainer
+from lmrl.trl import GRPOConfig, GRPOTrainer, RLOOConfig, RLOOTrainer, SFTConfig, SFTTrainer
+from lmrl.train.trainers import RLOOTrainer as LmrlRLOOTrainer
 from lmrl.trl.scripts import resolve_imports, run_script, script_path
 from tests.test_hf import save_tiny_llama
 
@@ -64,6 +66,27 @@ def test_trls_grpo_script_trains_and_saves_a_model_transformers_loads(model_dir,
     assert any(not torch.equal(a, b) for a, b in zip(loaded.state_dict().values(), start.state_dict().values()))
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert any("rewards/think_format_reward/mean" in r and "rewards/reward_len/mean" in r for r in rows)
+
+
+def test_trls_rloo_script_runs_through_the_cli_trains_and_saves_a_model_transformers_loads(model_dir, tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    data = write_split(tmp_path / "data", [{"prompt": [{"role": "user", "content": f"Tell me about {w}."}]}
+                                           for w in ("cats", "dogs", "tea", "rain")])
+    out = tmp_path / "rloo"
+    assert main(["trl", "rloo", "--model_name_or_path", str(model_dir), "--dataset_name", str(data), "--output_dir",
+                 str(out), "--reward_funcs", "think_format_reward", "tests.test_trl_surface.reward_len",
+                 "--num_generations", "2", "--max_completion_length", "4", "--num_iterations", "2", "--beta", "0.1",
+                 "--normalize_advantages", *SMALL]) == 0
+    algo = yaml.safe_load((out / "config.yaml").read_text())["algo"]  # the run's lmrl config
+    assert (algo["name"], algo["ratio_level"], algo["kl_coef"], algo["kl_estimator"], algo["ppo_epochs"],
+            algo["normalize_advantages"]) == ("rloo", "sequence_sum", 0.1, "k1", 2, True)
+    loaded = AutoModelForCausalLM.from_pretrained(out)
+    start = AutoModelForCausalLM.from_pretrained(model_dir)
+    assert any(not torch.equal(a, b) for a, b in zip(loaded.state_dict().values(), start.state_dict().values()))
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    steps = [r for r in rows if "rewards/reward_len/mean" in r]
+    assert steps and all("rewards/think_format_reward/mean" in r and "clip_ratio/region_mean" in r for r in steps)
 
 
 def test_trls_sft_script_with_lora_leaves_an_adapter_peft_loads(model_dir, tmp_path):
@@ -183,6 +206,37 @@ def test_resume_from_checkpoint_continues_and_a_new_run_never_overwrites(model_d
     with pytest.raises(ValueError, match="no run to continue"):
         GRPOTrainer(model=str(model_dir), reward_funcs=reward_len, args=grpo_args(tmp_path / "fresh"),
                     train_dataset=PROMPTS).train(resume_from_checkpoint=True)
+
+
+def test_rloo_trainer_has_grpo_trainers_surface(model_dir, tmp_path):
+    """RLOOTrainer is GRPOTrainer's implementation with an RLOOConfig: callbacks, TRL's log names, an
+    eval_dataset, save_model and resume work alike."""
+    from transformers import AutoModelForCausalLM
+
+    out = tmp_path / "run"
+
+    def args(**kwargs):
+        base = dict(output_dir=str(out), per_device_train_batch_size=4, max_completion_length=4, max_steps=2,
+                    logging_steps=1, save_steps=2, learning_rate=1e-3, use_cpu=True, bf16=False, report_to="none",
+                    seed=5, eval_strategy="steps", eval_steps=2)
+        return RLOOConfig(**{**base, **kwargs})
+
+    recorder = Recorder()
+    trainer = RLOOTrainer(model=str(model_dir), reward_funcs=reward_len, args=args(), train_dataset=PROMPTS,
+                          eval_dataset=PROMPTS[:2], callbacks=[recorder])
+    assert isinstance(trainer.inner, LmrlRLOOTrainer)
+    assert trainer.train().global_step == 2
+    assert recorder.events == ["init_end", "train_begin", "save@2", "train_end"] and recorder.steps == [1, 2]
+    steps = [e for e in trainer.state.log_history if "loss" in e]
+    assert [e["step"] for e in steps] == [1, 2] and all("kl" in e and "clip_ratio/region_mean" in e for e in steps)
+    assert any("eval_reward" in e for e in trainer.state.log_history)
+    trainer.save_model(str(tmp_path / "model"))
+    AutoModelForCausalLM.from_pretrained(tmp_path / "model")
+    longer = RLOOTrainer(model=str(model_dir), reward_funcs=reward_len, args=args(max_steps=3), train_dataset=PROMPTS)
+    assert longer.train(resume_from_checkpoint=True).global_step == 3
+    with pytest.raises(TypeError, match="import it from lmrl.trl"):
+        RLOOTrainer(model=str(model_dir), reward_funcs=reward_len, train_dataset=PROMPTS,
+                    args=GRPOConfig(output_dir=str(tmp_path / "g"), use_cpu=True))
 
 
 def test_processing_class_is_the_tokenizer_used_when_the_model_is_a_path(model_dir, tmp_path):

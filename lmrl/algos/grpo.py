@@ -10,9 +10,10 @@ moving average are needed, and a hard prompt's rare success counts as fully as a
 Both optimise the clipped surrogate with asymmetric clipping, aggregated per `loss_level`, for
 `ppo_epochs` passes in `minibatch_size` chunks; old log-probs are computed once per rollout, and
 only when the policy moves before the batch is used up (otherwise the ratio is exactly 1 and the
-step is the plain policy gradient). The ratio is per token or per completion (`ratio_level`: GSPO),
-optionally capped (`clip_ratio_max`: INTELLECT-2), and the policy term may leave out low-entropy
-tokens (`top_entropy_quantile`) and drifted negative-advantage completions (`off_policy_mask_threshold`).
+step is the plain policy gradient). The ratio is per token or per completion (`ratio_level`: GSPO's
+length-normalised one, or TRL's RLOOTrainer's ratio of the completion's probabilities), optionally
+capped (`clip_ratio_max`: INTELLECT-2), and the policy term may leave out low-entropy tokens
+(`top_entropy_quantile`) and drifted negative-advantage completions (`off_policy_mask_threshold`).
 """
 
 from __future__ import annotations
@@ -84,11 +85,13 @@ class GRPO(Algorithm):
 
 @register_algorithm("rloo")
 class RLOO(GRPO):
-    """GRPO's per-token clipped surrogate with leave-one-out advantages. TRL's RLOOTrainer clips a
-    ratio of whole-sequence probabilities instead (one ratio per completion), so the two clip
-    differently once the policy has moved (ppo_epochs > 1 or minibatches). On-policy (ratio 1) TRL's
-    gradient is −mean_i A_i·∇log π(y_i), which is this one's with loss_level=constant times
-    loss_constant."""
+    """GRPO's clipped surrogate with leave-one-out advantages, per token by default. TRL's
+    RLOOTrainer clips one ratio per completion, π(y_i)/π_old(y_i), averaged over completions, with
+    β times the k1 KL summed over the completion taken off its reward: algo.ratio_level=sequence_sum,
+    loss_level=sequence, kl_in_reward=true, kl_estimator=k1 (what lmrl.trl.RLOOConfig sets;
+    tests/test_trl_parity.py). The two clip differently once the policy has moved (ppo_epochs > 1 or
+    minibatches); on-policy (ratio 1) TRL's gradient is −mean_i A_i·∇log π(y_i), which is the
+    per-token one's with loss_level=constant times loss_constant."""
 
     def group_advantages(self, learner, rewards: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         return leave_one_out_advantages(rewards, self.group_size)

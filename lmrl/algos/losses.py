@@ -53,8 +53,10 @@ def aggregate(per_token: torch.Tensor, mask: torch.Tensor | None = None, level: 
 
 
 # What one importance ratio covers: a token, or a whole completion (GSPO; GSPO-token: the
-# completion's ratio with each token's gradient).
-RATIO_LEVELS = ("token", "sequence", "sequence_token")
+# completion's ratio with each token's gradient; TRL's RLOO: the ratio of the completion's probabilities).
+RATIO_LEVELS = ("token", "sequence", "sequence_token", "sequence_sum")
+# the levels with one ratio per completion, (B, 1)
+SEQUENCE_RATIO_LEVELS = ("sequence", "sequence_sum")
 
 
 def importance_ratio(log_ratio: torch.Tensor, mask: torch.Tensor | None = None,
@@ -69,15 +71,22 @@ def importance_ratio(log_ratio: torch.Tensor, mask: torch.Tensor | None = None,
                          completion's probabilities
         sequence_token:  ρ_it = sg[s_i] · π(y_it) / sg[π(y_it)]                (B, T)
                          GSPO-token: s_i in value at every token, gradient s_i·∇log π(y_it)
+        sequence_sum:    s_i = exp(Σ_t m_it·log ρ_it) = π(y_i) / π_old(y_i)     (B, 1)
+                         TRL's RLOOTrainer: the ratio of the whole completion's probabilities,
+                         not normalised by its length
 
-    A row without a valid token has s = 1. These are TRL's `importance_sampling_level` values (the
-    third as trl.experimental.gspo_token computes it; tests/test_trl_parity.py)."""
+    A row without a valid token has s = 1. The first three are TRL's GRPO `importance_sampling_level`
+    values (the third as trl.experimental.gspo_token computes it), the last TRL's RLOO ratio
+    (tests/test_trl_parity.py)."""
     if level == "token":
         return log_ratio.exp()
     if level not in RATIO_LEVELS:
         raise ValueError(f"ratio level must be one of {', '.join(RATIO_LEVELS)}, got {level!r}")
     valid = torch.ones_like(log_ratio) if mask is None else mask.to(log_ratio.dtype)
-    sequence = (log_ratio * valid).sum(1, keepdim=True) / valid.sum(1, keepdim=True).clamp(min=1)  # (B, 1)
+    total = (log_ratio * valid).sum(1, keepdim=True)  # (B, 1)
+    if level == "sequence_sum":
+        return total.exp()
+    sequence = total / valid.sum(1, keepdim=True).clamp(min=1)  # (B, 1)
     if level == "sequence":
         return sequence.exp()
     own = log_ratio - log_ratio.detach()  # 0 in value, the token's own gradient
@@ -142,15 +151,17 @@ def clipped_surrogate_loss(logprobs: torch.Tensor, old_logprobs: torch.Tensor, a
     low_mean, high_mean and region_mean (valid tokens clipped at the lower end, the upper end,
     either: region_mean = clip_frac), low_min and high_max (the smallest row share of tokens
     clipped low, the largest clipped high; rows without a valid token left out, 0 if none has one).
-    With one ratio per sequence (ratio_level=sequence, advantages (B,)) these count sequences, every
-    row included, as TRL's do; the ratio they test is the capped one, as TRL's."""
+    With one ratio per sequence (ratio_level sequence or sequence_sum, advantages (B,)) these count
+    sequences, every row included, as TRL's GRPO (GSPO) and RLOO trainers do; the ratio they test is
+    the capped one, as TRL's. TRL's RLOO loss is this one with ratio_level=sequence_sum and
+    level=sequence: −mean_i min(s_i·A_i, clip(s_i)·A_i)."""
     old_logprobs, advantages = old_logprobs.detach(), advantages.detach()
     if advantages.dim() == 1:
         advantages = advantages.unsqueeze(1)
     log_ratio = logprobs - old_logprobs
     if mask is not None:
         log_ratio = torch.where(mask.bool(), log_ratio, torch.zeros_like(log_ratio))
-    ratio = importance_ratio(log_ratio, mask, ratio_level)  # (B, T), or (B, 1) at sequence level
+    ratio = importance_ratio(log_ratio, mask, ratio_level)  # (B, T), or (B, 1) at a sequence level
     clipped = ratio.clamp(1 - clip_left, 1 + clip_right) * advantages
     if ratio_max is not None:
         ratio = ratio.clamp(max=ratio_max)
@@ -163,7 +174,7 @@ def clipped_surrogate_loss(logprobs: torch.Tensor, old_logprobs: torch.Tensor, a
         low = ((ratio < 1 - clip_left) & (advantages < 0)).float()
         high = ((ratio > 1 + clip_right) & (advantages > 0)).float()
         ratio = ratio.expand_as(low)
-        if ratio_level == "sequence" and low.size(1) == 1:  # one value per sequence: every row counts once
+        if ratio_level in SEQUENCE_RATIO_LEVELS and low.size(1) == 1:  # one value per sequence: each row once
             numbers = torch.stack([torch.max(low, high).mean(), masked_mean((log_ratio.exp() - 1) - log_ratio, mask),
                                    ratio.mean(), low.mean(), high.mean(), low.min(), high.max()]).tolist()
         else:

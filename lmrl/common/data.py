@@ -24,6 +24,7 @@ from typing import Callable, Iterable, Iterator, Sequence
 
 _STRING_KEYS = ("prompt", "completion", "chosen", "rejected", "ground_truth")
 PROMPT_KEY, LABEL_KEY = "prompt", "ground_truth"  # where a prompt row holds its prompt and its ground truth
+SOURCE_KEY = "data_source"  # the column naming the data set a row came from (verl's name, fixed as verl fixes it)
 PARQUET_MAGIC = b"PAR1"  # the first (and last) four bytes of every parquet file
 
 

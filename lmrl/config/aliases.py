@@ -71,7 +71,8 @@ TRL_ALIASES: dict[str, Alias] = {
     "scale_rewards": Alias("algo.scale_rewards", "GRPOConfig",
                            values={"group": "group", "batch": "batch", "none": "none", True: "group", False: "none"}),
     "mask_truncated_completions": Alias("algo.mask_truncated_completions", "GRPOConfig"),
-    "importance_sampling_level": Alias("algo.ratio_level", "GRPOConfig"),
+    "importance_sampling_level": Alias("algo.ratio_level", "GRPOConfig", values={
+        "token": "token", "sequence": "sequence", "sequence_token": "sequence_token"}),
     "delta": Alias("algo.clip_ratio_max", "GRPOConfig"),
     "top_entropy_quantile": Alias("algo.top_entropy_quantile", "GRPOConfig"),
     "off_policy_mask_threshold": Alias("algo.off_policy_mask_threshold", "GRPOConfig"),

@@ -402,7 +402,9 @@ class AlgoConfig(Section):
     clip_range_right: float = _f(0.2, "ratio clipped above at 1 + clip_range_right (DAPO's clip-higher: 0.28)", ge=0)
     ratio_level: str = _f("token", "what one clipped ratio covers, as TRL's importance_sampling_level: token | "
                                    "sequence (GSPO: exp of the mean token log-ratio, one per completion) | "
-                                   "sequence_token (GSPO-token: the completion's ratio with each token's gradient)",
+                                   "sequence_token (GSPO-token: the completion's ratio with each token's gradient) | "
+                                   "sequence_sum (TRL's RLOOTrainer: exp of the summed token log-ratios, the ratio "
+                                   "of the completion's probabilities, one per completion)",
                           choices=RATIO_LEVELS)
     clip_ratio_max: float | None = _f(None, "INTELLECT-2's two-sided clipping (TRL's delta): the unclipped term's "
                                             "ratio is capped at this, > 1 + clip_range_right (null = no cap)")

@@ -29,6 +29,9 @@ requires it. A reasoning-gym row's reward is the same sum with its scorer's scor
 correctness, and it is correct at a full score. Custom rewards (`reward.funcs`, `reward.cls`) replace the reward only; accuracy stays
 math-verify's. They get the row's other columns (`reward_kwargs`) and, called as TRL calls them,
 a chat row's prompt and completion as message lists (`conversations`).
+
+Sources. A row's `data_source` (verl's column: `openai/gsm8k`, `lighteval/MATH`) is its source
+(`row_sources`): held-out evaluation also reports each source's accuracy and reward.
 """
 
 from __future__ import annotations
@@ -37,7 +40,7 @@ from functools import cached_property
 
 import torch
 
-from ..common.data import LABEL_KEY, PROMPT_KEY, iter_file_rows, prompt_row, read_jsonl
+from ..common.data import LABEL_KEY, PROMPT_KEY, SOURCE_KEY, iter_file_rows, prompt_row, read_jsonl
 from ..generation.rollout import Rollout, sample_text
 from ..generation.sampling import Sampling
 from . import reasoning_gym
@@ -196,6 +199,13 @@ class MathTask:
         if "ground_truth" in columns:
             columns["ground_truth"] = [None if v is None else str(v) for v in columns["ground_truth"]]
         return columns
+
+    def row_sources(self, ids: torch.Tensor) -> list[str | None] | None:
+        """Each row's `data_source` as text (None for a row without one, or with an empty one), or None
+        when no row of `ids` has one."""
+        sources = [self.rows[i].get(SOURCE_KEY) for i in ids.tolist()]
+        sources = [None if s is None or s == "" else str(s) for s in sources]
+        return sources if any(s is not None for s in sources) else None
 
     @cached_property
     def column_names(self) -> list[str]:

@@ -15,7 +15,7 @@ alike).
 Open prompts have no right answer, so `eval/accuracy` is 0 by definition: the held-out measure is
 `eval/reward` (the mean score of greedy completions), which a preset names as `train.best_metric`.
 Prompts are rendered and cut to `max_prompt_length` like MathTask's (chat template, `prompt_template`,
-`system_prompt`)."""
+`system_prompt`), and a row's `data_source` is its source (`row_sources`), as there."""
 
 from __future__ import annotations
 

@@ -4,8 +4,10 @@ A task owns its problems, split once into training and held-out ids that never o
 line per task, so "RL never sees a held-out problem" is structural), samples completions with a
 policy, and scores them. Every task in `lmrl.tasks` satisfies `Task`; the arithmetic tasks also
 satisfy `LabeledTask` (the supervised warm-up), open prompts scored by a reward model
-`ScoredByModel` (PPO's critic starts as that model), and the chat tasks (math, prompts, the SQL
-agent) `Conversational` (reward functions get their prompts and completions as message lists).
+`ScoredByModel` (PPO's critic starts as that model), the chat tasks (math, prompts, the SQL
+agent) `Conversational` (reward functions get their prompts and completions as message lists), and
+the tasks that read rows from files (math, prompts) `Sourced` (evaluation splits its metrics by the
+rows' data source).
 """
 
 from __future__ import annotations
@@ -73,3 +75,12 @@ class Conversational(Task, Protocol):
         """(prompts, completions) as TRL passes a chat data set's: a prompt is its message list, a
         completion the messages after it (`[{"role": "assistant", "content": text}]` for one turn);
         a row used as plain text keeps its text prompt and completion."""
+
+
+@runtime_checkable
+class Sourced(Task, Protocol):
+    """A task whose rows may name the data set they came from (verl's `data_source`): held-out
+    evaluation also reports each source's accuracy and reward (`lmrl.train.evaluate`)."""
+
+    def row_sources(self, ids: torch.Tensor) -> list[str | None] | None:
+        """Each row's source (None for a row without one), or None when no row of `ids` names one."""

@@ -2,17 +2,22 @@
 
 from __future__ import annotations
 
+import re
 from typing import Iterator
 
 import torch
 import torch.distributed as dist
 
 from ..parallel.ddp import all_reduce_sum
+from ..tasks.protocol import Sourced
 
 # what `evaluate(spread=True)` adds whatever the task (besides each reward function's eval/rewards/<name>/std)
 SPREAD_METRICS = ("reward_std", "completions/mean_length", "completions/min_length", "completions/max_length",
                   "completions/clipped_ratio", "completions/mean_terminated_length",
                   "completions/min_terminated_length", "completions/max_terminated_length")
+SOURCE_METRICS = ("accuracy", "reward")  # what `evaluate` reports of each data source, as eval/<source>/<name>
+MAX_SOURCES = 32  # held-out rows naming more sources than this get no per-source metrics (a column unique per row)
+SOURCE_METRIC = re.compile(r"eval/[A-Za-z0-9_.-]+/(accuracy|reward)")  # the shape of a per-source name
 
 
 def scored_batches(model, task, ids: torch.Tensor, *, batch_size: int, greedy: bool = True, temperature: float = 1.0,
@@ -33,9 +38,19 @@ def evaluate(model, task, ids: torch.Tensor, *, batch_size: int = 500, device="c
     is left out, and a number no row has is 0. With `spread`, also the spread of the same
     completions' rewards and lengths under TRL GRPOTrainer's names (`spread_metrics`).
 
+    A task whose rows name their data source (`Sourced`, verl's `data_source`) also gets
+    `eval/<source>/accuracy` and `eval/<source>/reward`, the means over that source's rows (`source_key`
+    names; rows without a source count in the overall numbers only; none past MAX_SOURCES sources).
+
     Under DDP each rank decodes a strided share of `ids` and the sums are all-reduced, so every
-    rank returns the same numbers."""
+    rank returns the same numbers (the sources are read from all of `ids` before they are shared out,
+    so a rank whose share holds no row of a source still reports it)."""
+    keys = row_source_keys(task, ids)
+    sources, _ = reported_sources(keys)
+    keys = keys[rank::world_size] if sources else []
+    by_source = torch.zeros(len(sources), len(SOURCE_METRICS), 2, dtype=torch.float64)  # (S, M, [sum, rows])
     ids = ids[rank::world_size]
+    done = 0  # rows of this rank's share scored so far
     sums: dict[str, list[float]] = {}  # name -> [sum, rows]
     columns: dict[str, list[torch.Tensor]] = {}  # with `spread`: name -> this rank's values, batch by batch
     for chunk, ro, rewards, exact, extras in scored_batches(model, task, ids, batch_size=batch_size):
@@ -50,17 +65,72 @@ def evaluate(model, task, ids: torch.Tensor, *, batch_size: int = 500, device="c
             total[1] += (~v.isnan()).sum().item()
             if spread:
                 columns.setdefault(k, []).append(v.reshape(-1).cpu())
+        if sources:
+            by_source += source_sums(keys[done:done + len(chunk)], sources, rows)
+        done += len(chunk)
     names = sorted(sums) if sums else ["accuracy", "reward", "length_mean"] + ["completions/clipped_ratio"] * spread
     totals = torch.tensor([x for k in names for x in sums.get(k, [0.0, 0.0])], dtype=torch.float64)
+    totals = torch.cat([totals, by_source.reshape(-1)])  # one all-reduce for both
     if world_size > 1:
         totals = all_reduce_sum(totals.to(device)).cpu()
-    totals = totals.view(-1, 2).tolist()
+    totals, by_source = totals[:2 * len(names)].view(-1, 2).tolist(), totals[2 * len(names):].view_as(by_source)
     out = {f"eval/{k}": total / rows if rows else 0.0 for k, (total, rows) in zip(names, totals)}
+    out.update(source_means(sources, by_source))
     if spread:
         values = {k: torch.cat(v) for k, v in columns.items()}
         counts = {k: rows for k, (_, rows) in zip(names, totals)}
         out.update(spread_metrics(values, counts, out, device=device, world_size=world_size))
     return out
+
+
+def source_key(source: str) -> str:
+    """A data source's name as a metric-key part: ASCII letters, digits, `_`, `-` and `.` kept, every
+    other character (`/` included: `openai/gsm8k` is `openai_gsm8k`) made `_`."""
+    return re.sub(r"[^A-Za-z0-9_.-]", "_", source)
+
+
+def row_source_keys(task, ids: torch.Tensor) -> list[str | None]:
+    """Each row of `ids`'s data source as a metric-key part (`source_key`; None for a row without
+    one); [] for a task that does not name its rows' sources (not `Sourced`, or its `row_sources` None)."""
+    sources = task.row_sources(ids) if isinstance(task, Sourced) else None
+    return [] if sources is None else [source_key(str(s)) if s not in (None, "") else None for s in sources]
+
+
+def reported_sources(keys: list[str | None], limit: int = MAX_SOURCES) -> tuple[list[str], str]:
+    """(the sources `evaluate` reports: the distinct `keys`, sorted, or none when there are more than
+    `limit`; the one line that says so then, else "")."""
+    sources = sorted({k for k in keys if k is not None})
+    if len(sources) <= limit:
+        return sources, ""
+    return [], (f"the held-out rows name {len(sources)} data sources (data_source), more than {limit}: "
+                f"evaluation reports no per-source metrics (eval/<source>/...)")
+
+
+def source_metric_names(sources: list[str]) -> list[str]:
+    """eval/<source>/<metric> for each of `sources` and SOURCE_METRICS: the names `evaluate` adds."""
+    return [f"eval/{s}/{m}" for s in sources for m in SOURCE_METRICS]
+
+
+def source_sums(keys: list[str | None], sources: list[str], rows: dict[str, torch.Tensor]) -> torch.Tensor:
+    """(S, M, 2): for each of `sources` and SOURCE_METRICS, the sum of the metric's per-row values (`rows`,
+    (B,) each, row i of source `keys[i]`) over that source's rows, and how many of them are not NaN.
+    A row whose key is None or not in `sources` counts nowhere."""
+    index = {s: i for i, s in enumerate(sources)}
+    of = torch.tensor([index.get(k, -1) if k is not None else -1 for k in keys], dtype=torch.long)  # (B,) -1: none
+    out = torch.zeros(len(sources), len(SOURCE_METRICS), 2, dtype=torch.float64)
+    for m, name in enumerate(SOURCE_METRICS):
+        v = rows[name].detach().double().reshape(-1).cpu()
+        counted = (of >= 0) & ~v.isnan()
+        out[:, m, 0].index_add_(0, of[counted], v[counted])
+        out[:, m, 1] = torch.bincount(of[counted], minlength=len(sources)).double()
+    return out
+
+
+def source_means(sources: list[str], sums: torch.Tensor) -> dict[str, float]:
+    """{eval/<source>/<metric>: sum / rows} from `source_sums`' (S, M, 2) totals (every rank's); 0 where
+    no row of the source has the metric, as `evaluate` reports an overall mean no row has."""
+    return {name: total / rows if rows else 0.0
+            for name, (total, rows) in zip(source_metric_names(sources), sums.reshape(-1, 2).tolist())}
 
 
 def spread_metrics(values: dict[str, torch.Tensor], counts: dict[str, float], means: dict[str, float], *,

@@ -54,7 +54,7 @@ from ..tasks.prompt_task import PromptTask, prompt_rows
 from ..tasks.protocol import LabeledTask, ScoredByModel, Task
 from ..tasks.rewards import RewardFn, RewardLog, build_reward, fill_unscored, function_rewards, score_rollout
 from .build import build_run, build_worker_parts, own_config
-from .evaluate import evaluate
+from .evaluate import SOURCE_METRIC, evaluate, reported_sources, row_source_keys
 from .lifecycle import Stage, Trainer, TrainingError
 from .dynamic_sampling import Scored, keep_informative, kept_groups
 from .prompt_order import PromptDraws
@@ -125,6 +125,9 @@ class RLTrainer(Trainer):
         check_rollout_takes(self.task, self.sampling)
         self.prompt_order = prompt_order(cfg, self.task)
         self.data_notes.extend(getattr(self.task, "notes", []))  # e.g. prompts cut to task.max_prompt_length
+        # the data sources evaluation reports (`evaluate`), and the note when the held-out rows name too many
+        self.eval_sources, note = reported_sources(row_source_keys(self.task, self.task.heldout_ids[: cfg.eval.size]))
+        self.data_notes.extend([note] if note else [])
         self.module, self.reference, self.algo = self.model, None, None  # RL may wrap the policy with a value function
         self.reward_fn = build_reward(cfg.reward, reward_fn=reward_fn, reward_funcs=reward_funcs,
                                       reward_weights=reward_weights)
@@ -146,9 +149,14 @@ class RLTrainer(Trainer):
 
     def eval_metric_names(self, config: Config) -> frozenset[str] | None:
         """`evaluate`'s names: accuracy, reward and completion length, and the task's extra metrics
-        where its spec says which (`TaskSpec.metrics`)."""
-        extras = task_spec(config.task.name).metrics
+        where its spec says which (`TaskSpec.metrics`). A task that reads rows from files also reports
+        each data source's (eval/<source>/accuracy, /reward), which only its rows say: with such a
+        `train.best_metric`, None (checked against the first evaluation)."""
+        spec = task_spec(config.task.name)
+        extras = spec.metrics
         if extras is None or not self._task_as_registered:
+            return None
+        if spec.reads_files and SOURCE_METRIC.fullmatch(config.train.best_metric):
             return None
         return frozenset(f"eval/{name}" for name in (*EVAL_METRICS, *extras))
 

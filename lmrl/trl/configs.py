@@ -1,9 +1,9 @@
-"""TRL's config classes, as lmrl takes them: `GRPOConfig`, `DPOConfig`, `SFTConfig` and `RewardConfig`
-are TRL's own dataclasses (subclassed), so `TrlParser`, `HfArgumentParser`, `--config file.yaml`,
-`to_dict()` and every default are TRL's. `args.to_config(model_path=, train_rows=)` turns one into
-the lmrl `Config` of the run, field by field as `lmrl.trl.fields` says: carried into lmrl's keys,
-listed in `args.ignored` (no effect; the trainer names them in the run log), or refused with the
-field, its value and the reason. `args.notes` are the run log's lines where lmrl's defaults differ
+"""TRL's config classes, as lmrl takes them: `GRPOConfig`, `RLOOConfig`, `DPOConfig`, `SFTConfig` and
+`RewardConfig` are TRL's own dataclasses (subclassed), so `TrlParser`, `HfArgumentParser`,
+`--config file.yaml`, `to_dict()` and every default are TRL's. `args.to_config(model_path=, train_rows=)`
+turns one into the lmrl `Config` of the run, field by field as `lmrl.trl.fields` says: carried into
+lmrl's keys, listed in `args.ignored` (no effect; the trainer names them in the run log), or refused
+with the field, its value and the reason. `args.notes` are the run log's lines where lmrl's defaults differ
 from TRL's and why."""
 
 from __future__ import annotations
@@ -33,6 +33,8 @@ _SCHEDULE_KWARGS = {"cosine": {"num_cycles"}, "cosine_with_min_lr": {"num_cycles
                                             "decay_type", "min_lr_ratio"}}
 _OPTIMIZERS = ("adamw_torch", "adamw_torch_fused")
 _GRPO_LOSSES = {"grpo": "sequence", "dapo": "token", "bnpo": "token", "dr_grpo": "constant"}
+# GRPOConfig.importance_sampling_level values (lmrl's ratio levels but RLOO's sequence_sum)
+_IMPORTANCE_SAMPLING_LEVELS = tuple(level for level in RATIO_LEVELS if level != "sequence_sum")
 _DPO_LOSSES = ("sigmoid", "ipo", "hinge", "robust")
 _DTYPES = {"bfloat16": "bf16", "float32": "fp32", "auto": "fp32", None: "fp32"}
 _NEVER = 10**9  # a step interval no run reaches: "only at the end"
@@ -109,7 +111,7 @@ class _LmrlArgs:
             data["run"]["device"] = "cpu"
         if self.fsdp:
             data["distributed"] = {"strategy": "fsdp"}
-        if _text(self.eval_strategy) == "no" and self.kind != "grpo":  # held-out rows only for evaluate()
+        if _text(self.eval_strategy) == "no" and not isinstance(self, _SampledArgs):  # rows only for evaluate()
             data["train"]["evaluate"] = False
         data["train"]["eval_every"] = self._interval(_text(self.eval_strategy), self.eval_steps or self.logging_steps,
                                                      steps, per_epoch, "eval")
@@ -315,11 +317,10 @@ def _steps(value, total: int) -> int:
     return math.ceil(value * total) if 0 < value < 1 else int(value)
 
 
-@dataclass
-class GRPOConfig(_LmrlArgs, trl.GRPOConfig):
-    """TRL's GRPOConfig (lmrl.trl.fields says what each field does here)."""
-
-    kind = "grpo"
+class _SampledArgs(_LmrlArgs):
+    """What GRPOConfig and RLOOConfig share: groups of num_generations completions per prompt, sampled and
+    scored by lmrl's RL trainer and trained with the clipped surrogate. Each class adds its algorithm's
+    own keys (`_algorithm`)."""
 
     @property
     def samples_per_row(self) -> int:
@@ -342,9 +343,9 @@ class GRPOConfig(_LmrlArgs, trl.GRPOConfig):
         generation and these updates (algo.ppo_epochs passes of minibatches)."""
         per_step, ga = int(self.steps_per_generation), int(self.gradient_accumulation_steps)
         if per_step % ga:
-            raise ConfigError(f"GRPOConfig(steps_per_generation={per_step}, gradient_accumulation_steps={ga}): lmrl "
-                              f"trains each generation in whole optimizer steps: steps_per_generation must be a "
-                              f"multiple of gradient_accumulation_steps")
+            raise ConfigError(f"{type(self).__name__}(steps_per_generation={per_step}, gradient_accumulation_steps="
+                              f"{ga}): lmrl trains each generation in whole optimizer steps: steps_per_generation "
+                              f"must be a multiple of gradient_accumulation_steps")
         return per_step // ga * int(self.num_iterations)
 
     def _in_generations(self, data: dict, steps: int) -> None:
@@ -371,9 +372,10 @@ class GRPOConfig(_LmrlArgs, trl.GRPOConfig):
         """generation_kwargs over the fields they name, as TRL updates its GenerationConfig or SamplingParams
         with them: the sampling options and the completion length; any other key is refused."""
         kwargs = self.generation_kwargs or {}  # TRL's post-init parsed a JSON string
+        where = type(self).__name__
         for key, value in kwargs.items():
             if key not in _GENERATION_KWARGS:
-                raise ConfigError(f"GRPOConfig(generation_kwargs={{{key!r}: {value!r}}}): lmrl takes "
+                raise ConfigError(f"{where}(generation_kwargs={{{key!r}: {value!r}}}): lmrl takes "
                                   f"{', '.join(_GENERATION_KWARGS)} from generation_kwargs; {key} has no lmrl "
                                   f"equivalent")
             if value is None:  # the option off, as transformers reads None
@@ -382,38 +384,19 @@ class GRPOConfig(_LmrlArgs, trl.GRPOConfig):
             data[section][name] = 0 if key == "top_k" and value == -1 else value  # -1: vLLM's top_k off
         lengths = {kwargs[k] for k in ("max_new_tokens", "max_tokens") if kwargs.get(k) is not None}
         if len(lengths) > 1:
-            raise ConfigError(f"GRPOConfig(generation_kwargs={kwargs!r}): max_new_tokens and max_tokens both set "
+            raise ConfigError(f"{where}(generation_kwargs={kwargs!r}): max_new_tokens and max_tokens both set "
                               f"the completion length; give one")
 
+    def _algorithm(self, data: dict, algo: dict, world: int) -> None:
+        """The algorithm's own keys, into `algo` (and any section of `data` they set)."""
+        raise NotImplementedError
+
     def _shape(self, data, *, batch, steps, world):
-        loss = _text(self.loss_type)
-        if loss not in _GRPO_LOSSES:
-            raise ConfigError(f"GRPOConfig(loss_type={loss!r}): lmrl's losses are {', '.join(_GRPO_LOSSES)}")
-        if loss == "bnpo" and data["train"]["ga_steps"] * world > 1:
-            self.notes.append("loss_type='bnpo' normalises by the tokens of the whole accumulated batch here (as "
-                              "dapo does); TRL divides each micro-batch by its own tokens")
-        scale = self.scale_rewards
-        scale = {True: "group", False: "none"}.get(scale, scale) if isinstance(scale, bool) else scale
-        algo = {"name": "grpo", "group_size": int(self.num_generations), "kl_coef": float(self.beta),
+        algo = {"group_size": int(self.num_generations), "kl_coef": float(self.beta),
                 "ppo_epochs": int(self.num_iterations), "clip_range_left": float(self.epsilon),
                 "clip_range_right": float(self.epsilon if self.epsilon_high is None else self.epsilon_high),
-                "scale_rewards": scale, "loss_level": _GRPO_LOSSES[loss],
-                "mask_truncated_completions": bool(self.mask_truncated_completions),
-                "ent_coef": float(self.entropy_coef)}
-        level = _text(self.importance_sampling_level)
-        if level not in RATIO_LEVELS:
-            raise ConfigError(f"GRPOConfig(importance_sampling_level={level!r}): lmrl's levels are "
-                              f"{', '.join(RATIO_LEVELS)}")
-        algo.update(ratio_level=level, top_entropy_quantile=float(self.top_entropy_quantile),
-                    kl_ratio_weighted=bool(self.use_bias_correction_kl))
-        if self.delta is not None:
-            if self.delta <= 1 + algo["clip_range_right"]:  # TRL takes it, and then caps the ratio inside the clip
-                raise ConfigError(f"GRPOConfig(delta={self.delta!r}): must be > 1 + epsilon_high = "
-                                  f"{1 + algo['clip_range_right']:g} (it caps the ratio above the clip, lmrl's "
-                                  f"algo.clip_ratio_max)")
-            algo["clip_ratio_max"] = float(self.delta)
-        if self.off_policy_mask_threshold is not None:
-            algo["off_policy_mask_threshold"] = float(self.off_policy_mask_threshold)
+                "mask_truncated_completions": bool(self.mask_truncated_completions)}
+        self._algorithm(data, algo, world)
         data["algo"] = algo
         data["run"]["trainer"] = "rl"
         # TRL 1.16 cuts no prompt (it has no max_prompt_length): neither does lmrl here
@@ -438,14 +421,75 @@ class GRPOConfig(_LmrlArgs, trl.GRPOConfig):
             to_print = self.num_completions_to_print
             data["train"].update(log_completions=True, completions_to_print=generated if to_print is None
                                  else to_print)
-        # reward_weights weigh the trainer's reward_funcs (GRPOTrainer passes them on): reward.weights is for
+        # reward_weights weigh the trainer's reward_funcs (the trainer passes them on): reward.weights is for
         # reward.funcs named in the config, and would be refused beside functions given from Python
         if self.use_vllm:
             data["rollout"] = {"engine": "vllm", "gpu_memory_utilization": float(self.vllm_gpu_memory_utilization),
                                "max_model_len": int(self.vllm_max_model_length or 0)}
+        data["model"]["chat_template_kwargs"] = self.chat_template_kwargs or {}  # TRL's post-init parsed a JSON string
+
+
+@dataclass
+class GRPOConfig(_SampledArgs, trl.GRPOConfig):
+    """TRL's GRPOConfig (lmrl.trl.fields says what each field does here)."""
+
+    kind = "grpo"
+
+    def _algorithm(self, data, algo, world):
+        loss = _text(self.loss_type)
+        if loss not in _GRPO_LOSSES:
+            raise ConfigError(f"GRPOConfig(loss_type={loss!r}): lmrl's losses are {', '.join(_GRPO_LOSSES)}")
+        if loss == "bnpo" and data["train"]["ga_steps"] * world > 1:
+            self.notes.append("loss_type='bnpo' normalises by the tokens of the whole accumulated batch here (as "
+                              "dapo does); TRL divides each micro-batch by its own tokens")
+        scale = self.scale_rewards
+        scale = {True: "group", False: "none"}.get(scale, scale) if isinstance(scale, bool) else scale
+        algo.update(name="grpo", scale_rewards=scale, loss_level=_GRPO_LOSSES[loss],
+                    ent_coef=float(self.entropy_coef))
+        level = _text(self.importance_sampling_level)
+        if level not in _IMPORTANCE_SAMPLING_LEVELS:
+            raise ConfigError(f"GRPOConfig(importance_sampling_level={level!r}): lmrl's levels are "
+                              f"{', '.join(_IMPORTANCE_SAMPLING_LEVELS)}")
+        algo.update(ratio_level=level, top_entropy_quantile=float(self.top_entropy_quantile),
+                    kl_ratio_weighted=bool(self.use_bias_correction_kl))
+        if self.delta is not None:
+            if self.delta <= 1 + algo["clip_range_right"]:  # TRL takes it, and then caps the ratio inside the clip
+                raise ConfigError(f"GRPOConfig(delta={self.delta!r}): must be > 1 + epsilon_high = "
+                                  f"{1 + algo['clip_range_right']:g} (it caps the ratio above the clip, lmrl's "
+                                  f"algo.clip_ratio_max)")
+            algo["clip_ratio_max"] = float(self.delta)
+        if self.off_policy_mask_threshold is not None:
+            algo["off_policy_mask_threshold"] = float(self.off_policy_mask_threshold)
         if self.max_tool_calling_iterations is not None:  # tool calls answered, then the turn that answers
             data["env"] = {"max_turns": int(self.max_tool_calling_iterations) + 1}
-        data["model"]["chat_template_kwargs"] = self.chat_template_kwargs or {}  # TRL's post-init parsed a JSON string
+
+
+@dataclass
+class RLOOConfig(_SampledArgs, trl.RLOOConfig):
+    """TRL's RLOOConfig (lmrl.trl.fields says what each field does here): lmrl's rloo with TRL's RLOOTrainer
+    loss, one clipped ratio per completion, exp(sum of its token log-ratios) (ratio_level=sequence_sum),
+    averaged over completions (loss_level=sequence); beta's KL, k1 summed over the completion, comes off
+    the reward (kl_in_reward) before the leave-one-out baselines, after reward_clip_range clamps it."""
+
+    kind = "rloo"
+
+    def _algorithm(self, data, algo, world):
+        algo.update(name="rloo", ratio_level="sequence_sum", loss_level="sequence", kl_in_reward=True,
+                    kl_estimator="k1", normalize_advantages=bool(self.normalize_advantages))
+        clip = self.reward_clip_range
+        if clip is not None:
+            numbers = (isinstance(clip, (list, tuple)) and len(clip) == 2
+                       and all(isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+                               for x in clip))
+            if not numbers or not clip[0] < clip[1]:
+                raise ConfigError(f"RLOOConfig(reward_clip_range={clip!r}): lmrl takes two finite numbers (low, "
+                                  f"high) with low < high (reward.clip); TRL's command line splits the value into "
+                                  f"characters, so give it in a --config YAML file")
+            data["reward"] = {"clip": [float(clip[0]), float(clip[1])]}
+        if self.normalize_advantages:
+            self.notes.append("normalize_advantages=True whitens the advantages with the population std + 1e-8 of "
+                              "the whole batch (algo.normalize_advantages); TRL divides by the sample (Bessel) "
+                              "std + 1e-4, a factor sqrt((B - 1) / B) apart")
 
 
 class _OfflineArgs(_LmrlArgs):
@@ -515,7 +559,13 @@ class RewardConfig(_OfflineArgs, trl.RewardConfig):
     kind, trainer = "reward", "reward"
 
 
-# the carried fields the translation above reads (tests/test_trl_fields.py checks the table against it)
+# the carried fields the translation above reads (tests/test_trl_fields.py checks the table against it):
+# _LmrlArgs's, _SampledArgs's, and each class's own
+_SAMPLED = {"num_generations", "max_completion_length", "temperature", "top_p", "top_k", "beta", "num_iterations",
+            "epsilon", "epsilon_high", "mask_truncated_completions", "reward_weights", "use_vllm",
+            "vllm_gpu_memory_utilization", "vllm_max_model_length", "log_completions", "num_completions_to_print",
+            "chat_template_kwargs", "steps_per_generation", "generation_batch_size", "min_p", "repetition_penalty",
+            "generation_kwargs", "shuffle_dataset"}
 TRANSLATED = {
     "common": {"output_dir", "per_device_train_batch_size", "gradient_accumulation_steps", "num_train_epochs",
                "max_steps", "learning_rate", "lr_scheduler_type", "lr_scheduler_kwargs", "warmup_steps", "weight_decay",
@@ -524,13 +574,10 @@ TRANSLATED = {
                "save_strategy", "save_steps", "save_total_limit", "report_to", "run_name", "disable_tqdm",
                "per_device_eval_batch_size", "metric_for_best_model", "greater_is_better", "fsdp",
                "model_init_kwargs", "disable_dropout", "resume_from_checkpoint"},
-    "grpo": {"num_generations", "max_completion_length", "temperature", "top_p", "top_k", "beta", "num_iterations",
-             "epsilon", "epsilon_high", "scale_rewards", "loss_type", "mask_truncated_completions", "reward_weights",
-             "entropy_coef", "use_vllm", "vllm_gpu_memory_utilization", "vllm_max_model_length",
-             "max_tool_calling_iterations", "log_completions", "num_completions_to_print", "chat_template_kwargs",
-             "importance_sampling_level", "delta", "top_entropy_quantile", "off_policy_mask_threshold",
-             "use_bias_correction_kl", "steps_per_generation", "generation_batch_size", "min_p", "repetition_penalty",
-             "generation_kwargs", "shuffle_dataset"},
+    "grpo": _SAMPLED | {"scale_rewards", "loss_type", "entropy_coef", "max_tool_calling_iterations",
+                        "importance_sampling_level", "delta", "top_entropy_quantile", "off_policy_mask_threshold",
+                        "use_bias_correction_kl"},
+    "rloo": _SAMPLED | {"normalize_advantages", "reward_clip_range"},
     "dpo": {"beta", "loss_type", "label_smoothing", "max_length"},
     "sft": {"max_length", "assistant_only_loss", "completion_only_loss", "dataset_text_field", "truncation_mode",
             "packing", "packing_strategy", "padding_free", "loss_type", "neftune_noise_alpha", "label_smoothing_factor"},

@@ -1,7 +1,7 @@
-"""What lmrl does with every field of TRL's `GRPOConfig`, `DPOConfig`, `SFTConfig` and `RewardConfig`
-(and the `transformers.TrainingArguments` under them): one rule per field, the single source of
-`docs/trl-fields.md` (`python -m lmrl.trl.fields > docs/trl-fields.md`; a test compares the two and
-walks the installed TRL's fields for any the table does not cover).
+"""What lmrl does with every field of TRL's `GRPOConfig`, `RLOOConfig`, `DPOConfig`, `SFTConfig` and
+`RewardConfig` (and the `transformers.TrainingArguments` under them): one rule per field, the single
+source of `docs/trl-fields.md` (`python -m lmrl.trl.fields > docs/trl-fields.md`; a test compares the
+two and walks the installed TRL's fields for any the table does not cover).
 
 - carried: the value reaches lmrl's run (`lmrl.trl.configs` translates it; `how` says into what);
 - no effect: accepted, and named in one line of the run log when set away from its default;
@@ -15,7 +15,9 @@ import dataclasses
 from dataclasses import dataclass
 
 CARRIED, NO_EFFECT, REFUSED = "carried", "no effect", "refused"
-KINDS = ("grpo", "dpo", "sft", "reward")
+KINDS = ("grpo", "rloo", "dpo", "sft", "reward")
+NAMES = {"grpo": "GRPOConfig", "rloo": "RLOOConfig", "dpo": "DPOConfig", "sft": "SFTConfig",
+         "reward": "RewardConfig"}  # each kind's TRL class
 
 
 @dataclass(frozen=True)
@@ -34,11 +36,11 @@ COMMON: dict[str, Rule] = {
     "output_dir": Rule(CARRIED, "run.dir (a new run never overwrites one: train(resume_from_checkpoint=) "
                                 "continues it)"),
     "per_device_train_batch_size": Rule(CARRIED, "x gradient_accumulation_steps x processes: one optimizer "
-                                                  "step's completions (GRPO: train.rollout_size) or rows "
+                                                  "step's completions (GRPO, RLOO: train.rollout_size) or rows "
                                                   "(data.batch_size)"),
     "gradient_accumulation_steps": Rule(CARRIED, "train.ga_steps micro-batches per optimizer step"),
     "num_train_epochs": Rule(CARRIED, "the run's length when max_steps <= 0 (passes over the data)"),
-    "max_steps": Rule(CARRIED, "train.steps (GRPO) / train.max_steps (offline trainers)"),
+    "max_steps": Rule(CARRIED, "train.steps (GRPO, RLOO) / train.max_steps (offline trainers)"),
     "learning_rate": Rule(CARRIED, "optim.lr"),
     "lr_scheduler_type": Rule(CARRIED, "schedule.name: linear, cosine, constant, constant_with_warmup (decaying "
                                        "to 0 as transformers' do), cosine_with_min_lr (cosine to "
@@ -60,9 +62,9 @@ COMMON: dict[str, Rule] = {
     "seed": Rule(CARRIED, "run.seed"),
     "logging_steps": Rule(CARRIED, "train.log_every (a value below 1 is a fraction of the steps)"),
     "eval_strategy": Rule(CARRIED, "no: offline trainers evaluate only when evaluate() is called (train.evaluate="
-                                   "false), GRPO evaluates per_device_eval_batch_size "
-                                   "held-out prompts at its start and end only; steps: every eval_steps; epoch: "
-                                   "once per pass over the data"),
+                                   "false), GRPO and RLOO evaluate per_device_eval_batch_size held-out prompts "
+                                   "at the run's start and end only; steps: every eval_steps; epoch: once per "
+                                   "pass over the data"),
     "eval_steps": Rule(CARRIED, "train.eval_every with eval_strategy=steps (unset: logging_steps)"),
     "save_strategy": Rule(CARRIED, "steps: every save_steps and the last step; no: only the last step, lmrl's "
                                    "resume point (no on_save: transformers saves nothing); other values are refused"),
@@ -253,16 +255,30 @@ SFT: dict[str, Rule] = {
                                             "in TRL (the run log says so)"),
 }
 
+# RLOOConfig: GRPOConfig's fields it has mean what they mean there, but for these
+RLOO: dict[str, Rule] = {
+    "beta": Rule(CARRIED, "algo.kl_coef with algo.kl_in_reward=true and algo.kl_estimator=k1: beta times the k1 KL "
+                          "to the starting policy, summed over the completion, comes off its reward before the "
+                          "leave-one-out baselines (TRL's default 0.05)"),
+    "normalize_advantages": Rule(CARRIED, "algo.normalize_advantages: the advantages whitened over the whole batch, "
+                                          "with the population std + 1e-8 (TRL: the sample std + 1e-4, a factor "
+                                          "sqrt((B - 1) / B) apart; the run log says so)"),
+    "reward_clip_range": Rule(CARRIED, "reward.clip: each completion's weighted reward clamped to [low, high] before "
+                                       "the KL comes off it; the logged rewards stay unclamped (TRL's command line "
+                                       "cannot give it: use a --config YAML file)"),
+}
+
 REWARD: dict[str, Rule] = {
     "center_rewards_coefficient": Rule(REFUSED, "no reward-centring term in the loss"),
 }
 
-TABLES = {"grpo": {**COMMON, **_TRL_SHARED, **GRPO}, "dpo": {**COMMON, **_TRL_SHARED, **DPO},
+TABLES = {"grpo": {**COMMON, **_TRL_SHARED, **GRPO}, "rloo": {**COMMON, **_TRL_SHARED, **GRPO, **RLOO},
+          "dpo": {**COMMON, **_TRL_SHARED, **DPO},
           "sft": {**COMMON, **_TRL_SHARED, **SFT}, "reward": {**COMMON, **_TRL_SHARED, **REWARD}}
 
 
 def rules(kind: str) -> dict[str, Rule]:
-    """Every rule of one config kind (grpo, dpo, sft, reward), by field name."""
+    """Every rule of one config kind (grpo, rloo, dpo, sft, reward), by field name."""
     return TABLES[kind]
 
 
@@ -270,7 +286,7 @@ def trl_fields(kind: str) -> list[dataclasses.Field]:
     """The fields of the installed TRL's config class for `kind`."""
     import trl
 
-    cls = {"grpo": trl.GRPOConfig, "dpo": trl.DPOConfig, "sft": trl.SFTConfig, "reward": trl.RewardConfig}[kind]
+    cls = getattr(trl, NAMES[kind])
     return [f for f in dataclasses.fields(cls) if f.init]
 
 
@@ -284,7 +300,7 @@ def counts(kind: str) -> dict[str, int]:
 
 
 def markdown() -> str:
-    """docs/trl-fields.md: every field of the installed TRL's four configs and what lmrl does with it."""
+    """docs/trl-fields.md: every field of the installed TRL's five configs and what lmrl does with it."""
     import trl
 
     lines = ["# TRL's config fields in lmrl", "",
@@ -294,8 +310,7 @@ def markdown() -> str:
              "- **no effect**: accepted, named in one line of the run log when set away from its default;",
              "- **refused**: accepted at its default; any other value is refused with the reason given.", ""]
     for kind in KINDS:
-        table, name = rules(kind), {"grpo": "GRPOConfig", "dpo": "DPOConfig", "sft": "SFTConfig",
-                                    "reward": "RewardConfig"}[kind]
+        table, name = rules(kind), NAMES[kind]
         c = counts(kind)
         lines += [f"## {name}", "", f"{sum(c.values())} fields: {c[CARRIED]} carried, {c[NO_EFFECT]} no effect, "
                   f"{c[REFUSED]} refused.", "", "| field | lmrl | what lmrl does |", "|---|---|---|"]

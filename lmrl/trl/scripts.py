@@ -1,4 +1,4 @@
-"""TRL's own training scripts (`trl/scripts/{grpo,dpo,sft,reward}.py` in the installed trl) run on
+"""TRL's own training scripts (`trl/scripts/{grpo,rloo,dpo,sft,reward}.py` in the installed trl) run on
 lmrl: each script's `trl` imports are resolved to `lmrl.trl` as it is loaded, and nothing else of it
 changes. `lmrl trl grpo ARGS` takes `trl grpo ARGS`'s command line unchanged.
 
@@ -13,7 +13,7 @@ import re
 import sys
 from pathlib import Path
 
-SCRIPTS = ("grpo", "dpo", "sft", "reward")
+SCRIPTS = ("grpo", "rloo", "dpo", "sft", "reward")
 _TRL_IMPORT = re.compile(r"^(\s*)from trl(\.rewards)? import ", re.MULTILINE)
 
 

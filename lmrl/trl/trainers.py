@@ -1,6 +1,6 @@
-"""TRL's trainers on lmrl's: `GRPOTrainer`, `DPOTrainer`, `SFTTrainer`, `RewardTrainer` take TRL's
-arguments and show the surface of a `transformers.Trainer` that TRL's scripts and users' code touch,
-over an lmrl trainer built from the translated config (`trainer.config`, `trainer.task`, ... reach it):
+"""TRL's trainers on lmrl's: `GRPOTrainer`, `RLOOTrainer`, `DPOTrainer`, `SFTTrainer`, `RewardTrainer`
+take TRL's arguments and show the surface of a `transformers.Trainer` that TRL's scripts and users' code
+touch, over an lmrl trainer built from the translated config (`trainer.config`, `trainer.task`, ... reach it):
 
 - `train(resume_from_checkpoint=None | True | path) -> TrainOutput`; a new run never overwrites an
   output_dir that holds one (True continues it, a path continues from that checkpoint);
@@ -38,7 +38,8 @@ from ..train.reward_trainer import RewardTrainer as _LmrlRewardTrainer
 from ..train.run_dir import holds_a_run
 from ..train.sft_trainer import SFTTrainer as _LmrlSFTTrainer
 from ..train.trainers import GRPOTrainer as _LmrlGRPOTrainer
-from .configs import DPOConfig, GRPOConfig, RewardConfig, SFTConfig, _text
+from ..train.trainers import RLOOTrainer as _LmrlRLOOTrainer
+from .configs import DPOConfig, GRPOConfig, RewardConfig, RLOOConfig, SFTConfig, _text
 
 _PREFIXES = ("train/", "sft/", "dpo/", "rm/")  # lmrl's per-trainer prefixes; TRL's names have none
 _HF_NAMES = {"lr": "learning_rate"}
@@ -447,7 +448,7 @@ def _prepare(args, model, processing_class, peft_config, quantization_config, tr
     path = str(model) if isinstance(model, (str, os.PathLike)) else str(model.config.name_or_path)
     loaded = not isinstance(model, (str, os.PathLike))
     config = args.to_config(model_path=path, train_rows=size, peft_config=None if loaded else peft_config)
-    if kind != "GRPO" and size:  # TRL: conversations through the chat template, text rows as they are
+    if kind not in ("GRPO", "RLOO") and size:  # TRL: conversations through the chat template, text rows as is
         config.data.chat = _conversational(_first_row(train_dataset))
     held = holds_a_run(Path(config.run.dir))
     _check_resume_path(args.resume_from_checkpoint, Path(config.run.dir))  # before any model loads
@@ -550,14 +551,14 @@ class GRPOTrainer(_TRLTrainer):
     reward functions. `tools=` and `environment_factory=` answer each prompt over several turns with
     tool calls (`lmrl.tasks.tool_task`; `max_tool_calling_iterations` bounds the turns)."""
 
-    kind = "grpo"
+    kind, lmrl_class, config_class = "grpo", _LmrlGRPOTrainer, GRPOConfig
 
     def __init__(self, model, reward_funcs=None, args: GRPOConfig | None = None, train_dataset=None,
                  eval_dataset=None, processing_class=None, reward_processing_classes=None, callbacks=None,
                  optimizers=(None, None), peft_config=None, tools=None, environment_factory=None,
                  quantization_config=None, **kwargs):
         if kwargs:
-            raise TypeError(f"GRPOTrainer got unexpected arguments {sorted(kwargs)}")
+            raise TypeError(f"{type(self).__name__} got unexpected arguments {sorted(kwargs)}")
         if optimizers != (None, None) or reward_processing_classes is not None:
             raise ValueError("optimizers= and reward_processing_classes= are not supported: lmrl builds AdamW from "
                              "the args, and a reward model's own tokenizer comes with its path")
@@ -571,22 +572,22 @@ class GRPOTrainer(_TRLTrainer):
                              "get_reward()")
         if isinstance(eval_dataset, dict):
             named = ", ".join(f"{name!r}: ..." for name in eval_dataset)
-            raise ValueError(f"eval_dataset={{{named}}}: several held-out sets are not supported by lmrl's GRPO, which "
-                             f"evaluates one set of prompts; pass one data set (datasets.concatenate_datasets joins "
-                             f"them)")
-        args = args if args is not None else GRPOConfig(output_dir="trainer_output")
-        _require(args, GRPOConfig)
+            raise ValueError(f"eval_dataset={{{named}}}: several held-out sets are not supported by lmrl's "
+                             f"{self.kind.upper()}, which evaluates one set of prompts; pass one data set "
+                             f"(datasets.concatenate_datasets joins them)")
+        args = args if args is not None else self.config_class(output_dir="trainer_output")
+        _require(args, self.config_class)
         if train_dataset is None and environment_factory is not None:
             train_dataset = _environment_prompts(args)
         config, policy, held, rows = _prepare(args, model, processing_class, peft_config, quantization_config,
-                                              train_dataset, "the prompts to sample from", "GRPO")
+                                              train_dataset, "the prompts to sample from", self.kind.upper())
         hf_callbacks, own = _split_callbacks(callbacks)
         weights = None if args.reward_weights is None else [float(w) for w in args.reward_weights]
         reward_funcs, scorers = _reward_models(reward_funcs, train_dataset, config)
         self.train_dataset, self.eval_dataset = train_dataset, eval_dataset
-        inner = _LmrlGRPOTrainer(config, model=policy, reward_funcs=reward_funcs, reward_weights=weights,
-                                 train_dataset=train_dataset, eval_dataset=eval_dataset, callbacks=own, tools=tools,
-                                 environment_factory=environment_factory)
+        inner = self.lmrl_class(config, model=policy, reward_funcs=reward_funcs, reward_weights=weights,
+                                train_dataset=train_dataset, eval_dataset=eval_dataset, callbacks=own, tools=tools,
+                                environment_factory=environment_factory)
         for scorer in scorers:
             scorer.to(inner.device)
         inner.eval_spread = True  # TRL's evaluation statistics: eval_reward_std, eval_completions/..., ...
@@ -603,17 +604,35 @@ class GRPOTrainer(_TRLTrainer):
     def _eval_names(self) -> set[str] | None:
         from ..tasks.prompt_task import PromptTask
         from ..tasks.rewards import RewardFunctions
-        from ..train.evaluate import SPREAD_METRICS
+        from ..train.evaluate import SPREAD_METRICS, source_metric_names
 
         reward = getattr(self.inner.task, "reward", None)
         if type(self.inner.task) is not PromptTask or not isinstance(reward, RewardFunctions):
             return None
         return {"eval/accuracy", "eval/reward", "eval/length_mean", *(f"eval/{n}" for n in SPREAD_METRICS),
-                *(f"eval/rewards/{n}/{s}" for n in reward.names for s in ("mean", "std"))}
+                *(f"eval/rewards/{n}/{s}" for n in reward.names for s in ("mean", "std")),
+                *source_metric_names(self.inner.eval_sources)}
 
     def _eval_extras(self) -> dict:
         """TRL's eval_num_tokens: the training tokens so far."""
         return {"num_tokens": self.inner.state.get("num_input_tokens_seen", 0)}
+
+
+class RLOOTrainer(GRPOTrainer):
+    """TRL's `RLOOTrainer(model, reward_funcs, args, train_dataset, eval_dataset, processing_class, ...,
+    quantization_config, peft_config)` on lmrl's rloo: GRPOTrainer's prompts, reward functions and reward
+    models, evaluation and transformers surface, trained as its `RLOOConfig` says (TRL's RLOO loss: one
+    clipped ratio per completion, the KL to the reference in the reward, leave-one-out baselines). TRL's
+    RLOOTrainer takes no tools= or environment_factory=, and neither does this one."""
+
+    kind, lmrl_class, config_class = "rloo", _LmrlRLOOTrainer, RLOOConfig
+
+    def __init__(self, model, reward_funcs, args: RLOOConfig | None = None, train_dataset=None, eval_dataset=None,
+                 processing_class=None, reward_processing_classes=None, callbacks=None, optimizers=(None, None),
+                 quantization_config=None, peft_config=None):
+        super().__init__(model, reward_funcs, args, train_dataset, eval_dataset, processing_class,
+                         reward_processing_classes, callbacks, optimizers, peft_config=peft_config,
+                         quantization_config=quantization_config)
 
 
 def _reward_models(reward_funcs, train_dataset, config) -> tuple:
