@@ -82,6 +82,17 @@ def test_eval_of_a_model_on_a_jsonl_file_reports_accuracy_interval_types_and_com
     assert [r["index"] for r in records] == [0, 1, 2]
 
 
+def test_rows_without_a_type_are_grouped_by_their_data_source_as_verls(parrot, tmp_path):
+    rows = [{"prompt": "3 + 4 = 7", "ground_truth": "7", "data_source": "openai/gsm8k"},
+            {"prompt": "2 + 2 = 5", "ground_truth": "4", "data_source": "openai/gsm8k"},
+            {"prompt": "1 + 1 = 2", "ground_truth": "2", "data_source": "lighteval/MATH"},
+            {"prompt": "1 + 2 = 3", "ground_truth": "3", "data_source": "x", "type": "sums"}]  # a type wins
+    path = tmp_path / "verl.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    result = evaluate_file(parrot, path, chat=False, max_new_tokens=1)
+    assert result.by_type == {"lighteval/MATH": Tally(1, 1), "openai/gsm8k": Tally(1, 2), "sums": Tally(1, 1)}
+
+
 def test_the_python_api_takes_the_first_limit_rows_and_returns_the_records(parrot, test_file):
     result = evaluate_file(parrot, test_file, limit=2, chat=False, max_new_tokens=1)
     assert str(result.overall) == "1/2 right = 50.0% (95% CI 9.5-90.5%)"

@@ -6,6 +6,7 @@ does not pull in torch through this package: each task's module is imported by i
 
 from __future__ import annotations
 
+from ..common.data import SOURCE_KEY
 from ..common.errors import ConfigError
 from . import sql as _sql  # noqa: F401  (registers the SQL agent's environment, env.id=sql, and sql-demos)
 from .registry import (GENERATORS, TASKS, TEST_FILE_FORMATS, DataGenerator, TaskSpec, TestFileFormat, build_task,
@@ -63,7 +64,7 @@ def _read_math_rows(path, config) -> None:
 
 def _math_row(task, i: int) -> tuple:
     row = task.rows[i]
-    kind = row.get("task", row.get("type"))
+    kind = row.get("task", row.get("type", row.get(SOURCE_KEY)))  # verl's rows name their data set instead
     return row.get("prompt", row.get("messages")), task.ground_truths[i], kind if isinstance(kind, str) else None
 
 

@@ -4,7 +4,7 @@
     result = evaluate_file("smollm2-135m-instruct", "data/gsm8k-test/gsm8k.jsonl", limit=50,
                            out="gsm8k.completions.jsonl")
     print(result.overall)              # 12/50 right = 24.0% (95% CI 14.3-37.4%)
-    result.by_type["leg_counting"]     # a Tally per value of the rows' `task` (or `type`) column
+    result.by_type["leg_counting"]     # a Tally per value of the rows' `task` (or `type`, or `data_source`) column
     result.records[0]                  # {"index", "prompt", "completion", "ground_truth", "correct", "reward", ...}
 
 The model is any Hugging Face causal LM `load_hf_policy` loads (a local dir, a .gguf file, the packaged
@@ -143,7 +143,7 @@ class FileEvaluation:
     checkpoint: str | None       # the run's checkpoint dir, or the adapter on a bare model; None for a bare model alone
     file: str
     overall: Tally
-    by_type: dict[str, Tally]    # per value of the rows' task / type column (SQL: skill); empty without one
+    by_type: dict[str, Tally]    # per value of the rows' task / type / data_source column (SQL: skill); or empty
     metrics: dict[str, float]    # means over rows: reward, completion tokens, the task's extras (format_rate, turns)
     completions_file: str | None
     records: list[dict] = field(repr=False)  # one per row, as written to completions_file
