@@ -143,6 +143,19 @@ def _recorded_remax_run(tiny_config, monkeypatch, *overrides, **trainer_kwargs):
     return trainer, seen, rows
 
 
+def test_with_overlap_the_greedy_decode_comes_before_the_next_batch_is_handed_to_the_sampler(tiny_config,
+                                                                                               monkeypatch):
+    trainer = RLTrainer(tiny_config("sft.steps=0", "algo.name=remax", "rollout.overlap=true", "train.steps=3"))
+    events = []
+    submit, greedy = trainer._submit_rollout, trainer.decode_greedy_baseline
+    monkeypatch.setattr(trainer, "_submit_rollout", lambda n: events.append("sample") or submit(n))
+    monkeypatch.setattr(trainer, "decode_greedy_baseline", lambda ids, stage: events.append("greedy") or
+                        greedy(ids, stage))
+    trainer.train()
+    # the first batch, then each step's greedy decode before the next batch (none after the last step)
+    assert events == ["sample", "greedy", "sample", "greedy", "sample", "greedy"]
+
+
 @pytest.mark.parametrize("group_size, overlap", [(1, False), (4, False), (4, True)])
 def test_the_baseline_is_the_reward_of_a_greedy_completion_of_each_prompt(tiny_config, monkeypatch, group_size,
                                                                           overlap):

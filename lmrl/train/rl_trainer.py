@@ -277,6 +277,9 @@ class RLTrainer(Trainer):
         n_prompts = cfg.train.rollout_size // self.dist.world_size // self.algo.group_size
         pending = self._pending or self._submit_rollout(n_prompts)
         sampled = pending.result()
+        baseline_metrics = {}
+        if self.algo.greedy_baseline:  # decoded before the next batch takes the sampler (rollout.overlap)
+            self._greedy, baseline_metrics = self.decode_greedy_baseline(sampled.ids, stage)
         # rollout.overlap: the next batch samples with these weights while this one trains
         more = step < stage.last
         self._pending = self._submit_rollout(n_prompts) if cfg.rollout.overlap and more else None
@@ -315,9 +318,7 @@ class RLTrainer(Trainer):
                 raise TrainingError(f"algo.mask_truncated_completions: {type(self.task).__name__}'s rollouts do not "
                                     f"say which completions were cut off (Rollout.truncated is None)")
             ro.mask = ro.mask * ~ro.truncated[:, None]  # still scored, and in their group's baseline
-        if self.algo.greedy_baseline:
-            self._greedy, baseline_metrics = self.decode_greedy_baseline(ids, stage)
-            metrics.update(baseline_metrics)
+        metrics.update(baseline_metrics)
         t_update = time.perf_counter()
         batch, prepared = self.algo.prepare(self, ro, rewards)
         metrics.update(self.algo.update(self, batch, prepared))
