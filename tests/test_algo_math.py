@@ -380,6 +380,13 @@ def test_the_ratio_cap_bounds_the_unclipped_term_of_a_negative_advantage():
     assert loss.item() == pytest.approx((2.0 + 1.5 - 1.2) / 3)
     assert_close(logp.grad, T([[0.0, 1.5 / 3, 0.0]]))
     assert stats["clip_ratio/high_mean"] == pytest.approx(1 / 3)  # the capped 2 > 1.2 still counts, as in TRL
+    assert stats["clip_frac_capped"] == pytest.approx(1 / 3)  # only ρ = 3 with A = −1 (verl's pg_clipfrac_lower)
+    _, masked = clipped_surrogate_loss(logp, torch.zeros(1, 3), T(advantages), T([[0.0, 1.0, 1.0]]), ratio_max=2.0)
+    assert masked["clip_frac_capped"] == 0.0  # the capped token is padding
+    _, sequences = clipped_surrogate_loss(torch.log(T([[3.0], [1.0]])), torch.zeros(2, 1), T([-1.0, -1.0]),
+                                          ratio_level="sequence_sum", ratio_max=2.0)
+    assert sequences["clip_frac_capped"] == pytest.approx(1 / 2)  # counted per completion
+    assert "clip_frac_capped" not in clipped_surrogate_loss(logp, torch.zeros(1, 3), T(advantages))[1]
     loss, _, _ = surrogate(ratios[0:1], advantages, left=0.2, right=0.2)
     assert loss == pytest.approx((3.0 + 1.5 - 1.2) / 3)
 

@@ -150,7 +150,8 @@ def clipped_surrogate_loss(logprobs: torch.Tensor, old_logprobs: torch.Tensor, a
     (ρ − 1) − log ρ, mean over valid tokens), ratio_mean, and TRL GRPOTrainer's clip_ratio/*:
     low_mean, high_mean and region_mean (valid tokens clipped at the lower end, the upper end,
     either: region_mean = clip_frac), low_min and high_max (the smallest row share of tokens
-    clipped low, the largest clipped high; rows without a valid token left out, 0 if none has one).
+    clipped low, the largest clipped high; rows without a valid token left out, 0 if none has one),
+    and with δ, clip_frac_capped (valid tokens with A < 0 whose ratio passed δ: verl's pg_clipfrac_lower).
     With one ratio per sequence (ratio_level sequence or sequence_sum, advantages (B,)) these count
     sequences, every row included, as TRL's GRPO (GSPO) and RLOO trainers do; the ratio they test is
     the capped one, as TRL's. TRL's RLOO loss is this one with ratio_level=sequence_sum and
@@ -163,7 +164,9 @@ def clipped_surrogate_loss(logprobs: torch.Tensor, old_logprobs: torch.Tensor, a
         log_ratio = torch.where(mask.bool(), log_ratio, torch.zeros_like(log_ratio))
     ratio = importance_ratio(log_ratio, mask, ratio_level)  # (B, T), or (B, 1) at a sequence level
     clipped = ratio.clamp(1 - clip_left, 1 + clip_right) * advantages
+    capped = None
     if ratio_max is not None:
+        capped = ((ratio > ratio_max) & (advantages < 0)).float().detach()  # where the cap binds
         ratio = ratio.clamp(max=ratio_max)
     unclipped = ratio * advantages
     per_token = -torch.min(unclipped, clipped)
@@ -174,19 +177,22 @@ def clipped_surrogate_loss(logprobs: torch.Tensor, old_logprobs: torch.Tensor, a
         low = ((ratio < 1 - clip_left) & (advantages < 0)).float()
         high = ((ratio > 1 + clip_right) & (advantages > 0)).float()
         ratio = ratio.expand_as(low)
+        names = ["clip_frac", "approx_kl", "ratio_mean", "clip_ratio/low_mean", "clip_ratio/high_mean",
+                 "clip_ratio/low_min", "clip_ratio/high_max"]
         if ratio_level in SEQUENCE_RATIO_LEVELS and low.size(1) == 1:  # one value per sequence: each row once
-            numbers = torch.stack([torch.max(low, high).mean(), masked_mean((log_ratio.exp() - 1) - log_ratio, mask),
-                                   ratio.mean(), low.mean(), high.mean(), low.min(), high.max()]).tolist()
+            values = [torch.max(low, high).mean(), masked_mean((log_ratio.exp() - 1) - log_ratio, mask),
+                      ratio.mean(), low.mean(), high.mean(), low.min(), high.max()]
+            values += [] if capped is None else [capped.mean()]
         else:
             valid = torch.ones_like(ratio) if mask is None else mask.float()
             # NaN for a row without a valid token
             row_low, row_high = (low * valid).sum(1) / valid.sum(1), (high * valid).sum(1) / valid.sum(1)
-            numbers = torch.stack([masked_mean(torch.max(low, high), mask),
-                                   masked_mean((log_ratio.exp() - 1) - log_ratio, mask),
-                                   masked_mean(ratio, mask), masked_mean(low, mask), masked_mean(high, mask),
-                                   _nan_extreme(row_low, torch.min), _nan_extreme(row_high, torch.max)]).tolist()
-        stats = dict(zip(("clip_frac", "approx_kl", "ratio_mean", "clip_ratio/low_mean", "clip_ratio/high_mean",
-                          "clip_ratio/low_min", "clip_ratio/high_max"), numbers))
+            values = [masked_mean(torch.max(low, high), mask), masked_mean((log_ratio.exp() - 1) - log_ratio, mask),
+                      masked_mean(ratio, mask), masked_mean(low, mask), masked_mean(high, mask),
+                      _nan_extreme(row_low, torch.min), _nan_extreme(row_high, torch.max)]
+            values += [] if capped is None else [masked_mean(capped.expand_as(low), mask)]
+        names += [] if capped is None else ["clip_frac_capped"]
+        stats = dict(zip(names, torch.stack(values).tolist()))
         stats["clip_ratio/region_mean"] = stats["clip_frac"]
     return loss, stats
 
