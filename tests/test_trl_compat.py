@@ -281,10 +281,10 @@ def test_trls_checkpoint_names_and_reruns_say_what_to_do(model_dir, tmp_path):
     SFTTrainer(model=str(model_dir), args=args, train_dataset=SFT_ROWS).train()
     ours = tmp_path / "checkpoints" / "step_1"
     assert ours.is_dir()
-    # transformers' checkpoint-N: refused as the trainer is built, naming lmrl's checkpoint of that step
-    with pytest.raises(ConfigError, match=f"pass {ours}"):
+    # transformers' checkpoint-N of a step lmrl has not saved: refused as the trainer is built, naming the newest
+    with pytest.raises(ConfigError, match=f"nor does lmrl's checkpoint of that step.*newest is {ours}"):
         SFTTrainer(model=str(model_dir), args=offline_args(SFTConfig, tmp_path,
-                                                           resume_from_checkpoint=str(tmp_path / "checkpoint-1")),
+                                                           resume_from_checkpoint=str(tmp_path / "checkpoint-7")),
                    train_dataset=SFT_ROWS)
     # the same command again: the error names the flag and checkpoint that continue it
     with pytest.raises(ConfigError, match=f"--resume_from_checkpoint {tmp_path}/checkpoints/step_1"):
@@ -292,6 +292,18 @@ def test_trls_checkpoint_names_and_reruns_say_what_to_do(model_dir, tmp_path):
     resumed = SFTTrainer(model=str(model_dir), args=offline_args(SFTConfig, tmp_path, max_steps=2),
                          train_dataset=SFT_ROWS)
     assert resumed.train(resume_from_checkpoint=str(ours)).global_step == 2
+
+
+def test_transformers_checkpoint_names_resume_from_lmrls_checkpoint_of_that_step(model_dir, tmp_path):
+    args = offline_args(SFTConfig, tmp_path, save_strategy="steps", save_steps=1, max_steps=2)
+    SFTTrainer(model=str(model_dir), args=args, train_dataset=SFT_ROWS).train()
+    assert (tmp_path / "checkpoints" / "step_1").is_dir() and not (tmp_path / "checkpoint-1").exists()
+    # as a TRL script passes it (--resume_from_checkpoint output_dir/checkpoint-1): the run goes on from step 1
+    resumed = SFTTrainer(model=str(model_dir), args=offline_args(SFTConfig, tmp_path, max_steps=3,
+                                                                 resume_from_checkpoint=str(tmp_path / "checkpoint-1")),
+                         train_dataset=SFT_ROWS)
+    assert resumed.train(resume_from_checkpoint=str(tmp_path / "checkpoint-1")).global_step == 3
+    assert f"resumed from {tmp_path / 'checkpoints' / 'step_1'} (step 1)" in (tmp_path / "train.log").read_text()
 
 
 # -- eval_strategy ----------------------------------------------------------------------------------------------

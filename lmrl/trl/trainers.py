@@ -3,7 +3,8 @@ take TRL's arguments and show the surface of a `transformers.Trainer` that TRL's
 touch, over an lmrl trainer built from the translated config (`trainer.config`, `trainer.task`, ... reach it):
 
 - `train(resume_from_checkpoint=None | True | path) -> TrainOutput`; a new run never overwrites an
-  output_dir that holds one (True continues it, a path continues from that checkpoint);
+  output_dir that holds one (True continues it, a path continues from that checkpoint; transformers'
+  output_dir/checkpoint-N is lmrl's output_dir/checkpoints/step_N);
 - `state`: a `transformers.TrainerState` (`global_step`, `max_steps`, `epoch`, `log_history` with TRL's
   metric names and `eval_*` for evaluations, `best_metric`, `best_model_checkpoint`);
 - `transformers.TrainerCallback`s, called with `(args, state, control)` at `on_init_end`,
@@ -406,7 +407,7 @@ class _TRLTrainer:
             raise ValueError(f"resume_from_checkpoint={resume!r}: no run to continue in output_dir {run.dir}")
         run.resume = "auto"
         if not isinstance(resume, bool):
-            run.resume_from = str(resume)
+            run.resume_from = str(_as_lmrl_checkpoint(resume, Path(run.dir)))
 
     def _steps_per_epoch(self) -> float:
         return self.train_rows / max(self._rows_per_step(), 1)
@@ -472,19 +473,34 @@ def _latest_step(run_dir: Path) -> str:
     return str(latest) if latest is not None else ""
 
 
-def _check_resume_path(resume, run_dir: Path) -> None:
-    """A resume_from_checkpoint path that does not exist, refused in one line naming lmrl's checkpoint of the
-    same step: lmrl writes output_dir/checkpoints/step_N where transformers writes output_dir/checkpoint-N."""
-    if not isinstance(resume, (str, os.PathLike)) or str(resume).lower() in ("true", "false") or Path(resume).exists():
-        return
+def _transformers_step(resume) -> int | None:
+    """N for a path named as transformers names a checkpoint, checkpoint-N; else None."""
     name = Path(resume).name
     step = name.removeprefix("checkpoint-")
-    if name.startswith("checkpoint-") and step.isdigit():
-        ours = run_dir / "checkpoints" / f"step_{int(step)}"
-        hint = f"pass {ours}" if ours.is_dir() else \
-            f"this run's newest is {_latest_step(run_dir) or 'none (nothing to resume)'}"
-        raise ConfigError(f"resume_from_checkpoint={str(resume)!r} does not exist: lmrl writes checkpoints as "
-                          f"output_dir/checkpoints/step_N, not checkpoint-N; {hint}")
+    return int(step) if name.startswith("checkpoint-") and step.isdigit() else None
+
+
+def _as_lmrl_checkpoint(resume, run_dir: Path):
+    """transformers' output_dir/checkpoint-N, which lmrl does not write, as lmrl's checkpoint of that step,
+    output_dir/checkpoints/step_N, where that exists; any other value as it is."""
+    if not isinstance(resume, (str, os.PathLike)) or Path(resume).exists():
+        return resume
+    step = _transformers_step(resume)
+    ours = run_dir / "checkpoints" / f"step_{step}"
+    same_run = Path(resume).parent.resolve() == run_dir.resolve()
+    return str(ours) if step is not None and same_run and ours.is_dir() else resume
+
+
+def _check_resume_path(resume, run_dir: Path) -> None:
+    """A resume_from_checkpoint path that does not exist, refused in one line naming this run's newest
+    checkpoint (transformers' output_dir/checkpoint-N is taken as lmrl's output_dir/checkpoints/step_N)."""
+    if not isinstance(resume, (str, os.PathLike)) or str(resume).lower() in ("true", "false") or \
+            Path(_as_lmrl_checkpoint(resume, run_dir)).exists():
+        return
+    if _transformers_step(resume) is not None:
+        raise ConfigError(f"resume_from_checkpoint={str(resume)!r} does not exist, nor does lmrl's checkpoint of that "
+                          f"step (output_dir/checkpoints/step_N); this run's newest is "
+                          f"{_latest_step(run_dir) or 'none (nothing to resume)'}")
     raise ConfigError(f"resume_from_checkpoint={str(resume)!r} does not exist (lmrl's checkpoints are "
                       f"output_dir/checkpoints/step_N)")
 
