@@ -214,13 +214,16 @@ def greedy_baseline_advantages(returns: torch.Tensor, mask: torch.Tensor, baseli
     if baseline.dim() == 1:
         b = baseline[:, None].expand_as(returns)
     else:
-        unscored = baseline.isnan().any(1, keepdim=True)
         to_go = discounted_returns(baseline.nan_to_num(), torch.ones_like(baseline), gamma)
         width = returns.size(1)
         b = torch.nn.functional.pad(to_go[:, :width], (0, max(0, width - to_go.size(1))))
-        b = torch.where(unscored, torch.full_like(b, float("nan")), b)
-    advantages = torch.where(b.isnan(), torch.zeros_like(returns), returns - b)
+    advantages = torch.where(unscored_rows(baseline)[:, None], torch.zeros_like(returns), returns - b)
     return advantages * mask
+
+
+def unscored_rows(baseline: torch.Tensor) -> torch.Tensor:
+    """(B,) True for the rows of a greedy baseline, (B,) or (B, T'), that hold a NaN: no baseline."""
+    return baseline.isnan() if baseline.dim() == 1 else baseline.isnan().any(1)
 
 
 @torch.no_grad()

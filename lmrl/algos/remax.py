@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import torch
 
-from .advantages import greedy_baseline_advantages
+from .advantages import greedy_baseline_advantages, unscored_rows
 from .base import register_algorithm
 from .grpo import GRPO
 from .reinforce_pp import DiscountedReturns
@@ -40,6 +40,5 @@ class ReMax(DiscountedReturns):
         baseline = learner.greedy_rewards().to(mask.device)
         advantages = greedy_baseline_advantages(returns, mask, baseline, self.cfg.gamma)
         if self.normalizes:  # over every rank's tokens that have a baseline
-            unscored = baseline.isnan() if baseline.dim() == 1 else baseline.isnan().any(1)
-            advantages = self.whiten(learner, advantages, mask * ~unscored[:, None])
+            advantages = self.whiten(learner, advantages, mask * ~unscored_rows(baseline)[:, None].to(mask.device))
         return advantages
